@@ -1,0 +1,18 @@
+//! The only toolgate crate that knows MCP: it puts policy, audit and the commit store at the
+//! tool-call boundary of any `rmcp` server, and drives execute-verify-stop from the client side.
+//!
+//! - [`Gated`] wraps a `ServerHandler`: `tools/list` shows only what the policy allows, and
+//!   `tools/call` is decided before dispatch. Denied and unknown tools get the same JSON-RPC error
+//!   (-32602); every decision is appended to the audit log.
+//! - [`Permit`] is the handler-side proof of a decision. Only the gate can create one, and the
+//!   commit store is reachable only through it, so a handler cannot cause an effect undecided.
+//! - [`harness`] runs a mutation, observes the state and decides CONTINUE / STOP / ROLLBACK.
+
+#![forbid(unsafe_code)]
+
+mod gate;
+pub mod harness;
+mod permit;
+
+pub use gate::{GateError, Gated, GatedBuilder, TOOL_NOT_FOUND};
+pub use permit::{Permit, PermitError};

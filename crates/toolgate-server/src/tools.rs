@@ -1,0 +1,157 @@
+//! The three tools of the reference server. Every handler requires a [`Permit`], so none of them
+//! can run unless the gate decided `allow` for that very call.
+
+use rmcp::handler::server::router::tool::ToolRouter;
+use rmcp::handler::server::tool::Extension;
+use rmcp::handler::server::wrapper::Parameters;
+use rmcp::model::{ServerCapabilities, ServerConfig};
+use rmcp::{Json, ServerHandler, tool, tool_handler, tool_router};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+use toolgate_commit::{CommitError, IdempotencyKey};
+use toolgate_rmcp::{Permit, PermitError};
+
+/// Arguments of `write_note`.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct WriteNoteArgs {
+    /// Idempotency key: the same request_id and text always produce exactly one note.
+    pub request_id: String,
+    /// The note's text.
+    pub text: String,
+}
+
+/// Result of `write_note`.
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct WriteNoteResult {
+    /// The request_id of the call.
+    pub request_id: String,
+    /// `committed` the first time, `replay` for a retry with the same text.
+    pub status: String,
+}
+
+/// A stored note.
+#[derive(Debug, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Note {
+    /// The note's request_id.
+    pub request_id: String,
+    /// The note's text.
+    pub text: String,
+}
+
+/// Result of `read_ledger`.
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct ReadLedgerResult {
+    /// Every note, sorted by file name.
+    pub notes: Vec<Note>,
+}
+
+/// Arguments of `rm_rf`.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RmRfArgs {
+    /// The path the caller wants removed. It is never touched.
+    pub path: String,
+}
+
+/// The reference tools. Its state is the tool router only: the notes live in the gate's commit
+/// store, which handlers reach through their permit.
+#[derive(Debug, Clone)]
+pub struct NotesServer {
+    tool_router: ToolRouter<Self>,
+}
+
+impl Default for NotesServer {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+fn tool_error(error: PermitError) -> String {
+    match error {
+        PermitError::Commit(CommitError::Conflict { .. }) => "Error: this request_id was already used with a different text; nothing was written. Retry with the original text, or use a new request_id for a new note".to_owned(),
+        other => format!("Error: {other}"),
+    }
+}
+
+#[tool_router]
+impl NotesServer {
+    /// The server with its three tools registered.
+    pub fn new() -> Self {
+        NotesServer {
+            tool_router: Self::tool_router(),
+        }
+    }
+
+    /// Write one note per request_id. Retrying with the same request_id and text is safe and
+    /// returns status "replay"; the same request_id with a different text is an error.
+    #[tool(annotations(
+        title = "Write note",
+        read_only_hint = false,
+        destructive_hint = false,
+        idempotent_hint = true,
+        open_world_hint = false
+    ))]
+    async fn write_note(
+        &self,
+        Extension(permit): Extension<Permit>,
+        Parameters(args): Parameters<WriteNoteArgs>,
+    ) -> Result<Json<WriteNoteResult>, String> {
+        let key =
+            IdempotencyKey::new(args.request_id.as_str()).map_err(|e| format!("Error: {e}"))?;
+        let payload = serde_json::json!({"request_id": args.request_id, "text": args.text});
+        let outcome = permit.commit(&key, payload).await.map_err(tool_error)?;
+        Ok(Json(WriteNoteResult {
+            request_id: args.request_id,
+            status: outcome.as_str().to_owned(),
+        }))
+    }
+
+    /// Observe every committed note, sorted by file name.
+    #[tool(annotations(
+        title = "Read ledger",
+        read_only_hint = true,
+        destructive_hint = false,
+        idempotent_hint = true,
+        open_world_hint = false
+    ))]
+    async fn read_ledger(
+        &self,
+        Extension(permit): Extension<Permit>,
+    ) -> Result<Json<ReadLedgerResult>, String> {
+        let payloads = permit.observe().await.map_err(tool_error)?;
+        let notes = payloads
+            .into_iter()
+            .map(serde_json::from_value::<Note>)
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| format!("Error: the ledger holds an entry that is not a note ({e}); inspect LEDGER_DIR/notes"))?;
+        Ok(Json(ReadLedgerResult { notes }))
+    }
+
+    /// Registered only to prove that the list gate and the call gate are independent. It never
+    /// deletes anything, in any configuration.
+    #[tool(annotations(title = "Remove recursively", destructive_hint = true))]
+    async fn rm_rf(
+        &self,
+        Extension(permit): Extension<Permit>,
+        Parameters(_args): Parameters<RmRfArgs>,
+    ) -> Result<String, String> {
+        permit.record_outcome("refused").map_err(tool_error)?;
+        Err("Error: rm_rf is a decoy of the reference server and never deletes anything; remove files with your own tools".to_owned())
+    }
+}
+
+#[tool_handler(router = self.tool_router)]
+impl ServerHandler for NotesServer {
+    fn get_info(&self) -> ServerConfig {
+        ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
+            .with_server_info(rmcp::model::Implementation::new(
+                "toolgate-server",
+                env!("CARGO_PKG_VERSION"),
+            ))
+            .with_instructions(
+                "Notes ledger gated by toolgate: write_note is idempotent per request_id; read_ledger observes the committed notes.",
+            )
+    }
+}
