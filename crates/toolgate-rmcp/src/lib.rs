@@ -16,3 +16,8 @@ mod permit;
 
 pub use gate::{GateError, Gated, GatedBuilder, TOOL_NOT_FOUND};
 pub use permit::{Permit, PermitError};
+
+/// The README's example is compiled as a doc test so that it cannot rot.
+#[doc = include_str!("../../../README.md")]
+#[cfg(doctest)]
+pub struct ReadmeDoctests;
