@@ -1,1 +1,114 @@
-//! placeholder
+//! Append-only JSONL audit log with a SHA-256 hash chain: the record model, the storage-agnostic
+//! [`AuditSink`] trait, the embedded file backend [`FileAuditLog`], and the verifier.
+//!
+//! Every line of the log is the RFC 8785 canonical JSON of one record, and every record carries the
+//! `sha256` of the record before it, so editing, deleting or reordering lines breaks the chain in a
+//! way [`verify_file`] reports with a line number. The format is a fixed contract described in
+//! `docs/audit-format.md`; an independent verifier written from the lines alone must accept our logs.
+
+#![forbid(unsafe_code)]
+
+mod error;
+mod file;
+mod record;
+mod tail;
+mod verify;
+
+use serde::{Deserialize, Serialize};
+pub use toolgate_canon::Sha256Digest;
+
+pub use error::AuditError;
+#[cfg(feature = "fault-injection")]
+pub use file::FaultHook;
+pub use file::{AuditConfig, FileAuditLog, Recovery};
+pub use record::MAX_LINE_BYTES;
+pub use verify::{Problem, ProblemKind, VerifyReport, verify_file, verify_reader};
+
+/// The gate's decision for one call, written as `"allow"` or `"deny"`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Decision {
+    /// The call was permitted.
+    Allow,
+    /// The call was refused before any handler ran.
+    Deny,
+}
+
+impl Decision {
+    /// The wire form: `"allow"` or `"deny"`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Decision::Allow => "allow",
+            Decision::Deny => "deny",
+        }
+    }
+}
+
+/// What a caller asks to record; the log adds `ts`, `prev_sha256` and `sha256`.
+///
+/// It holds names, outcomes and digests only: raw arguments never reach the audit log, which is why
+/// the arguments appear as `args_digest`.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct AuditEntry {
+    /// The caller's request or idempotency identifier.
+    pub request_id: String,
+    /// The protocol method, `"tools/call"` for tool calls.
+    pub method: String,
+    /// The tool name.
+    pub name: String,
+    /// Allow or deny.
+    pub decision: Decision,
+    /// What happened: `"committed"`, `"replay"`, `"observed"`, `"not_executed"`, ...
+    pub outcome: String,
+    /// SHA-256 of the canonical JSON of the call's arguments.
+    pub args_digest: Sha256Digest,
+    /// Why, when there is more to say than the decision (written only when present).
+    pub reason: Option<String>,
+}
+
+impl AuditEntry {
+    /// An entry for a `tools/call` request.
+    pub fn tool_call(
+        request_id: impl Into<String>,
+        name: impl Into<String>,
+        decision: Decision,
+        outcome: impl Into<String>,
+        args_digest: Sha256Digest,
+    ) -> Self {
+        AuditEntry {
+            request_id: request_id.into(),
+            method: "tools/call".to_owned(),
+            name: name.into(),
+            decision,
+            outcome: outcome.into(),
+            args_digest,
+            reason: None,
+        }
+    }
+
+    /// The same entry with a `reason` field.
+    pub fn with_reason(mut self, reason: impl Into<String>) -> Self {
+        self.reason = Some(reason.into());
+        self
+    }
+}
+
+/// Proof that a record is durable: its chain hash and the `ts` written in it.
+#[derive(Debug, Clone)]
+pub struct AppendReceipt {
+    /// The record's `sha256`, which the next record will carry as `prev_sha256`.
+    pub sha256: Sha256Digest,
+    /// The record's `ts` exactly as written (ns since the UNIX epoch, see `docs/audit-format.md` on
+    /// its precision).
+    pub ts: u64,
+}
+
+/// Storage-agnostic audit sink.
+///
+/// The file log is the embedded default; a PostgreSQL backend is planned, so this trait says nothing
+/// about files, paths or locks: only that a record is chained and durable when `append` returns.
+pub trait AuditSink: Send + Sync + std::fmt::Debug {
+    /// Chains `entry` onto the log. Returns only after the record is durable.
+    fn append(&self, entry: &AuditEntry) -> Result<AppendReceipt, AuditError>;
+}
