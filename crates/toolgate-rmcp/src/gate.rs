@@ -29,7 +29,7 @@ use serde_json::{Map, Value};
 use toolgate_audit::{AuditEntry, AuditSink, Decision as AuditDecision};
 use toolgate_canon::Sha256Digest;
 use toolgate_commit::CommitStore;
-use toolgate_policy::{Decision, Policy};
+use toolgate_policy::{Decision, Policy, ToolName};
 
 use crate::permit::Permit;
 
@@ -185,6 +185,12 @@ impl<H: ServerHandler> Gated<H> {
         mut context: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, McpError> {
         let name = request.name.to_string();
+        // The recorded name is the caller's input: a name no tool could have (too long, odd
+        // characters) is recorded as its digest so a caller cannot bloat or forge log content.
+        let recorded_name = match ToolName::new(&name) {
+            Ok(_) => name.clone(),
+            Err(_) => format!("sha256:{}", Sha256Digest::of(name.as_bytes())),
+        };
         let arguments = request.arguments.as_ref();
         let args_digest =
             Sha256Digest::of_json(&Value::Object(arguments.cloned().unwrap_or_default()));
@@ -192,7 +198,7 @@ impl<H: ServerHandler> Gated<H> {
         let deny = |reason: String| {
             AuditEntry::tool_call(
                 request_id.clone(),
-                name.clone(),
+                recorded_name.clone(),
                 AuditDecision::Deny,
                 "not_executed",
                 args_digest,
@@ -211,14 +217,14 @@ impl<H: ServerHandler> Gated<H> {
         if let Some(reason) = hidden_reason {
             if let Err(error) = self.record(deny(reason)).await {
                 // The call is refused either way; losing the record is reported, not hidden.
-                tracing::error!(tool = %name, %error, "could not audit a denied call");
+                tracing::error!(tool = %recorded_name, %error, "could not audit a denied call");
             }
-            tracing::info!(tool = %name, decision = "deny", "tools/call refused before dispatch");
+            tracing::info!(tool = %recorded_name, decision = "deny", "tools/call refused before dispatch");
             return Err(McpError::invalid_params(TOOL_NOT_FOUND, None));
         }
         if let Decision::DenyArgs(violation) = &decision {
             if let Err(error) = self.record(deny(violation.rule())).await {
-                tracing::error!(tool = %name, %error, "could not audit a refused call");
+                tracing::error!(tool = %recorded_name, %error, "could not audit a refused call");
             }
             return Ok(CallToolResult::error(vec![ContentBlock::text(violation.message())]).into());
         }

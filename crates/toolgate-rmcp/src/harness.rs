@@ -295,15 +295,17 @@ mod tests {
         let violated = Postcondition::Violated("x".into());
         let unsure = Postcondition::Inconclusive("y".into());
         let obs = ok(json!({}));
-        let table: Vec<(
-            &CallOutcome,
-            Option<&CallOutcome>,
-            Option<&Postcondition>,
+        let errored = is_error();
+        type Row<'a> = (
+            &'a CallOutcome,
+            Option<&'a CallOutcome>,
+            Option<&'a Postcondition>,
             bool,
-            &str,
-        )> = vec![
+            &'static str,
+        );
+        let table: Vec<Row<'_>> = vec![
             (&failed, None, None, true, "STOP"),
-            (&is_error_static(), None, None, true, "STOP"),
+            (&errored, None, None, true, "STOP"),
             (&obs, Some(&failed), None, true, "STOP"),
             (&obs, Some(&obs), Some(&holds), false, "CONTINUE"),
             (&obs, Some(&obs), Some(&unsure), true, "STOP"),
@@ -318,10 +320,6 @@ mod tests {
                 "row {i}: got {verdict}, want {expected}"
             );
         }
-    }
-
-    fn is_error_static() -> CallOutcome {
-        is_error()
     }
 
     #[test]

@@ -5,6 +5,9 @@
 
 use std::path::PathBuf;
 use std::sync::Arc;
+
+// The audit and commit crates declare the same hook type; one value serves both.
+const _: fn(toolgate_audit::FaultHook) -> toolgate_commit::FaultHook = |hook| hook;
 use std::time::Duration;
 
 /// The points the server's storage crates report, as fixed by DESIGN.md part 2.
@@ -15,7 +18,7 @@ const POINTS: [&str; 3] = [
 ];
 
 /// The hook described by the environment, or `None` when no crash point is requested.
-pub(crate) fn hook_from_env() -> anyhow::Result<Option<Arc<dyn Fn(&'static str) + Send + Sync>>> {
+pub(crate) fn hook_from_env() -> anyhow::Result<Option<toolgate_audit::FaultHook>> {
     let Ok(point) = std::env::var("TOOLGATE_CRASH_POINT") else {
         return Ok(None);
     };
