@@ -37,7 +37,11 @@ fn only_the_adapter_and_the_server_depend_on_rmcp() {
     let mut checked = 0;
     for entry in std::fs::read_dir(&crates).expect("crates/ exists") {
         let dir = entry.expect("readable entry").path();
-        let name = dir.file_name().and_then(|n| n.to_str()).unwrap_or_default().to_owned();
+        let name = dir
+            .file_name()
+            .and_then(|n| n.to_str())
+            .unwrap_or_default()
+            .to_owned();
         let manifest = dir.join("Cargo.toml");
         if !manifest.exists() {
             continue;
@@ -52,7 +56,10 @@ fn only_the_adapter_and_the_server_depend_on_rmcp() {
             checked += 1;
         }
     }
-    assert!(checked >= 4, "expected to check canon, policy, audit and commit, checked {checked}");
+    assert!(
+        checked >= 4,
+        "expected to check canon, policy, audit and commit, checked {checked}"
+    );
 }
 
 #[test]
@@ -86,13 +93,38 @@ fn the_gate_writes_out_every_server_handler_method() {
     // test in toolgate-rmcp checks behaviour; this checks the list is complete.
     let gate = read(&workspace_root().join("crates/toolgate-rmcp/src/gate.rs"));
     let methods = [
-        "ping", "initialize", "negotiate_initialize", "supported_protocol_versions", "discover",
-        "complete", "set_level", "get_prompt", "list_prompts", "list_resources",
-        "list_resource_templates", "read_resource", "accepted_subscription_filter", "listen",
-        "subscribe", "unsubscribe", "call_tool", "list_tools", "get_tool", "on_custom_request",
-        "on_cancelled", "on_progress", "on_initialized", "on_roots_list_changed",
-        "on_custom_notification", "get_info", "get_task", "update_task", "cancel_task",
-        "list_skills", "get_skill", "read_resource_directory",
+        "ping",
+        "initialize",
+        "negotiate_initialize",
+        "supported_protocol_versions",
+        "discover",
+        "complete",
+        "set_level",
+        "get_prompt",
+        "list_prompts",
+        "list_resources",
+        "list_resource_templates",
+        "read_resource",
+        "accepted_subscription_filter",
+        "listen",
+        "subscribe",
+        "unsubscribe",
+        "call_tool",
+        "list_tools",
+        "get_tool",
+        "on_custom_request",
+        "on_cancelled",
+        "on_progress",
+        "on_initialized",
+        "on_roots_list_changed",
+        "on_custom_notification",
+        "get_info",
+        "get_task",
+        "update_task",
+        "cancel_task",
+        "list_skills",
+        "get_skill",
+        "read_resource_directory",
     ];
     assert_eq!(methods.len(), 32);
     for method in methods {
