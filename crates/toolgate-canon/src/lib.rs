@@ -22,7 +22,9 @@ use sha2::{Digest as _, Sha256};
 pub enum CanonError {
     /// The value has no RFC 8785 form (a non-finite number, a map with non-string keys, or a
     /// `Serialize` impl that failed). Represent it as a JSON string or integer instead.
-    #[error("value cannot be written as canonical JSON (RFC 8785): {0}; use only JSON-representable values")]
+    #[error(
+        "value cannot be written as canonical JSON (RFC 8785): {0}; use only JSON-representable values"
+    )]
     NotRepresentable(String),
 }
 
@@ -236,7 +238,11 @@ mod tests {
         for &(bits, expected) in vectors {
             let number = f64::from_bits(bits);
             let got = to_canonical_vec(&number).expect("finite numbers canonicalize");
-            assert_eq!(String::from_utf8(got).expect("utf-8"), expected, "bits {bits:#018x}");
+            assert_eq!(
+                String::from_utf8(got).expect("utf-8"),
+                expected,
+                "bits {bits:#018x}"
+            );
         }
     }
 
@@ -248,7 +254,10 @@ mod tests {
 
     #[test]
     fn non_ascii_is_not_escaped_and_controls_are() {
-        check(r#"{"b":"ção","a":"\u0001"}"#, "{\"a\":\"\\u0001\",\"b\":\"ção\"}");
+        check(
+            r#"{"b":"ção","a":"\u0001"}"#,
+            "{\"a\":\"\\u0001\",\"b\":\"ção\"}",
+        );
     }
 
     #[test]
@@ -267,9 +276,15 @@ mod tests {
             "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
         );
         assert_eq!(digest.to_hex().parse::<Sha256Digest>(), Ok(digest));
-        assert_eq!("ab".parse::<Sha256Digest>(), Err(DigestParseError::Length(2)));
+        assert_eq!(
+            "ab".parse::<Sha256Digest>(),
+            Err(DigestParseError::Length(2))
+        );
         let upper = digest.to_hex().to_uppercase();
-        assert!(matches!(upper.parse::<Sha256Digest>(), Err(DigestParseError::Character(_))));
+        assert!(matches!(
+            upper.parse::<Sha256Digest>(),
+            Err(DigestParseError::Character(_))
+        ));
         assert_eq!(Sha256Digest::ZERO.to_hex(), "0".repeat(64));
         assert_eq!(Sha256Digest::of_parts(&[b"a", b"bc"]), digest);
         let json = serde_json::to_value(digest).expect("serializes");
