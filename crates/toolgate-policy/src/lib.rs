@@ -444,6 +444,37 @@ impl Policy {
         self.digest
     }
 
+    /// A digest of every rule of this policy that applies to `tool`: whether it is allowed, whether
+    /// it is denied, and its argument rules. Two policies give a tool the same fingerprint exactly
+    /// when they treat its calls the same way, whatever else they say about other tools.
+    pub fn fingerprint(&self, tool: &str) -> Sha256Digest {
+        let rules: Map<String, Value> = self
+            .arg_rules(tool)
+            .map(|fields| {
+                fields
+                    .iter()
+                    .map(|(field, rule)| {
+                        let mut bounds = Map::new();
+                        if let Some(min) = rule.min_len {
+                            bounds.insert("min_len".to_owned(), Value::from(min));
+                        }
+                        if let Some(max) = rule.max_len {
+                            bounds.insert("max_len".to_owned(), Value::from(max));
+                        }
+                        (field.clone(), Value::Object(bounds))
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        Sha256Digest::of_json(&serde_json::json!({
+            "version": SUPPORTED_VERSION,
+            "tool": tool,
+            "allow": self.allow.contains(tool),
+            "deny": self.deny.contains(tool),
+            "arg_rules": rules,
+        }))
+    }
+
     /// The tools the policy allows (before `deny` is applied).
     pub fn allowed(&self) -> impl Iterator<Item = &str> {
         self.allow.iter().map(String::as_str)
@@ -633,6 +664,36 @@ mod tests {
         assert!(
             e.contains("absent.json") && e.contains("POLICY_PATH"),
             "{e}"
+        );
+    }
+
+    #[test]
+    fn fingerprint_changes_only_with_the_tools_own_rules() {
+        let p = reference();
+        let other_tools_changed = Policy::from_json(
+            r#"{"version":1,"allow":["write_note","read_ledger","extra"],"deny":["rm_rf","x"],
+                "arg_rules":{"write_note":{"request_id":{"min_len":8},"text":{"max_len":2000}}}}"#,
+        )
+        .expect("loads");
+        assert_eq!(
+            p.fingerprint("write_note"),
+            other_tools_changed.fingerprint("write_note")
+        );
+        let bound_changed = Policy::from_json(
+            r#"{"version":1,"allow":["write_note"],"arg_rules":{"write_note":{"request_id":{"min_len":9},"text":{"max_len":2000}}}}"#,
+        )
+        .expect("loads");
+        assert_ne!(
+            p.fingerprint("write_note"),
+            bound_changed.fingerprint("write_note")
+        );
+        assert_ne!(p.fingerprint("write_note"), p.fingerprint("read_ledger"));
+        let denied =
+            Policy::from_json(r#"{"version":1,"allow":["read_ledger"],"deny":["read_ledger"]}"#)
+                .expect("loads");
+        assert_ne!(
+            p.fingerprint("read_ledger"),
+            denied.fingerprint("read_ledger")
         );
     }
 
