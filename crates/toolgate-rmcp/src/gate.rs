@@ -7,6 +7,7 @@
 //! impl for `Box<T>`, and the forwarding test calls each one through a real client.
 
 use std::borrow::Cow;
+use std::collections::BTreeMap;
 use std::future::Future;
 use std::sync::Arc;
 
@@ -29,13 +30,19 @@ use serde_json::{Map, Value};
 use toolgate_audit::{AuditEntry, AuditSink, Decision as AuditDecision};
 use toolgate_canon::Sha256Digest;
 use toolgate_commit::CommitStore;
+use toolgate_contract::awareness::{InputContract, contract_awareness};
+use toolgate_contract::diff::Change;
 use toolgate_policy::{Decision, Policy, ToolName};
 
+use crate::input::InputShape;
 use crate::permit::Permit;
 
 /// The message of the JSON-RPC error (-32602) for a tool that is denied or does not exist. The two
 /// cases are deliberately identical so a caller cannot probe which hidden tools exist.
 pub const TOOL_NOT_FOUND: &str = "tool not found";
+
+/// At most this many changes are shown in a refusal's contract note.
+const MAX_CONTRACT_CHANGES: usize = 5;
 
 /// Request ids longer than this are recorded as their digest, so a caller cannot bloat the log.
 const MAX_RECORDED_REQUEST_ID: usize = 256;
@@ -68,6 +75,23 @@ pub struct Gated<H> {
     audit: Arc<dyn AuditSink>,
     store: Option<Arc<dyn CommitStore>>,
     request_id_field: String,
+    contract_digest: Option<Sha256Digest>,
+    contract_changes: BTreeMap<String, Vec<Change>>,
+}
+
+/// The `_meta` key under which the gate publishes the server's contract digest in the results of
+/// `initialize` and `server/discover`, so a host can pin it.
+pub const CONTRACT_DIGEST_META_KEY: &str = "io.toolgate/contractDigest";
+
+fn add_contract_meta(meta: &mut Option<rmcp::model::MetaObject>, digest: Option<Sha256Digest>) {
+    if let Some(digest) = digest {
+        meta.get_or_insert_with(rmcp::model::MetaObject::new)
+            .0
+            .insert(
+                CONTRACT_DIGEST_META_KEY.to_owned(),
+                Value::String(format!("sha256:{digest}")),
+            );
+    }
 }
 
 impl<H> std::fmt::Debug for Gated<H> {
@@ -131,6 +155,8 @@ impl<H: ServerHandler> GatedBuilder<H> {
             audit: self.audit.ok_or(GateError::MissingAudit)?,
             store: self.store,
             request_id_field: self.request_id_field,
+            contract_digest: None,
+            contract_changes: BTreeMap::new(),
         })
     }
 }
@@ -155,6 +181,52 @@ impl<H: ServerHandler> Gated<H> {
     /// The policy in force.
     pub fn policy(&self) -> &Policy {
         &self.policy
+    }
+
+    /// Publishes `digest` (the server's contract digest, see toolgate-contract) in the `_meta` of
+    /// the `initialize` and `server/discover` results under [`CONTRACT_DIGEST_META_KEY`].
+    pub fn with_contract_digest(mut self, digest: Sha256Digest) -> Self {
+        self.contract_digest = Some(digest);
+        self
+    }
+
+    /// Remembers how each tool's contract changed since a previous lockfile (from
+    /// `toolgate_contract::diff::diff`), so that a refused call can tell a model working from the
+    /// old contract what changed (at most five BREAKING or RISKY changes of that tool).
+    pub fn with_contract_changes(mut self, changes: Vec<Change>) -> Self {
+        self.contract_changes.clear();
+        for change in changes {
+            self.contract_changes
+                .entry(change.tool.clone())
+                .or_default()
+                .push(change);
+        }
+        self
+    }
+
+    /// The text appended to an argument refusal: the tool's current input contract and, when a
+    /// previous lockfile was given, what changed since.
+    fn contract_note(&self, tool: &str, input: &InputShape) -> String {
+        let changes = self
+            .contract_changes
+            .get(tool)
+            .map(Vec::as_slice)
+            .unwrap_or_default();
+        let current = InputContract {
+            required: input.required.clone(),
+            allowed: input.allowed.clone(),
+        };
+        contract_awareness(tool, &current, changes, MAX_CONTRACT_CHANGES)
+    }
+
+    /// The contract digest published to clients, if any.
+    pub fn contract_digest(&self) -> Option<Sha256Digest> {
+        self.contract_digest
+    }
+
+    /// Whether permits give access to a commit store.
+    pub fn has_commit_store(&self) -> bool {
+        self.store.is_some()
     }
 
     fn request_id(
@@ -207,26 +279,38 @@ impl<H: ServerHandler> Gated<H> {
         };
 
         let decision = self.policy.decide(&name, arguments);
+        let tool = self.inner.get_tool(&name);
         // A tool the inner handler does not have is recorded as unknown whatever the policy says;
         // the caller sees the same error either way.
-        let hidden_reason = match &decision {
-            _ if self.inner.get_tool(&name).is_none() => Some("unknown_tool".to_owned()),
-            Decision::DenyTool(denial) => Some(denial.rule().to_owned()),
+        let hidden_reason = match (&tool, &decision) {
+            (None, _) => Some("unknown_tool".to_owned()),
+            (Some(_), Decision::DenyTool(denial)) => Some(denial.rule().to_owned()),
             _ => None,
         };
-        if let Some(reason) = hidden_reason {
+        let Some(tool) = tool.filter(|_| hidden_reason.is_none()) else {
+            let reason = hidden_reason.unwrap_or_else(|| "unknown_tool".to_owned());
             if let Err(error) = self.record(deny(reason)).await {
                 // The call is refused either way; losing the record is reported, not hidden.
                 tracing::error!(tool = %recorded_name, %error, "could not audit a denied call");
             }
             tracing::info!(tool = %recorded_name, decision = "deny", "tools/call refused before dispatch");
             return Err(McpError::invalid_params(TOOL_NOT_FOUND, None));
-        }
-        if let Decision::DenyArgs(violation) = &decision {
-            if let Err(error) = self.record(deny(violation.rule())).await {
+        };
+
+        // Argument refusals are tool results (isError), not protocol errors: the spec puts input
+        // validation there, and the model can correct its call in the same turn.
+        let input = InputShape::of_schema(&tool.input_schema);
+        let refusal = match (input.problem(&name, arguments), &decision) {
+            (Some((rule, message)), _) => Some((rule, message)),
+            (None, Decision::DenyArgs(violation)) => Some((violation.rule(), violation.message())),
+            (None, _) => None,
+        };
+        if let Some((rule, message)) = refusal {
+            if let Err(error) = self.record(deny(rule)).await {
                 tracing::error!(tool = %recorded_name, %error, "could not audit a refused call");
             }
-            return Ok(CallToolResult::error(vec![ContentBlock::text(violation.message())]).into());
+            let text = format!("{message}\n\n{}", self.contract_note(&name, &input));
+            return Ok(CallToolResult::error(vec![ContentBlock::text(text)]).into());
         }
 
         let permit = Permit::issue(&name, &request_id, self.store.clone());
@@ -268,30 +352,36 @@ impl<H: ServerHandler> ServerHandler for Gated<H> {
         self.inner.ping(context)
     }
 
-    fn initialize(
+    async fn initialize(
         &self,
         request: InitializeRequestParams,
         context: RequestContext<RoleServer>,
-    ) -> impl Future<Output = Result<InitializeResult, McpError>> + MaybeSendFuture + '_ {
-        self.inner.initialize(request, context)
+    ) -> Result<InitializeResult, McpError> {
+        let mut result = self.inner.initialize(request, context).await?;
+        add_contract_meta(&mut result.meta, self.contract_digest);
+        Ok(result)
     }
 
     fn negotiate_initialize(
         &self,
         request: &InitializeRequestParams,
     ) -> Result<InitializeResult, McpError> {
-        self.inner.negotiate_initialize(request)
+        let mut result = self.inner.negotiate_initialize(request)?;
+        add_contract_meta(&mut result.meta, self.contract_digest);
+        Ok(result)
     }
 
     fn supported_protocol_versions(&self) -> Cow<'static, [ProtocolVersion]> {
         self.inner.supported_protocol_versions()
     }
 
-    fn discover(
+    async fn discover(
         &self,
         context: RequestContext<RoleServer>,
-    ) -> impl Future<Output = Result<DiscoverResult, McpError>> + MaybeSendFuture + '_ {
-        self.inner.discover(context)
+    ) -> Result<DiscoverResult, McpError> {
+        let mut result = self.inner.discover(context).await?;
+        add_contract_meta(&mut result.meta, self.contract_digest);
+        Ok(result)
     }
 
     fn complete(
@@ -455,7 +545,9 @@ impl<H: ServerHandler> ServerHandler for Gated<H> {
     }
 
     fn get_info(&self) -> ServerConfig {
-        self.inner.get_info()
+        let mut info = self.inner.get_info();
+        add_contract_meta(&mut info.meta, self.contract_digest);
+        info
     }
 
     fn get_task(

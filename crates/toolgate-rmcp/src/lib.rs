@@ -10,11 +10,13 @@
 
 #![forbid(unsafe_code)]
 
+pub mod contract;
 mod gate;
 pub mod harness;
+mod input;
 mod permit;
 
-pub use gate::{GateError, Gated, GatedBuilder, TOOL_NOT_FOUND};
+pub use gate::{CONTRACT_DIGEST_META_KEY, GateError, Gated, GatedBuilder, TOOL_NOT_FOUND};
 pub use permit::{Permit, PermitError};
 
 /// The README's example is compiled as a doc test so that it cannot rot.

@@ -6,6 +6,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod contract;
 pub mod demo;
 #[cfg(feature = "fault-injection")]
 mod fault;
@@ -18,6 +19,9 @@ use anyhow::Context as _;
 use rmcp::ServiceExt as _;
 use toolgate_audit::{AuditConfig, AuditSink, FileAuditLog, VerifyReport};
 use toolgate_commit::{CommitConfig, CommitStore, FileCommitStore};
+use toolgate_contract::attest::{Attestation, HmacSha256Signer, check_expected_digest};
+use toolgate_contract::diff::diff;
+use toolgate_contract::lockfile::Lockfile;
 use toolgate_policy::Policy;
 use toolgate_rmcp::Gated;
 
@@ -28,56 +32,117 @@ pub const NOTES_DIR: &str = "notes";
 /// The reference policy, shipped as `fixtures/policy.json`.
 pub const REFERENCE_POLICY: &str = include_str!("../../../fixtures/policy.json");
 
-/// Where the server keeps its state and which policy it enforces.
-#[derive(Debug, Clone)]
-pub struct ServerPaths {
+/// Where the server keeps its state, which policy it enforces, and what contract it must have.
+#[derive(Debug, Clone, Default)]
+pub struct ServerOptions {
     /// The policy file, loaded once at start.
     pub policy: PathBuf,
     /// The ledger directory: `audit.jsonl` and `notes/`.
     pub ledger: PathBuf,
+    /// The contract digest the server must have (`sha256:<hex>` or `<hex>`); it refuses to start
+    /// otherwise.
+    pub expect_digest: Option<String>,
+    /// An attestation of the contract digest (`hmac-sha256:<digest>:<signature>`); the server
+    /// refuses to start unless it verifies with the key and matches the live digest.
+    pub attestation: Option<String>,
+    /// The file holding the attestation key (at least 32 bytes).
+    pub attestation_key_file: Option<PathBuf>,
+    /// A previous toolgate.lock: refused calls then say what changed in the tool's contract since.
+    pub previous_lock: Option<PathBuf>,
 }
 
 /// The gated handler, ready to serve.
 pub type GatedServer = Gated<tools::NotesServer>;
 
-/// Loads the policy, then opens the ledger, then builds the gate.
+/// Loads the policy file.
+pub fn load_policy(path: &Path) -> anyhow::Result<Policy> {
+    Ok(Policy::load(path)?)
+}
+
+/// Checks the live contract against the expected digest and the attestation, if given. Runs
+/// before the ledger is opened, so a server that refuses to start writes nothing.
+fn check_contract(options: &ServerOptions, live: &Lockfile) -> anyhow::Result<()> {
+    let digest = live.integrity_digest();
+    if let Some(expected) = &options.expect_digest {
+        check_expected_digest(expected, digest).context(
+            "the live tool contract is not the expected one; refusing to start (run `toolgate-server contract digest` to see the live digest)",
+        )?;
+    }
+    match (&options.attestation, &options.attestation_key_file) {
+        (Some(text), Some(key_file)) => {
+            let signer = HmacSha256Signer::from_key_file(key_file)?;
+            Attestation::parse(text)?
+                .verify(&signer, digest)
+                .context("the contract attestation does not verify; refusing to start")?;
+        }
+        (Some(_), None) => anyhow::bail!(
+            "an attestation was given without a key; pass --attestation-key-file or TOOLGATE_ATTESTATION_KEY_FILE"
+        ),
+        (None, Some(_)) => anyhow::bail!(
+            "an attestation key was given without an attestation; pass --attestation or TOOLGATE_ATTESTATION"
+        ),
+        (None, None) => {}
+    }
+    Ok(())
+}
+
+/// Loads the policy, checks the contract, then opens the ledger, then builds the gate.
 ///
-/// The policy comes first on purpose: an invalid policy must stop the process before anything is
-/// created or written under the ledger directory.
-pub fn build(paths: &ServerPaths) -> anyhow::Result<GatedServer> {
-    let policy = Policy::load(&paths.policy)?;
+/// The order is deliberate: an invalid policy or a contract that does not match its attestation
+/// must stop the process before anything is created or written under the ledger directory.
+pub fn build(options: &ServerOptions) -> anyhow::Result<GatedServer> {
+    let policy = load_policy(&options.policy)?;
+    let live = contract::live_lockfile(&policy)?;
+    check_contract(options, &live)?;
+    let changes = match &options.previous_lock {
+        Some(path) => {
+            let text = std::fs::read_to_string(path)
+                .with_context(|| format!("cannot read the previous lockfile {}", path.display()))?;
+            let previous = Lockfile::parse(&text)
+                .with_context(|| format!("the previous lockfile {} is invalid", path.display()))?;
+            diff(previous.contract(), live.contract())
+        }
+        None => Vec::new(),
+    };
 
     #[cfg(feature = "fault-injection")]
     let hook = fault::hook_from_env()?;
 
-    let audit_config = AuditConfig::new(paths.ledger.join(AUDIT_FILE));
+    let audit_config = AuditConfig::new(options.ledger.join(AUDIT_FILE));
     #[cfg(feature = "fault-injection")]
     let audit_config = match &hook {
         Some(hook) => audit_config.fault_hook(hook.clone()),
         None => audit_config,
     };
     let audit = FileAuditLog::open_with(audit_config)
-        .with_context(|| format!("cannot open the audit log in {}", paths.ledger.display()))?;
+        .with_context(|| format!("cannot open the audit log in {}", options.ledger.display()))?;
     if let Some(recovery) = audit.recovered() {
         tracing::warn!(?recovery, "repaired a torn audit tail left by a crash");
     }
 
-    let store_config = CommitConfig::new(paths.ledger.join(NOTES_DIR));
+    let store_config = CommitConfig::new(options.ledger.join(NOTES_DIR));
     #[cfg(feature = "fault-injection")]
     let store_config = match hook {
         Some(hook) => store_config.fault_hook(hook),
         None => store_config,
     };
-    let store = FileCommitStore::open_with(store_config)
-        .with_context(|| format!("cannot open the notes store in {}", paths.ledger.display()))?;
+    let store = FileCommitStore::open_with(store_config).with_context(|| {
+        format!(
+            "cannot open the notes store in {}",
+            options.ledger.display()
+        )
+    })?;
 
     let audit: Arc<dyn AuditSink> = Arc::new(audit);
     let store: Arc<dyn CommitStore> = Arc::new(store);
+    tracing::info!(digest = %live.integrity_digest(), "contract");
     Ok(Gated::builder(tools::NotesServer::new())
         .policy(policy)
         .audit(audit)
         .commit_store(store)
-        .build()?)
+        .build()?
+        .with_contract_digest(live.integrity_digest())
+        .with_contract_changes(changes))
 }
 
 /// Serves MCP over stdin/stdout until the client closes the connection.

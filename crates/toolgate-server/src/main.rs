@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use toolgate_server::ServerPaths;
+use toolgate_server::ServerOptions;
 
 /// Reference MCP server gated by toolgate. With no subcommand it serves MCP over stdio.
 #[derive(Debug, Parser)]
@@ -24,6 +24,18 @@ struct Cli {
     /// The ledger directory (audit.jsonl and notes/).
     #[arg(long, env = "LEDGER_DIR", default_value = "./.ledger", global = true)]
     ledger: PathBuf,
+    /// Refuse to start unless the live contract digest is this one (`sha256:<hex>`).
+    #[arg(long, env = "TOOLGATE_EXPECTED_DIGEST", global = true)]
+    expect_digest: Option<String>,
+    /// Refuse to start unless this attestation of the contract digest verifies and matches.
+    #[arg(long, env = "TOOLGATE_ATTESTATION", global = true)]
+    attestation: Option<String>,
+    /// The attestation key file (at least 32 bytes; one trailing newline is ignored).
+    #[arg(long, env = "TOOLGATE_ATTESTATION_KEY_FILE", global = true)]
+    attestation_key_file: Option<PathBuf>,
+    /// A previous toolgate.lock: refused calls then list what changed in the tool's contract.
+    #[arg(long, env = "TOOLGATE_PREVIOUS_LOCK", global = true)]
+    previous_lock: Option<PathBuf>,
     #[command(subcommand)]
     command: Option<Command>,
 }
@@ -39,6 +51,19 @@ enum Command {
     },
     /// Run the gated server end to end against a child process and print a transcript.
     Demo,
+    /// The live tool contract of this binary under --policy.
+    Contract {
+        #[command(subcommand)]
+        command: ContractCommand,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum ContractCommand {
+    /// Print the contract digest (`sha256:<hex>`), the value a host can pin.
+    Digest,
+    /// Print an attestation of the contract digest signed with the key in --attestation-key-file.
+    Attest,
 }
 
 #[derive(Debug, Subcommand)]
@@ -65,12 +90,33 @@ fn fail(error: &anyhow::Error) -> ExitCode {
     ExitCode::from(2)
 }
 
+fn contract_command(command: &ContractCommand, options: &ServerOptions) -> anyhow::Result<String> {
+    let policy = toolgate_server::load_policy(&options.policy)?;
+    let digest = toolgate_server::contract::live_lockfile(&policy)?.integrity_digest();
+    match command {
+        ContractCommand::Digest => Ok(format!("sha256:{digest}")),
+        ContractCommand::Attest => {
+            let key_file = options.attestation_key_file.as_ref().ok_or_else(|| {
+                anyhow::anyhow!(
+                    "pass the key with --attestation-key-file or TOOLGATE_ATTESTATION_KEY_FILE"
+                )
+            })?;
+            let signer = toolgate_contract::attest::HmacSha256Signer::from_key_file(key_file)?;
+            Ok(toolgate_contract::attest::Attestation::create(&signer, digest)?.render())
+        }
+    }
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     init_logging();
-    let paths = ServerPaths {
+    let paths = ServerOptions {
         policy: cli.policy,
         ledger: cli.ledger,
+        expect_digest: cli.expect_digest,
+        attestation: cli.attestation,
+        attestation_key_file: cli.attestation_key_file,
+        previous_lock: cli.previous_lock,
     };
     match cli.command.unwrap_or(Command::Serve) {
         Command::Serve => {
@@ -104,6 +150,13 @@ fn main() -> ExitCode {
                     ExitCode::from(1)
                 }
             },
+            Err(error) => fail(&error),
+        },
+        Command::Contract { command } => match contract_command(&command, &paths) {
+            Ok(text) => {
+                println!("{text}");
+                ExitCode::SUCCESS
+            }
             Err(error) => fail(&error),
         },
         Command::Demo => {

@@ -84,6 +84,11 @@ impl NotesServer {
         }
     }
 
+    /// Every registered tool, as it appears before the gate filters tools/list.
+    pub fn tools(&self) -> Vec<rmcp::model::Tool> {
+        self.tool_router.list_all()
+    }
+
     /// Write one note per request_id. Retrying with the same request_id and text is safe and
     /// returns status "replay"; the same request_id with a different text is an error.
     #[tool(annotations(

@@ -1,0 +1,281 @@
+//! The mechanics of `cargo xtask lock` and `lock --check`, reusable from any server's own xtask or
+//! test: compare a live lockfile with the committed one, render the result for people, machines or
+//! GitHub Actions, and write a new lockfile durably.
+
+use std::fmt::Write as _;
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+
+use serde_json::json;
+
+use crate::diff::{Change, Verdict, diff};
+use crate::lockfile::Lockfile;
+
+/// What to tell the user to do when the lockfile is stale.
+pub const FIX_HINT: &str = "run `cargo xtask lock` and commit the result";
+
+/// Why a check or a write could not run at all (as opposed to finding drift).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum CheckError {
+    /// Reading or writing the lockfile failed.
+    #[error("cannot {action} {path}: {source}; check the path and its permissions")]
+    Io {
+        /// What was being done.
+        action: &'static str,
+        /// The file or directory.
+        path: PathBuf,
+        /// The underlying error.
+        source: std::io::Error,
+    },
+}
+
+/// A contract rule broken by the live code itself, independent of any lockfile: for example a
+/// tool that claims `readOnlyHint: true` while its handler writes files.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Violation {
+    /// The tool.
+    pub tool: String,
+    /// What is wrong and where, for a reviewer.
+    pub message: String,
+}
+
+/// Why the committed lockfile does not match the live contract.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum DriftReason {
+    /// There is no lockfile.
+    Missing,
+    /// The lockfile cannot be parsed or its digests do not verify.
+    Unreadable(String),
+    /// The contracts differ; `changes` says how.
+    Changed,
+    /// The contracts are equal but the bytes differ (another toolgate version, or a hand edit of
+    /// formatting): rewriting is still required so that review sees canonical bytes.
+    BytesOnly,
+}
+
+/// The result of comparing the live lockfile with the committed one.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CheckOutcome {
+    /// The committed lockfile is byte-identical to the live one.
+    UpToDate,
+    /// They differ.
+    Drift {
+        /// Why.
+        reason: DriftReason,
+        /// Every classified difference, most severe first (empty unless `reason` is `Changed`).
+        changes: Vec<Change>,
+    },
+}
+
+impl CheckOutcome {
+    /// Whether the check passes.
+    pub fn is_up_to_date(&self) -> bool {
+        matches!(self, CheckOutcome::UpToDate)
+    }
+}
+
+/// Compares `live` with the lockfile at `path`.
+pub fn check_lockfile(path: &Path, live: &Lockfile) -> Result<CheckOutcome, CheckError> {
+    let committed = match std::fs::read_to_string(path) {
+        Ok(text) => text,
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => {
+            return Ok(CheckOutcome::Drift {
+                reason: DriftReason::Missing,
+                changes: Vec::new(),
+            });
+        }
+        Err(source) => {
+            return Err(CheckError::Io {
+                action: "read",
+                path: path.to_owned(),
+                source,
+            });
+        }
+    };
+    let rendered = live.render();
+    if committed == rendered {
+        return Ok(CheckOutcome::UpToDate);
+    }
+    let old = match Lockfile::parse(&committed) {
+        Ok(old) => old,
+        Err(error) => {
+            return Ok(CheckOutcome::Drift {
+                reason: DriftReason::Unreadable(error.to_string()),
+                changes: Vec::new(),
+            });
+        }
+    };
+    let changes = diff(old.contract(), live.contract());
+    let reason = if changes.is_empty() {
+        DriftReason::BytesOnly
+    } else {
+        DriftReason::Changed
+    };
+    Ok(CheckOutcome::Drift { reason, changes })
+}
+
+/// Writes `live` to `path` durably: a temporary file in the same directory, fsync, rename over
+/// the old file, fsync of the directory. A crash leaves either the old or the new lockfile.
+pub fn write_lockfile(path: &Path, live: &Lockfile) -> Result<(), CheckError> {
+    let dir = match path.parent() {
+        Some(dir) if !dir.as_os_str().is_empty() => dir.to_owned(),
+        _ => PathBuf::from("."),
+    };
+    let io = |action: &'static str, path: &Path| {
+        let path = path.to_owned();
+        move |source| CheckError::Io {
+            action,
+            path,
+            source,
+        }
+    };
+    let tmp = dir.join(format!(".toolgate.lock.{}.tmp", std::process::id()));
+    let result = (|| {
+        let mut file = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&tmp)
+            .map_err(io("create", &tmp))?;
+        file.write_all(live.render().as_bytes())
+            .map_err(io("write", &tmp))?;
+        file.sync_all().map_err(io("fsync", &tmp))?;
+        std::fs::rename(&tmp, path).map_err(io("rename into", path))?;
+        std::fs::File::open(&dir)
+            .and_then(|d| d.sync_all())
+            .map_err(io("fsync directory", &dir))
+    })();
+    if result.is_err() {
+        // Leave nothing half-written behind; the old lockfile is untouched.
+        let _ = std::fs::remove_file(&tmp);
+    }
+    result
+}
+
+/// How to render a check result.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ReportFormat {
+    /// For people: changes grouped by verdict, most severe first.
+    Text,
+    /// One JSON object for machines.
+    Json,
+    /// GitHub Actions workflow commands (`::error`, `::warning`, `::notice`).
+    Github,
+}
+
+fn reason_text(reason: &DriftReason) -> String {
+    match reason {
+        DriftReason::Missing => "toolgate.lock is missing".to_owned(),
+        DriftReason::Unreadable(why) => format!("toolgate.lock cannot be used: {why}"),
+        DriftReason::Changed => "the live tool contracts differ from toolgate.lock".to_owned(),
+        DriftReason::BytesOnly => {
+            "toolgate.lock is not byte-identical to what this toolgate version writes".to_owned()
+        }
+    }
+}
+
+/// Renders the outcome of a check (with any violations) in `format`. `lock_path` names the
+/// lockfile in GitHub annotations.
+pub fn render_report(
+    outcome: &CheckOutcome,
+    violations: &[Violation],
+    format: ReportFormat,
+    lock_path: &str,
+) -> String {
+    let mut out = String::new();
+    match format {
+        ReportFormat::Text => {
+            for v in violations {
+                let _ = writeln!(out, "VIOLATION {}: {}", v.tool, v.message);
+            }
+            match outcome {
+                CheckOutcome::UpToDate => {
+                    let _ = writeln!(out, "toolgate.lock is up to date");
+                }
+                CheckOutcome::Drift { reason, changes } => {
+                    let _ = writeln!(out, "{}", reason_text(reason));
+                    for verdict in [
+                        Verdict::Breaking,
+                        Verdict::Risky,
+                        Verdict::Safe,
+                        Verdict::Cosmetic,
+                    ] {
+                        let group: Vec<&Change> =
+                            changes.iter().filter(|c| c.verdict == verdict).collect();
+                        if group.is_empty() {
+                            continue;
+                        }
+                        let _ = writeln!(out, "{} ({})", verdict.as_str(), group.len());
+                        for change in group {
+                            let _ = writeln!(
+                                out,
+                                "  {}: {} ({})",
+                                change.tool, change.detail, change.rule
+                            );
+                        }
+                    }
+                    let _ = writeln!(out, "{FIX_HINT}");
+                }
+            }
+        }
+        ReportFormat::Json => {
+            let (status, reason, changes) = match outcome {
+                CheckOutcome::UpToDate => ("up_to_date", None, &[][..]),
+                CheckOutcome::Drift { reason, changes } => {
+                    ("drift", Some(reason_text(reason)), changes.as_slice())
+                }
+            };
+            let value = json!({
+                "status": status,
+                "reason": reason,
+                "changes": changes.iter().map(|c| json!({
+                    "tool": c.tool, "verdict": c.verdict.as_str(), "rule": c.rule, "detail": c.detail,
+                })).collect::<Vec<_>>(),
+                "violations": violations.iter().map(|v| json!({"tool": v.tool, "message": v.message})).collect::<Vec<_>>(),
+                "fix": if outcome.is_up_to_date() && violations.is_empty() { None } else { Some(FIX_HINT) },
+            });
+            let _ = writeln!(out, "{value}");
+        }
+        ReportFormat::Github => {
+            // Workflow commands are one line each; newlines and % must be escaped.
+            let escape = |s: &str| {
+                s.replace('%', "%25")
+                    .replace('\r', "%0D")
+                    .replace('\n', "%0A")
+            };
+            for v in violations {
+                let _ = writeln!(
+                    out,
+                    "::error file={lock_path},title=contract violation in {}::{}",
+                    v.tool,
+                    escape(&v.message)
+                );
+            }
+            if let CheckOutcome::Drift { reason, changes } = outcome {
+                let _ = writeln!(
+                    out,
+                    "::error file={lock_path},title=toolgate.lock drift::{}; {FIX_HINT}",
+                    escape(&reason_text(reason))
+                );
+                for change in changes {
+                    let level = match change.verdict {
+                        Verdict::Breaking => "error",
+                        Verdict::Risky => "warning",
+                        Verdict::Safe | Verdict::Cosmetic => "notice",
+                    };
+                    let _ = writeln!(
+                        out,
+                        "::{level} file={lock_path},title={} contract change in {}::{} ({})",
+                        change.verdict.as_str(),
+                        change.tool,
+                        escape(&change.detail),
+                        change.rule
+                    );
+                }
+            }
+        }
+    }
+    out
+}

@@ -1,0 +1,26 @@
+//! Tool contracts: what a tool promises to the model that calls it, digested, locked and diffed.
+//!
+//! A tool's description, schemas and annotations are behaviour, because the consumer is a model.
+//! This crate turns each tool into a [`contract::ToolContract`] of four sections (surface, behavior,
+//! token economics, entitlements), each canonical JSON hashed with SHA-256, writes them to
+//! `toolgate.lock` ([`lockfile`]), classifies every difference between two lockfiles as BREAKING,
+//! RISKY, SAFE or COSMETIC ([`diff`]), finds a handler's capabilities by reading its source
+//! ([`scan`]), signs the server digest ([`attest`]) and measures semantic drift with an injected
+//! judge ([`probe`]).
+//!
+//! It knows nothing of MCP libraries: callers convert their tool definitions into
+//! [`model::ToolDefinition`].
+
+#![forbid(unsafe_code)]
+
+pub mod attest;
+pub mod awareness;
+pub mod check;
+pub mod contract;
+pub mod diff;
+pub mod lockfile;
+pub mod model;
+pub mod probe;
+pub mod scan;
+
+pub use model::{Annotations, EffectiveAnnotations, Entitlements, HandlerFacts, ToolDefinition};

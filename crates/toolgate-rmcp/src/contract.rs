@@ -1,0 +1,190 @@
+//! The bridge from rmcp's tool model to toolgate-contract's plain one, and the gate's part of a
+//! tool's contract (its stages and policy fingerprint).
+
+use rmcp::ServerHandler;
+use rmcp::model::Tool;
+use serde_json::Value;
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use toolgate_contract::check::Violation;
+use toolgate_contract::contract::{ServerContract, ToolContract};
+use toolgate_contract::scan::{ScanError, check_claims, find_tool_handlers, scan_handlers};
+use toolgate_contract::{Annotations, Entitlements, HandlerFacts, ToolDefinition};
+use toolgate_policy::Policy;
+
+use crate::Gated;
+
+/// `tool` as toolgate-contract sees it: name, description, schemas and the annotations as declared
+/// (absent hints stay absent; the contract applies the spec's defaults).
+pub fn tool_definition(tool: &Tool) -> ToolDefinition {
+    let annotations = tool
+        .annotations
+        .as_ref()
+        .map(|a| Annotations {
+            read_only: a.read_only_hint,
+            destructive: a.destructive_hint,
+            idempotent: a.idempotent_hint,
+            open_world: a.open_world_hint,
+        })
+        .unwrap_or_default();
+    ToolDefinition {
+        name: tool.name.to_string(),
+        description: tool.description.as_ref().map(|d| d.to_string()),
+        input_schema: Value::Object((*tool.input_schema).clone()),
+        output_schema: tool
+            .output_schema
+            .as_ref()
+            .map(|schema| Value::Object((**schema).clone())),
+        annotations,
+    }
+}
+
+/// The gate stages a call of `tool` passes through, in order: its "middleware chain" as recorded
+/// in the contract. A change here changes what the server enforces for the tool.
+pub fn gate_stages(policy: &Policy, tool: &str, has_commit_store: bool) -> Vec<String> {
+    let mut stages = vec!["list_filter", "call_decide", "input_schema"];
+    if policy
+        .arg_rules(tool)
+        .is_some_and(|rules| !rules.is_empty())
+    {
+        stages.push("arg_rules");
+    }
+    stages.push("permit");
+    if has_commit_store {
+        stages.push("commit_store");
+    }
+    stages.push("audit");
+    stages.into_iter().map(str::to_owned).collect()
+}
+
+/// The contract facts of `tool` under a gate with `policy`, completed with what the entitlement
+/// scanner found in its handler.
+pub fn handler_facts(
+    policy: &Policy,
+    tool: &str,
+    has_commit_store: bool,
+    entitlements: Entitlements,
+    evasion: Vec<String>,
+) -> HandlerFacts {
+    HandlerFacts {
+        gate_stages: gate_stages(policy, tool, has_commit_store),
+        policy_fingerprint: policy.fingerprint(tool),
+        entitlements,
+        evasion,
+    }
+}
+
+/// What the entitlement scanner found for one tool's handler.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct ScannedHandler {
+    /// The capability families.
+    pub entitlements: Entitlements,
+    /// The evasion signal kinds, sorted.
+    pub evasion: Vec<String>,
+}
+
+/// The contract of a server whose tools are `tools`, gated by `policy`: every tool needs a scan
+/// result, since an unscanned handler has unknown entitlements.
+pub fn server_contract(
+    server_name: &str,
+    tools: &[Tool],
+    policy: &Policy,
+    has_commit_store: bool,
+    scans: &BTreeMap<String, ScannedHandler>,
+) -> Result<ServerContract, ContractBuildError> {
+    let mut contracts = Vec::with_capacity(tools.len());
+    for tool in tools {
+        let name = tool.name.to_string();
+        let scan = scans
+            .get(&name)
+            .ok_or_else(|| ContractBuildError::Unscanned { tool: name.clone() })?;
+        let facts = handler_facts(
+            policy,
+            &name,
+            has_commit_store,
+            scan.entitlements,
+            scan.evasion.clone(),
+        );
+        contracts.push(ToolContract::build(&tool_definition(tool), &facts)?);
+    }
+    Ok(ServerContract::new(server_name, contracts)?)
+}
+
+/// Why a server contract could not be computed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ContractBuildError {
+    /// A registered tool has no scan result.
+    #[error(
+        "tool `{tool}` has no entitlement scan; its handler must be a `#[tool]` fn in the scanned sources"
+    )]
+    Unscanned {
+        /// The tool.
+        tool: String,
+    },
+    /// The contract crate refused the definitions.
+    #[error(transparent)]
+    Contract(#[from] toolgate_contract::contract::ContractError),
+}
+
+impl<H: ServerHandler> Gated<H> {
+    /// The gate stages of `tool` under this gate (see [`gate_stages`]).
+    pub fn gate_stages(&self, tool: &str) -> Vec<String> {
+        gate_stages(self.policy(), tool, self.has_commit_store())
+    }
+}
+
+/// Scans the handlers of `tools` in `source_roots` (every `#[tool]` fn) and returns their
+/// entitlements, plus a violation for every tool whose annotations claim `readOnlyHint: true`
+/// while its handler writes files, spawns a process or opens a connection.
+pub fn scan_sources(
+    source_roots: &[PathBuf],
+    tools: &[Tool],
+) -> Result<(BTreeMap<String, ScannedHandler>, Vec<Violation>), ScanError> {
+    let handlers = find_tool_handlers(source_roots)?;
+    let reports = scan_handlers(source_roots, &handlers)?;
+    let mut violations = Vec::new();
+    for tool in tools {
+        if let Some(report) = reports.get(tool.name.as_ref())
+            && let Some(violation) = check_claims(&tool_definition(tool), report)
+        {
+            let evidence: Vec<String> = violation
+                .evidence
+                .iter()
+                .map(|e| {
+                    format!(
+                        "{} by {} at {}:{} (via {})",
+                        e.family,
+                        e.what,
+                        e.file.display(),
+                        e.line,
+                        e.via.join(" -> ")
+                    )
+                })
+                .collect();
+            violations.push(Violation {
+                tool: violation.tool.clone(),
+                message: format!(
+                    "claims {}: true but its handler mutates: {}",
+                    violation.claim,
+                    evidence.join("; ")
+                ),
+            });
+        }
+    }
+    let scans = reports
+        .into_iter()
+        .map(|(tool, report)| {
+            let evasion = report.evasion_kinds();
+            (
+                tool,
+                ScannedHandler {
+                    entitlements: report.entitlements,
+                    evasion,
+                },
+            )
+        })
+        .collect();
+    Ok((scans, violations))
+}

@@ -1,0 +1,53 @@
+//! The reference server's own contract: computed from source by `cargo xtask lock`, and at start
+//! from the entitlements build.rs scanned, so a running server knows its digest without its
+//! source tree.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use anyhow::Context as _;
+use toolgate_contract::check::Violation;
+use toolgate_contract::lockfile::Lockfile;
+use toolgate_policy::Policy;
+use toolgate_rmcp::contract::{ScannedHandler, scan_sources, server_contract};
+
+use crate::tools::NotesServer;
+
+/// The server name recorded in toolgate.lock.
+pub const SERVER_NAME: &str = "toolgate-server";
+
+/// The reference server always runs with its commit store.
+const HAS_COMMIT_STORE: bool = true;
+
+/// What build.rs found when it scanned `src/` of this crate.
+const EMBEDDED_SCAN: &str = include_str!(concat!(env!("OUT_DIR"), "/entitlements.json"));
+
+/// A live lockfile and the contract violations found while computing it.
+#[derive(Debug)]
+pub struct LiveLock {
+    /// The lockfile the live code implies.
+    pub lockfile: Lockfile,
+    /// Claims the code contradicts (a `lock` refuses to write while there are any).
+    pub violations: Vec<Violation>,
+}
+
+/// Computes the lockfile from the handlers' source under `sources` (what `cargo xtask lock` does).
+pub fn lock_from_source(policy: &Policy, sources: &Path) -> anyhow::Result<LiveLock> {
+    let tools = NotesServer::new().tools();
+    let (scans, violations) = scan_sources(&[PathBuf::from(sources)], &tools)?;
+    let contract = server_contract(SERVER_NAME, &tools, policy, HAS_COMMIT_STORE, &scans)?;
+    Ok(LiveLock {
+        lockfile: Lockfile::new(contract, env!("CARGO_PKG_VERSION")),
+        violations,
+    })
+}
+
+/// Computes the lockfile of this binary from the scan embedded at build time.
+pub fn live_lockfile(policy: &Policy) -> anyhow::Result<Lockfile> {
+    let scans: BTreeMap<String, ScannedHandler> = serde_json::from_str(EMBEDDED_SCAN).context(
+        "the entitlement scan embedded at build time is unreadable; rebuild toolgate-server",
+    )?;
+    let tools = NotesServer::new().tools();
+    let contract = server_contract(SERVER_NAME, &tools, policy, HAS_COMMIT_STORE, &scans)?;
+    Ok(Lockfile::new(contract, env!("CARGO_PKG_VERSION")))
+}
