@@ -91,10 +91,14 @@ fn sanitize(tool: &str) -> String {
 
 /// Field names and details on one line, without markup that could end the block early.
 fn one_line(text: &str) -> String {
-    text.chars()
+    // Angle brackets become look-alike guillemets so nothing can open or close a tag; the arrows
+    // of diff details ("a -> b") are kept readable.
+    text.replace("->", "→")
+        .chars()
         .map(|c| match c {
             '\n' | '\r' => ' ',
-            '<' | '>' => '?',
+            '<' => '‹',
+            '>' => '›',
             c => c,
         })
         .collect()

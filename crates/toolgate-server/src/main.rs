@@ -62,6 +62,8 @@ enum Command {
 enum ContractCommand {
     /// Print the contract digest (`sha256:<hex>`), the value a host can pin.
     Digest,
+    /// Print the live contract as a toolgate.lock document (for --previous-lock, or to review).
+    Lockfile,
     /// Print an attestation of the contract digest signed with the key in --attestation-key-file.
     Attest,
 }
@@ -92,9 +94,11 @@ fn fail(error: &anyhow::Error) -> ExitCode {
 
 fn contract_command(command: &ContractCommand, options: &ServerOptions) -> anyhow::Result<String> {
     let policy = toolgate_server::load_policy(&options.policy)?;
-    let digest = toolgate_server::contract::live_lockfile(&policy)?.integrity_digest();
+    let live = toolgate_server::contract::live_lockfile(&policy)?;
+    let digest = live.integrity_digest();
     match command {
         ContractCommand::Digest => Ok(format!("sha256:{digest}")),
+        ContractCommand::Lockfile => Ok(live.render().trim_end().to_owned()),
         ContractCommand::Attest => {
             let key_file = options.attestation_key_file.as_ref().ok_or_else(|| {
                 anyhow::anyhow!(

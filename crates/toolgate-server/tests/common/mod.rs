@@ -38,12 +38,16 @@ pub const PROTOCOL_2026: &str = "2026-07-28";
 pub const INVALID_PARAMS: i64 = -32602;
 
 /// Environment variables a test process might inherit that would change the server's behaviour.
-const SCRUBBED_ENV: [&str; 5] = [
+const SCRUBBED_ENV: [&str; 9] = [
     "RUST_LOG",
     "POLICY_PATH",
     "LEDGER_DIR",
     "TOOLGATE_CRASH_POINT",
     "TOOLGATE_CRASH_MARKER",
+    "TOOLGATE_EXPECTED_DIGEST",
+    "TOOLGATE_ATTESTATION",
+    "TOOLGATE_ATTESTATION_KEY_FILE",
+    "TOOLGATE_PREVIOUS_LOCK",
 ];
 
 /// One test's private world: a tempdir with its own policy copy and ledger path.
