@@ -45,15 +45,14 @@ struct Copy {
 impl Copy {
     fn cargo(&self, args: &[&str]) -> Output {
         let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
-        let output = Command::new(cargo)
+        Command::new(cargo)
             .args(args)
             .current_dir(&self.root)
             .env("CARGO_TARGET_DIR", &self.target)
             .env_remove("RUSTFLAGS")
             .stdin(Stdio::null())
             .output()
-            .unwrap();
-        output
+            .unwrap()
     }
 
     /// `cargo xtask lock <args>` in the copy (the alias of its .cargo/config.toml).
