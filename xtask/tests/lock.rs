@@ -10,6 +10,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 
 use serde_json::Value;
+use toolgate_contract::attest::{Attestation, HmacSha256Signer};
+use toolgate_contract::lockfile::Lockfile;
 
 fn workspace_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -127,6 +129,37 @@ fn lock_check_catches_description_edits_and_lying_annotations_in_a_copy() {
         "{}",
         text(&out)
     );
+
+    // The edited server refuses to start under the attestation of the original contract.
+    let key = dir.path().join("attest.key");
+    std::fs::write(&key, b"an attestation key of 32+ bytes!!").unwrap();
+    // The approved digest is the committed lockfile's (the first --check proved they agree).
+    let committed = std::fs::read_to_string(workspace_root().join("toolgate.lock")).unwrap();
+    let approved = Lockfile::parse(&committed).unwrap().integrity_digest();
+    let signer = HmacSha256Signer::from_key_file(&key).unwrap();
+    let attestation = Attestation::create(&signer, approved).unwrap().render();
+    let out = copy.cargo(&["build", "-q", "-p", "toolgate-server"]);
+    assert!(out.status.success(), "{}", text(&out));
+    let ledger = dir.path().join("ledger");
+    let out = Command::new(copy.target.join("debug/toolgate-server"))
+        .arg("--policy")
+        .arg(copy.root.join("fixtures/policy.json"))
+        .arg("--ledger")
+        .arg(&ledger)
+        .arg("--attestation")
+        .arg(&attestation)
+        .arg("--attestation-key-file")
+        .arg(&key)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("differs from the approved digest"),
+        "{}",
+        text(&out)
+    );
+    assert!(!ledger.exists(), "a refused start writes nothing");
 
     // `lock` accepts the reviewed change; `--check` passes again.
     let out = copy.xtask(&[]);

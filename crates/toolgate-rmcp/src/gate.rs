@@ -315,13 +315,32 @@ impl<H: ServerHandler> Gated<H> {
 
         let permit = Permit::issue(&name, &request_id, self.store.clone());
         context.extensions.insert(permit.clone());
+        // If this future is dropped (the client cancelled) or the handler panics, the guard still
+        // expires the permit and records the decision with what the handler reached.
+        let mut guard = CallGuard {
+            permit: permit.clone(),
+            audit: Some(Arc::clone(&self.audit)),
+            entry: AuditEntry::tool_call(
+                request_id.clone(),
+                name.clone(),
+                AuditDecision::Allow,
+                "cancelled",
+                args_digest,
+            )
+            .with_reason(decision.rule()),
+        };
         let response = self.inner.call_tool(request, context).await;
+        guard.audit = None;
         let recorded = permit.close();
         let outcome = match &response {
             Ok(CallToolResponse::Complete(result)) if result.is_error == Some(true) => {
                 recorded.unwrap_or("failed")
             }
-            Ok(_) => recorded.unwrap_or("executed"),
+            Ok(CallToolResponse::Complete(_)) => recorded.unwrap_or("executed"),
+            // The handler handed the call to a task or asked the client for input: the permit
+            // ends here, so later work needs a new call through the gate.
+            Ok(CallToolResponse::InputRequired(_)) => recorded.unwrap_or("input_required"),
+            Ok(_) => recorded.unwrap_or("task_created"),
             Err(_) => "error",
         };
         let entry = AuditEntry::tool_call(
@@ -341,6 +360,33 @@ impl<H: ServerHandler> Gated<H> {
         }
         tracing::info!(tool = %name, decision = "allow", outcome, "tools/call");
         response
+    }
+}
+
+/// Expires a permit and records an abandoned call when the gate's call future does not complete.
+struct CallGuard {
+    permit: Permit,
+    /// `Some` while the call is in flight; taken when it completes normally.
+    audit: Option<Arc<dyn AuditSink>>,
+    entry: AuditEntry,
+}
+
+impl Drop for CallGuard {
+    fn drop(&mut self) {
+        let Some(audit) = self.audit.take() else {
+            return;
+        };
+        let mut entry = self.entry.clone();
+        // The handler may have reached its effect before being abandoned: record what it reached.
+        if let Some(outcome) = self.permit.close() {
+            entry.outcome = outcome.to_owned();
+        }
+        entry = entry.with_reason("cancelled");
+        // Synchronous on purpose: this runs when the future is dropped, possibly while the runtime
+        // shuts down, when a spawned task might never run. One fsync on a rare path is acceptable.
+        if let Err(error) = audit.append(&entry) {
+            tracing::error!(%error, "could not audit an abandoned call");
+        }
     }
 }
 
@@ -488,7 +534,10 @@ impl<H: ServerHandler> ServerHandler for Gated<H> {
         context: RequestContext<RoleServer>,
     ) -> Result<ListToolsResult, McpError> {
         let mut result = self.inner.list_tools(request, context).await?;
-        result.tools.retain(|tool| self.policy.visible(&tool.name));
+        // Listed exactly when callable: the policy shows it and the inner handler resolves it.
+        result.tools.retain(|tool| {
+            self.policy.visible(&tool.name) && self.inner.get_tool(&tool.name).is_some()
+        });
         Ok(result)
     }
 
