@@ -9,7 +9,7 @@ use std::io::{self, Write as _};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use toolgate_canon::canonical_value;
+use toolgate_canon::{Sha256Digest, canonical_value};
 
 use crate::{CommitError, CommitOutcome, CommitStore, IdempotencyKey};
 
@@ -74,6 +74,11 @@ impl fmt::Debug for CommitConfig {
 /// because a record appears atomically by rename and is never modified afterwards.
 pub struct FileCommitStore {
     dir: PathBuf,
+    /// Keys whose record this store knows to be durable: published by it (directory fsynced
+    /// after the rename) or already confirmed once. A record published by a writer that died
+    /// between its rename and its directory fsync is visible but not yet durable, so the first
+    /// replay of a key in this process fsyncs the directory before answering `Replay`.
+    durable: std::sync::Mutex<std::collections::HashSet<Sha256Digest>>,
     #[cfg(feature = "fault-injection")]
     fault_hook: Option<crate::FaultHook>,
 }
@@ -104,6 +109,7 @@ impl FileCommitStore {
         create_dir_durably(&config.dir)?;
         let store = FileCommitStore {
             dir: config.dir,
+            durable: std::sync::Mutex::default(),
             #[cfg(feature = "fault-injection")]
             fault_hook: config.fault_hook,
         };
@@ -225,6 +231,39 @@ impl FileCommitStore {
     }
 }
 
+impl FileCommitStore {
+    fn mark_durable(&self, key: &IdempotencyKey) {
+        // A poisoned set only means another thread panicked while inserting; its content is
+        // still a valid set of digests.
+        self.durable
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .insert(key.digest());
+    }
+
+    /// Compares with the published record and, before answering `Replay` for the first time in
+    /// this process, makes sure the record's directory entry is durable (see `durable`).
+    fn replay(
+        &self,
+        key: &IdempotencyKey,
+        path: &Path,
+        stored: &[u8],
+        expected: &[u8],
+    ) -> Result<CommitOutcome, CommitError> {
+        let outcome = compare(key, path, stored, expected)?;
+        let known = self
+            .durable
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .contains(&key.digest());
+        if !known {
+            fsync_dir(&self.dir)?;
+            self.mark_durable(key);
+        }
+        Ok(outcome)
+    }
+}
+
 impl CommitStore for FileCommitStore {
     fn commit(
         &self,
@@ -237,16 +276,17 @@ impl CommitStore for FileCommitStore {
         // Fast path without the lock: records are published by atomic rename and never modified,
         // so if one exists it is complete and final.
         if let Some(stored) = read_record(&path)? {
-            return compare(key, &path, &stored, &bytes);
+            return self.replay(key, &path, &stored, &bytes);
         }
 
         let _lock = self.lock()?;
         // Re-check under the lock. Without this, two callers that both saw "absent" above would
         // both publish and both report Committed (the race in the naive exists-then-replace code).
         if let Some(stored) = read_record(&path)? {
-            return compare(key, &path, &stored, &bytes);
+            return self.replay(key, &path, &stored, &bytes);
         }
         self.publish(&key.digest().to_hex(), &path, &bytes)?;
+        self.mark_durable(key);
         Ok(CommitOutcome::Committed)
     }
 

@@ -131,13 +131,17 @@ pub fn write_lockfile(path: &Path, live: &Lockfile) -> Result<(), CheckError> {
             source,
         }
     };
-    let tmp = dir.join(format!(".toolgate.lock.{}.tmp", std::process::id()));
+    // Unique per process and call, so two writers never share (or delete) a temporary file.
+    static COUNTER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let tmp = dir.join(format!(".toolgate.lock.{}.{n}.tmp", std::process::id()));
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(&tmp)
+        .map_err(io("create", &tmp))?;
+    // From here on the temporary file is ours: remove it on any failure.
     let result = (|| {
-        let mut file = std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .open(&tmp)
-            .map_err(io("create", &tmp))?;
         file.write_all(live.render().as_bytes())
             .map_err(io("write", &tmp))?;
         file.sync_all().map_err(io("fsync", &tmp))?;
@@ -239,17 +243,20 @@ pub fn render_report(
             let _ = writeln!(out, "{value}");
         }
         ReportFormat::Github => {
-            // Workflow commands are one line each; newlines and % must be escaped.
+            // Workflow commands are one line each: messages escape %, CR and LF; property values
+            // (file=, title=) also escape the separators `:` and `,`.
             let escape = |s: &str| {
                 s.replace('%', "%25")
                     .replace('\r', "%0D")
                     .replace('\n', "%0A")
             };
+            let prop = |s: &str| escape(s).replace(':', "%3A").replace(',', "%2C");
+            let lock_path = prop(lock_path);
             for v in violations {
                 let _ = writeln!(
                     out,
                     "::error file={lock_path},title=contract violation in {}::{}",
-                    v.tool,
+                    prop(&v.tool),
                     escape(&v.message)
                 );
             }
@@ -269,7 +276,7 @@ pub fn render_report(
                         out,
                         "::{level} file={lock_path},title={} contract change in {}::{} ({})",
                         change.verdict.as_str(),
-                        change.tool,
+                        prop(&change.tool),
                         escape(&change.detail),
                         change.rule
                     );

@@ -805,6 +805,7 @@ fn compare_properties(
     ) else {
         return false;
     };
+    let old_required = string_set(o.get("required")).unwrap_or_default();
     let new_required = string_set(n.get("required")).unwrap_or_default();
     for (name, ov) in op {
         let mut p = pointer.to_owned();
@@ -818,14 +819,29 @@ fn compare_properties(
             ),
         }
     }
-    for name in np.keys() {
-        // A new required property is reported once, by the `required` comparison.
-        if !op.contains_key(name) && !new_required.contains(name.as_str()) {
-            sink.push(
-                Kind::PropertyAdded.rule(dir),
-                format!("optional property `{name}` added at {}", at(pointer)),
-            );
+    for (name, nv) in np {
+        if op.contains_key(name) {
+            continue;
         }
+        let required_before = old_required.contains(name.as_str());
+        let required_now = new_required.contains(name.as_str());
+        if required_now && !required_before {
+            // A newly required property is reported once, by the `required` comparison.
+            continue;
+        }
+        if required_before {
+            // Already accepted (required, but undeclared, so unconstrained): its new declaration
+            // constrains an argument callers already send. Compare it with the empty schema.
+            let mut p = pointer.to_owned();
+            push_token(&mut p, "properties");
+            push_token(&mut p, name);
+            compare_schema(dir, &p, &Value::Object(Map::new()), nv, sink);
+            continue;
+        }
+        sink.push(
+            Kind::PropertyAdded.rule(dir),
+            format!("optional property `{name}` added at {}", at(pointer)),
+        );
     }
     true
 }

@@ -375,6 +375,21 @@ impl Policy {
                     });
                 }
             }
+            // A rule for a tool the policy never allows is at best dead and at worst a typo of
+            // an allowed tool's name, which would silently leave that tool unruled.
+            if !allow.contains(tool.as_str()) || deny.contains(tool.as_str()) {
+                let allowed: Vec<&str> = allow
+                    .iter()
+                    .filter(|name| !deny.contains(*name))
+                    .map(String::as_str)
+                    .collect();
+                return Err(PolicyError::Invalid {
+                    reason: format!(
+                        "arg_rules names `{tool}`, which the policy does not allow; rules apply only to allowed tools ({}): fix the tool name or remove the rule",
+                        allowed.join(", ")
+                    ),
+                });
+            }
             arg_rules.insert(tool.0, fields.0);
         }
 
@@ -646,6 +661,17 @@ mod tests {
         assert!(e.contains("JSON object"), "{e}");
         let e = load_error(r#"{"version":1,"allow":["has space"]}"#);
         assert!(e.contains("has space") && e.contains("tool name"), "{e}");
+        let e = load_error(
+            r#"{"version":1,"allow":["write_note"],"arg_rules":{"write_notes":{"text":{"max_len":9}}}}"#,
+        );
+        assert!(
+            e.contains("write_notes") && e.contains("write_note)"),
+            "{e}"
+        );
+        let e = load_error(
+            r#"{"version":1,"allow":["a"],"deny":["a"],"arg_rules":{"a":{"f":{"max_len":9}}}}"#,
+        );
+        assert!(e.contains("does not allow"), "{e}");
         let e = load_error(r#"{"version":1,"arg_rules":{"t":{"f":{"min_len":5,"max_len":2}}}}"#);
         assert!(e.contains("min_len 5") && e.contains("max_len 2"), "{e}");
         let e = load_error(r#"{"version":1,"arg_rules":{"t":{"f":{"min_len":1}},"t":{}}}"#);

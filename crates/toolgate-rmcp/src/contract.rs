@@ -60,7 +60,7 @@ pub fn gate_stages(policy: &Policy, tool: &str, has_commit_store: bool) -> Vec<S
 
 /// The contract facts of `tool` under a gate with `policy`, completed with what the entitlement
 /// scanner found in its handler.
-pub fn handler_facts(
+fn handler_facts(
     policy: &Policy,
     tool: &str,
     has_commit_store: bool,
@@ -149,27 +149,9 @@ pub fn scan_sources(
         if let Some(report) = reports.get(tool.name.as_ref())
             && let Some(violation) = check_claims(&tool_definition(tool), report)
         {
-            let evidence: Vec<String> = violation
-                .evidence
-                .iter()
-                .map(|e| {
-                    format!(
-                        "{} by {} at {}:{} (via {})",
-                        e.family,
-                        e.what,
-                        e.file.display(),
-                        e.line,
-                        e.via.join(" -> ")
-                    )
-                })
-                .collect();
             violations.push(Violation {
                 tool: violation.tool.clone(),
-                message: format!(
-                    "claims {}: true but its handler mutates: {}",
-                    violation.claim,
-                    evidence.join("; ")
-                ),
+                message: violation.to_string(),
             });
         }
     }

@@ -16,13 +16,14 @@ use rmcp::model::SetLevelRequestParams;
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, CancelTaskParams,
     CancelledNotificationParam, CompleteRequestParams, CompleteResult, ContentBlock,
-    CustomNotification, CustomRequest, CustomResult, DiscoverResult, GetPromptRequestParams,
-    GetPromptResponse, GetSkillRequestParams, GetSkillResult, GetTaskParams, GetTaskResult,
-    InitializeRequestParams, InitializeResult, ListPromptsResult, ListResourceTemplatesResult,
-    ListResourcesResult, ListSkillsResult, ListToolsResult, PaginatedRequestParams,
-    ProgressNotificationParam, ProtocolVersion, ReadResourceDirectoryRequestParams,
-    ReadResourceDirectoryResult, ReadResourceRequestParams, ReadResourceResponse, ServerConfig,
-    SubscribeRequestParams, SubscriptionFilter, Tool, UnsubscribeRequestParams, UpdateTaskParams,
+    CustomNotification, CustomRequest, CustomResult, DiscoverResult, ErrorCode,
+    GetPromptRequestParams, GetPromptResponse, GetSkillRequestParams, GetSkillResult,
+    GetTaskParams, GetTaskResult, InitializeRequestParams, InitializeResult, ListPromptsResult,
+    ListResourceTemplatesResult, ListResourcesResult, ListSkillsResult, ListToolsResult,
+    PaginatedRequestParams, ProgressNotificationParam, ProtocolVersion,
+    ReadResourceDirectoryRequestParams, ReadResourceDirectoryResult, ReadResourceRequestParams,
+    ReadResourceResponse, ServerConfig, SubscribeRequestParams, SubscriptionFilter, Tool,
+    UnsubscribeRequestParams, UpdateTaskParams,
 };
 use rmcp::service::{MaybeSendFuture, NotificationContext, RequestContext, SubscriptionContext};
 use rmcp::{ErrorData as McpError, RoleServer, ServerHandler};
@@ -229,14 +230,27 @@ impl<H: ServerHandler> Gated<H> {
         self.store.is_some()
     }
 
+    /// The audit line's `request_id`: the configured string argument when the resolved tool
+    /// declares it in its input schema (so a refused or unknown call cannot write text of the
+    /// caller's choosing into the log), else `rpc:<JSON-RPC id>`.
     fn request_id(
         &self,
         arguments: Option<&Map<String, Value>>,
+        tool: &Tool,
         rpc_id: &impl std::fmt::Display,
     ) -> String {
+        let declared = tool
+            .input_schema
+            .get("properties")
+            .and_then(Value::as_object)
+            .is_some_and(|properties| properties.contains_key(&self.request_id_field));
         match arguments.and_then(|a| a.get(&self.request_id_field)) {
-            Some(Value::String(id)) if id.len() <= MAX_RECORDED_REQUEST_ID => id.clone(),
-            Some(Value::String(id)) => format!("sha256:{}", Sha256Digest::of(id.as_bytes())),
+            Some(Value::String(id)) if declared && id.len() <= MAX_RECORDED_REQUEST_ID => {
+                id.clone()
+            }
+            Some(Value::String(id)) if declared => {
+                format!("sha256:{}", Sha256Digest::of(id.as_bytes()))
+            }
             _ => format!("rpc:{rpc_id}"),
         }
     }
@@ -266,10 +280,9 @@ impl<H: ServerHandler> Gated<H> {
         let arguments = request.arguments.as_ref();
         let args_digest =
             Sha256Digest::of_json(&Value::Object(arguments.cloned().unwrap_or_default()));
-        let request_id = self.request_id(arguments, &context.id);
-        let deny = |reason: String| {
+        let deny = |request_id: String, reason: String| {
             AuditEntry::tool_call(
-                request_id.clone(),
+                request_id,
                 recorded_name.clone(),
                 AuditDecision::Deny,
                 "not_executed",
@@ -289,7 +302,8 @@ impl<H: ServerHandler> Gated<H> {
         };
         let Some(tool) = tool.filter(|_| hidden_reason.is_none()) else {
             let reason = hidden_reason.unwrap_or_else(|| "unknown_tool".to_owned());
-            if let Err(error) = self.record(deny(reason)).await {
+            let entry = deny(format!("rpc:{}", context.id), reason);
+            if let Err(error) = self.record(entry).await {
                 // The call is refused either way; losing the record is reported, not hidden.
                 tracing::error!(tool = %recorded_name, %error, "could not audit a denied call");
             }
@@ -299,6 +313,7 @@ impl<H: ServerHandler> Gated<H> {
 
         // Argument refusals are tool results (isError), not protocol errors: the spec puts input
         // validation there, and the model can correct its call in the same turn.
+        let request_id = self.request_id(arguments, &tool, &context.id);
         let input = InputShape::of_schema(&tool.input_schema);
         let refusal = match (input.problem(&name, arguments), &decision) {
             (Some((rule, message)), _) => Some((rule, message)),
@@ -306,7 +321,7 @@ impl<H: ServerHandler> Gated<H> {
             (None, _) => None,
         };
         if let Some((rule, message)) = refusal {
-            if let Err(error) = self.record(deny(rule)).await {
+            if let Err(error) = self.record(deny(request_id.clone(), rule)).await {
                 tracing::error!(tool = %recorded_name, %error, "could not audit a refused call");
             }
             let text = format!("{message}\n\n{}", self.contract_note(&name, &input));
@@ -332,7 +347,22 @@ impl<H: ServerHandler> Gated<H> {
         let response = self.inner.call_tool(request, context).await;
         guard.audit = None;
         let recorded = permit.close();
+        // rmcp answers arguments its `Parameters<T>` cannot deserialize with -32602 and serde's
+        // message, which quotes the offending value. Turn that into a tool result without values,
+        // with the tool's current contract, as for the gate's own argument refusals.
+        let (response, invalid_arguments) = match response {
+            Err(error) if error.code == ErrorCode::INVALID_PARAMS && recorded.is_none() => {
+                let text = format!(
+                    "Error: the arguments of `{name}` do not match its input schema (an argument has the wrong type or an unexpected value); check each argument against the schema and retry\n\n{}",
+                    self.contract_note(&name, &input)
+                );
+                let result = CallToolResult::error(vec![ContentBlock::text(text)]);
+                (Ok(result.into()), true)
+            }
+            other => (other, false),
+        };
         let outcome = match &response {
+            Ok(CallToolResponse::Complete(_)) if invalid_arguments => "invalid_arguments",
             Ok(CallToolResponse::Complete(result)) if result.is_error == Some(true) => {
                 recorded.unwrap_or("failed")
             }
@@ -341,7 +371,7 @@ impl<H: ServerHandler> Gated<H> {
             // ends here, so later work needs a new call through the gate.
             Ok(CallToolResponse::InputRequired(_)) => recorded.unwrap_or("input_required"),
             Ok(_) => recorded.unwrap_or("task_created"),
-            Err(_) => "error",
+            Err(_) => recorded.unwrap_or("error"),
         };
         let entry = AuditEntry::tool_call(
             request_id,

@@ -40,6 +40,9 @@ pub enum PermitError {
 struct PermitState {
     outcome: Option<&'static str>,
     expired: bool,
+    /// Storage operations started and not yet finished. If the call ends while one is running
+    /// (the handler panicked or its future was dropped), the effect is in doubt.
+    in_flight: u32,
 }
 
 struct PermitInner {
@@ -99,26 +102,45 @@ impl Permit {
         f(&mut state)
     }
 
-    fn check_live(&self) -> Result<(), PermitError> {
-        if self.with_state(|s| s.expired) {
-            return Err(PermitError::Expired {
-                tool: self.inner.tool.clone(),
-            });
-        }
-        Ok(())
+    /// The store, with one more operation marked in flight; checked and marked under one lock so
+    /// that a permit cannot expire between the check and the start of the effect.
+    fn begin(&self) -> Result<Arc<dyn CommitStore>, PermitError> {
+        let store = self.inner.store.clone();
+        self.with_state(|s| {
+            if s.expired {
+                return Err(PermitError::Expired {
+                    tool: self.inner.tool.clone(),
+                });
+            }
+            let store = store.ok_or(PermitError::NoStore)?;
+            s.in_flight += 1;
+            Ok(store)
+        })
     }
 
-    fn store(&self) -> Result<Arc<dyn CommitStore>, PermitError> {
-        self.check_live()?;
-        self.inner.store.clone().ok_or(PermitError::NoStore)
+    /// Marks one operation finished and records its outcome, unless the call already ended (then
+    /// the gate recorded the call as `in_doubt`).
+    fn finish(&self, outcome: &'static str) {
+        self.with_state(|s| {
+            s.in_flight = s.in_flight.saturating_sub(1);
+            if !s.expired {
+                s.outcome = Some(outcome);
+            }
+        });
     }
 
     /// Records the outcome the audit line will carry (`committed`, `replay`, `observed`, ...),
     /// for handlers whose effect is not made through [`Permit::commit`].
     pub fn record_outcome(&self, outcome: &'static str) -> Result<(), PermitError> {
-        self.check_live()?;
-        self.with_state(|s| s.outcome = Some(outcome));
-        Ok(())
+        self.with_state(|s| {
+            if s.expired {
+                return Err(PermitError::Expired {
+                    tool: self.inner.tool.clone(),
+                });
+            }
+            s.outcome = Some(outcome);
+            Ok(())
+        })
     }
 
     /// Publishes `payload` under `key` exactly once through the gate's commit store, and records
@@ -129,27 +151,30 @@ impl Permit {
         key: &IdempotencyKey,
         payload: Value,
     ) -> Result<CommitOutcome, PermitError> {
-        let store = self.store()?;
+        let store = self.begin()?;
         let key = key.clone();
-        let result = tokio::task::spawn_blocking(move || store.commit(&key, &payload))
-            .await
-            .map_err(|_| PermitError::Cancelled)?;
-        let outcome = match &result {
+        let joined = tokio::task::spawn_blocking(move || store.commit(&key, &payload)).await;
+        let Ok(result) = joined else {
+            self.finish("in_doubt");
+            return Err(PermitError::Cancelled);
+        };
+        self.finish(match &result {
             Ok(outcome) => outcome.as_str(),
             Err(CommitError::Conflict { .. }) => "conflict",
             Err(_) => "failed",
-        };
-        self.record_outcome(outcome)?;
+        });
         Ok(result?)
     }
 
     /// Reads every committed payload (sorted by storage name) and records `observed`.
     pub async fn observe(&self) -> Result<Vec<Value>, PermitError> {
-        let store = self.store()?;
-        let result = tokio::task::spawn_blocking(move || store.list())
-            .await
-            .map_err(|_| PermitError::Cancelled)?;
-        self.record_outcome(if result.is_ok() { "observed" } else { "failed" })?;
+        let store = self.begin()?;
+        let joined = tokio::task::spawn_blocking(move || store.list()).await;
+        let Ok(result) = joined else {
+            self.finish("failed");
+            return Err(PermitError::Cancelled);
+        };
+        self.finish(if result.is_ok() { "observed" } else { "failed" });
         Ok(result?)
     }
 
@@ -158,7 +183,13 @@ impl Permit {
     pub(crate) fn close(&self) -> Option<&'static str> {
         self.with_state(|s| {
             s.expired = true;
-            s.outcome
+            if s.in_flight > 0 {
+                // A store operation is still running on the blocking pool: it may or may not
+                // publish. A retry with the same key resolves it (committed or replay).
+                Some("in_doubt")
+            } else {
+                s.outcome
+            }
         })
     }
 }

@@ -23,9 +23,15 @@ use toolgate_audit::FileAuditLog;
 use toolgate_policy::Policy;
 use toolgate_rmcp::{Gated, Permit, PermitError};
 
+/// The complete (newline-terminated) lines of the audit log: a line being appended right now is
+/// not returned until its newline is written.
 fn audit_lines(path: &Path) -> Vec<Value> {
-    std::fs::read_to_string(path)
-        .unwrap_or_default()
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let complete = match text.rfind('\n') {
+        Some(end) => &text[..=end],
+        None => "",
+    };
+    complete
         .lines()
         .map(|line| serde_json::from_str(line).unwrap())
         .collect()

@@ -120,7 +120,10 @@ fn generate(rng: &mut Rng) -> Case {
         if rng.chance(25) {
             deny.push(name);
         }
-        if rng.chance(30) {
+        // The policy refuses rules for tools it does not allow (a likely typo), so rules are
+        // drawn for allowed, undenied tools only; the draw happens either way to keep the stream.
+        let ruled = rng.chance(30);
+        if ruled && allow.contains(&name) && !deny.contains(&name) {
             rules.insert(name.to_owned(), json!({"text": {"min_len": 3}}));
         }
         if rng.chance(70) {

@@ -78,7 +78,9 @@ enum AuditCommand {
 fn init_logging() {
     // Logs go to stderr only: stdout carries protocol messages.
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn,toolgate=info"));
+        // rmcp logs failed requests at warn with their error text, which can quote argument
+        // values; by default only its errors are shown (RUST_LOG overrides this on purpose).
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn,rmcp=error,toolgate=info"));
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
         .with_ansi(false)

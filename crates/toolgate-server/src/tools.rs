@@ -128,9 +128,17 @@ impl NotesServer {
         let payloads = permit.observe().await.map_err(tool_error)?;
         let notes = payloads
             .into_iter()
-            .map(serde_json::from_value::<Note>)
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(|e| format!("Error: the ledger holds an entry that is not a note ({e}); inspect LEDGER_DIR/notes"))?;
+            .enumerate()
+            .map(|(index, payload)| {
+                // The serde message could quote stored text; report only where and what kind.
+                serde_json::from_value::<Note>(payload).map_err(|e| {
+                    format!(
+                        "Error: ledger entry {index} (in file-name order) is not a note ({:?} error); inspect LEDGER_DIR/notes",
+                        e.classify()
+                    )
+                })
+            })
+            .collect::<Result<Vec<_>, _>>()?;
         Ok(Json(ReadLedgerResult { notes }))
     }
 
