@@ -63,4 +63,74 @@ pub enum AuditError {
         /// The limit, [`crate::MAX_LINE_BYTES`].
         max: usize,
     },
+
+    /// A line of the log is not a JSON object, found while reading records for statistics.
+    #[error(
+        "{} line {line} is not an audit record: {detail}; run `toolgate-server audit verify` to locate the damage",
+        path.display()
+    )]
+    BadRecord {
+        /// The file holding the line (a segment or the active file).
+        path: PathBuf,
+        /// The 1-based line number in that file.
+        line: u64,
+        /// What is wrong with it.
+        detail: String,
+    },
+
+    /// A rotation would overwrite an existing segment file.
+    #[error(
+        "cannot rotate the audit log: the segment {} already exists; another tool may have renamed files in the ledger, so run `toolgate-server audit verify` and move the stray file aside",
+        path.display()
+    )]
+    SegmentExists {
+        /// The segment path that already exists.
+        path: PathBuf,
+    },
+
+    /// The thread that was writing this record's batch panicked (for instance in a fault hook), so
+    /// whether the record reached the disk is unknown.
+    #[error(
+        "the audit append was interrupted by a panic in the writing thread; the record may or may not be in the log; treat it as not recorded and retry (the next append repairs a torn tail)"
+    )]
+    WriterPanicked,
+}
+
+impl AuditError {
+    /// A copy of this error for another appender of the same group commit: every record of a
+    /// failed batch gets the batch's error. `io::Error` is not `Clone`, so its kind and text are
+    /// carried over.
+    pub(crate) fn duplicate(&self) -> Self {
+        let io_copy = |e: &io::Error| io::Error::new(e.kind(), e.to_string());
+        match self {
+            AuditError::Io {
+                action,
+                path,
+                source,
+            } => AuditError::Io {
+                action,
+                path: path.clone(),
+                source: io_copy(source),
+            },
+            AuditError::Read { source } => AuditError::Read {
+                source: io_copy(source),
+            },
+            AuditError::CorruptTail { path, detail } => AuditError::CorruptTail {
+                path: path.clone(),
+                detail: detail.clone(),
+            },
+            AuditError::InvalidPath { path } => AuditError::InvalidPath { path: path.clone() },
+            AuditError::RecordTooLarge { len, max } => AuditError::RecordTooLarge {
+                len: *len,
+                max: *max,
+            },
+            AuditError::BadRecord { path, line, detail } => AuditError::BadRecord {
+                path: path.clone(),
+                line: *line,
+                detail: detail.clone(),
+            },
+            AuditError::SegmentExists { path } => AuditError::SegmentExists { path: path.clone() },
+            AuditError::WriterPanicked => AuditError::WriterPanicked,
+        }
+    }
 }

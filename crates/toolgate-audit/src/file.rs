@@ -1,48 +1,94 @@
-//! The embedded file backend: one JSONL file, appended under an exclusive file lock and fsynced per
-//! record, with torn-tail recovery.
+//! The embedded file backend: a JSONL file appended under a cross-process lock, with group commit
+//! (one write and one fsync for all appends waiting at the same time), torn-tail recovery, signed
+//! checkpoints and optional rotation into segments.
 //!
-//! Appends cost O(1): the chain head lives in memory and is refreshed from the file's last line only
-//! when another process has written since our own last append (detected by the file length).
+//! Appends cost O(1): the chain head and `seq` live in memory and are refreshed from the file's
+//! last line only when another process has written since our own last append (detected by the
+//! file's length and identity, checked under the lock).
 
+use std::collections::HashMap;
 use std::fs::{self, File, OpenOptions};
-use std::io::{self, Write};
+use std::io::{self, BufRead, BufReader, Read, Write};
 use std::path::{Path, PathBuf};
-use std::sync::{Mutex, MutexGuard, OnceLock};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Condvar, Mutex, MutexGuard, OnceLock};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use serde_json::Value;
-use toolgate_canon::Sha256Digest;
+use toolgate_canon::{HmacKey, Sha256Digest};
 
-use crate::record::{MAX_LINE_BYTES, check_line, representable, seal};
+use crate::checkpoint::Checkpoint;
+use crate::record::{MAX_LINE_BYTES, SeqField, check_line, representable, seal};
+use crate::segments::{checkpoints_path, list_segments, lock_path, parent_dir, segment_path};
 use crate::tail::{TailError, read_tail};
 use crate::{AppendReceipt, AuditEntry, AuditError, AuditSink, Decision};
 
 /// A callback run at a named crash point (`"audit.mid_record"`), for crash-consistency tests.
 ///
 /// The reference server's hook creates a marker file and sleeps so a test can kill the process while
-/// half a record is on disk.
+/// half a batch is on disk.
 #[cfg(feature = "fault-injection")]
 pub type FaultHook = std::sync::Arc<dyn Fn(&'static str) + Send + Sync>;
+
+/// Checkpoint interval used when a key is set and [`AuditConfig::checkpoint_every`] is not.
+const DEFAULT_CHECKPOINT_EVERY: u64 = 1000;
 
 /// How to open a [`FileAuditLog`].
 pub struct AuditConfig {
     path: PathBuf,
+    checkpoint_key: Option<HmacKey>,
+    checkpoint_every: Option<u64>,
+    checkpoint_mirror: Option<PathBuf>,
+    segment_bytes: Option<u64>,
     #[cfg(feature = "fault-injection")]
     fault_hook: Option<FaultHook>,
 }
 
 impl AuditConfig {
-    /// A log at `path` (conventionally `LEDGER_DIR/audit.jsonl`).
+    /// A log at `path` (conventionally `LEDGER_DIR/audit.jsonl`), without checkpoints or rotation.
     pub fn new(path: impl Into<PathBuf>) -> Self {
         AuditConfig {
             path: path.into(),
+            checkpoint_key: None,
+            checkpoint_every: None,
+            checkpoint_mirror: None,
+            segment_bytes: None,
             #[cfg(feature = "fault-injection")]
             fault_hook: None,
         }
     }
 
-    /// Runs `hook("audit.mid_record")` in every append after half of the line is written and
-    /// fsynced, before the rest.
+    /// Signs a checkpoint `(count, head, ts)` with `key` into `<stem>.checkpoints.jsonl` beside
+    /// the log every [`checkpoint_every`](Self::checkpoint_every) records, at
+    /// [`FileAuditLog::checkpoint`] and when the log is dropped. Keep the key outside the ledger:
+    /// whoever holds it can forge checkpoints.
+    pub fn checkpoint_key(mut self, key: HmacKey) -> Self {
+        self.checkpoint_key = Some(key);
+        self
+    }
+
+    /// Records between automatic checkpoints (default 1000; 0 is treated as 1).
+    pub fn checkpoint_every(mut self, records: u64) -> Self {
+        self.checkpoint_every = Some(records.max(1));
+        self
+    }
+
+    /// A second checkpoint file (ideally on another volume) that receives every checkpoint line
+    /// too, so that deleting or rewriting the ledger's checkpoint file is detectable.
+    pub fn checkpoint_mirror(mut self, path: impl Into<PathBuf>) -> Self {
+        self.checkpoint_mirror = Some(path.into());
+        self
+    }
+
+    /// Rotates the active file into a segment `<stem>.<first seq, 20 digits>.<ext>` before an
+    /// append once it holds at least `bytes` bytes. The chain and `seq` continue across segments.
+    pub fn segment_bytes(mut self, bytes: u64) -> Self {
+        self.segment_bytes = Some(bytes.max(1));
+        self
+    }
+
+    /// Runs `hook("audit.mid_record")` in every batch write after half of the batch's bytes are
+    /// written and fsynced, before the rest.
     #[cfg(feature = "fault-injection")]
     pub fn fault_hook(mut self, hook: FaultHook) -> Self {
         self.fault_hook = Some(hook);
@@ -53,7 +99,11 @@ impl AuditConfig {
 impl std::fmt::Debug for AuditConfig {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let mut s = f.debug_struct("AuditConfig");
-        s.field("path", &self.path);
+        s.field("path", &self.path)
+            .field("checkpoint_key", &self.checkpoint_key)
+            .field("checkpoint_every", &self.checkpoint_every)
+            .field("checkpoint_mirror", &self.checkpoint_mirror)
+            .field("segment_bytes", &self.segment_bytes);
         #[cfg(feature = "fault-injection")]
         s.field("fault_hook", &self.fault_hook.as_ref().map(|_| "<hook>"));
         s.finish()
@@ -74,25 +124,90 @@ pub struct Recovery {
     pub record_sha256: Sha256Digest,
 }
 
+/// Counters of one handle since it was opened, for tests and benchmarks of group commit.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct AuditStats {
+    /// Records written by this handle (appends and repair records).
+    pub appends: u64,
+    /// `fsync`s of the log file by this handle (the fault hook's extra one included).
+    pub fsyncs: u64,
+    /// Group-commit batches written (each is one `write` and one `fsync`).
+    pub batches: u64,
+    /// Checkpoints written.
+    pub checkpoints: u64,
+    /// Checkpoints that could not be written (retried at the next append).
+    pub checkpoint_failures: u64,
+    /// Appends waiting for a leader right now.
+    pub queued: u64,
+}
+
+#[derive(Debug, Default)]
+struct Counters {
+    appends: AtomicU64,
+    fsyncs: AtomicU64,
+    batches: AtomicU64,
+    checkpoints: AtomicU64,
+    checkpoint_failures: AtomicU64,
+}
+
+impl Counters {
+    fn add(counter: &AtomicU64, n: u64) {
+        counter.fetch_add(n, Ordering::Relaxed);
+    }
+}
+
+/// Checkpoint settings of an open log.
+struct Checkpoints {
+    key: HmacKey,
+    every: u64,
+    path: PathBuf,
+    mirror: Option<PathBuf>,
+}
+
 /// The append-only audit log file.
 pub struct FileAuditLog {
     path: PathBuf,
-    /// Opened for read and append: O_APPEND makes every write land at the end even when another
-    /// process has grown the file, and reads serve the tail look-ups.
-    file: File,
-    state: Mutex<State>,
+    lock_path: PathBuf,
+    /// The `<stem>.lock` file whose `flock` serializes writers across processes.
+    lock_file: File,
+    checkpoints: Option<Checkpoints>,
+    segment_bytes: Option<u64>,
+    /// The active file and what this handle believes about the chain; held by the batch leader.
+    io: Mutex<Io>,
+    /// Appends waiting for a leader, and the results leaders hand back.
+    queue: Mutex<Queue>,
+    wake: Condvar,
     recovered: OnceLock<Recovery>,
+    counters: Counters,
     #[cfg(feature = "fault-injection")]
     fault_hook: Option<FaultHook>,
 }
 
-/// What this handle believes about the file; valid only while it holds the file lock or as a hint.
-#[derive(Debug)]
-struct State {
+/// What this handle believes about the files; valid only while it holds the file lock or as a hint.
+struct Io {
+    /// The active file, opened for read and append: O_APPEND makes every write land at the end, and
+    /// reads serve the tail look-ups.
+    file: File,
+    /// Device and inode of `file`, to notice that another process rotated the active file.
+    identity: Option<(u64, u64)>,
     head: Sha256Digest,
-    /// The file length after our last write; `None` when unknown (after a failed write or a panic),
-    /// which forces a tail re-read at the next append.
+    /// The `seq` of the last record, which is also the number of records in the whole log.
+    seq: u64,
+    /// The active file's length after our last write; `None` when unknown (after a failed write or
+    /// a panic), which forces a tail re-read at the next append.
     known_len: Option<u64>,
+    /// The `count` of the newest checkpoint this handle knows of.
+    last_checkpoint: u64,
+}
+
+#[derive(Default)]
+struct Queue {
+    pending: Vec<(u64, AuditEntry)>,
+    done: HashMap<u64, Result<AppendReceipt, AuditError>>,
+    next_ticket: u64,
+    /// Whether some thread is currently writing a batch.
+    leader: bool,
 }
 
 impl std::fmt::Debug for FileAuditLog {
@@ -104,8 +219,8 @@ impl std::fmt::Debug for FileAuditLog {
     }
 }
 
-/// Holds the exclusive advisory lock on the log file; released when dropped, including when a
-/// panic unwinds through an append, so a failing thread cannot block other processes.
+/// Holds the exclusive advisory lock; released when dropped, including when a panic unwinds
+/// through an append, so a failing thread cannot block other processes.
 struct FileLock<'a>(&'a File);
 
 impl<'a> FileLock<'a> {
@@ -122,6 +237,31 @@ impl Drop for FileLock<'_> {
     }
 }
 
+/// Resolves the tickets of a batch whose leader panicked, so followers do not wait forever and the
+/// next appender can become leader.
+struct LeaderGuard<'a> {
+    log: &'a FileAuditLog,
+    own: u64,
+    tickets: Vec<u64>,
+    armed: bool,
+}
+
+impl Drop for LeaderGuard<'_> {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        let mut queue = self.log.lock_queue();
+        for &ticket in &self.tickets {
+            if ticket != self.own {
+                queue.done.insert(ticket, Err(AuditError::WriterPanicked));
+            }
+        }
+        queue.leader = false;
+        self.log.wake.notify_all();
+    }
+}
+
 fn io_err<'a>(action: &'static str, path: &'a Path) -> impl FnOnce(io::Error) -> AuditError + 'a {
     move |source| AuditError::Io {
         action,
@@ -131,22 +271,14 @@ fn io_err<'a>(action: &'static str, path: &'a Path) -> impl FnOnce(io::Error) ->
 }
 
 /// Nanoseconds since the UNIX epoch, as RFC 8785 will write them; 0 if the clock is before 1970.
-fn now_ns() -> u64 {
+pub(crate) fn now_ns() -> u64 {
     let nanos = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_nanos());
     representable(u64::try_from(nanos).unwrap_or(u64::MAX))
 }
 
-/// The directory holding `path` (`.` for a bare file name).
-fn parent_dir(path: &Path) -> PathBuf {
-    match path.parent() {
-        Some(dir) if !dir.as_os_str().is_empty() => dir.to_path_buf(),
-        _ => PathBuf::from("."),
-    }
-}
-
-/// Makes a new directory entry in `dir` durable.
+/// Makes a new or renamed directory entry in `dir` durable.
 #[cfg(unix)]
 fn sync_dir(dir: &Path) -> Result<(), AuditError> {
     File::open(dir)
@@ -161,6 +293,107 @@ fn sync_dir(_dir: &Path) -> Result<(), AuditError> {
     Ok(())
 }
 
+#[cfg(unix)]
+fn identity(meta: &fs::Metadata) -> Option<(u64, u64)> {
+    use std::os::unix::fs::MetadataExt;
+    Some((meta.dev(), meta.ino()))
+}
+
+/// Without inode numbers a rotation by another process cannot be noticed; rotation with several
+/// writing processes is documented as Unix-only.
+#[cfg(not(unix))]
+fn identity(_meta: &fs::Metadata) -> Option<(u64, u64)> {
+    None
+}
+
+/// Opens (creating, with a durable directory entry) the file at `path` for read and append.
+fn open_append(path: &Path) -> Result<File, AuditError> {
+    let mut options = OpenOptions::new();
+    options.read(true).append(true);
+    match options.open(path) {
+        Ok(file) => Ok(file),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {
+            let dir = parent_dir(path);
+            if !dir.is_dir() {
+                fs::create_dir_all(&dir).map_err(io_err("create directory", &dir))?;
+                sync_dir(&parent_dir(&dir))?;
+            }
+            let file = options
+                .create(true)
+                .open(path)
+                .map_err(io_err("create", path))?;
+            // The new directory entry must survive a crash, or the first lines could vanish with it.
+            sync_dir(&dir)?;
+            Ok(file)
+        }
+        Err(e) => Err(io_err("open", path)(e)),
+    }
+}
+
+fn tail_error(path: &Path) -> impl FnOnce(TailError) -> AuditError + '_ {
+    move |e| match e {
+        TailError::Io(source) => AuditError::Io {
+            action: "read the end of",
+            path: path.to_path_buf(),
+            source,
+        },
+        TailError::NoBoundary { limit } => AuditError::CorruptTail {
+            path: path.to_path_buf(),
+            detail: format!("no line break within the last {limit} bytes"),
+        },
+    }
+}
+
+fn max_line() -> u64 {
+    u64::try_from(MAX_LINE_BYTES).unwrap_or(u64::MAX)
+}
+
+/// The number of `\n` in `file`, for a log written before records carried `seq`.
+fn count_lines(path: &Path) -> Result<u64, AuditError> {
+    let mut reader = BufReader::new(File::open(path).map_err(io_err("open", path))?);
+    let mut count = 0u64;
+    loop {
+        let buf = reader.fill_buf().map_err(io_err("read", path))?;
+        if buf.is_empty() {
+            return Ok(count);
+        }
+        count += u64::try_from(buf.iter().filter(|&&b| b == b'\n').count()).unwrap_or(0);
+        let n = buf.len();
+        reader.consume(n);
+    }
+}
+
+/// The newest checkpoint's `count` in the checkpoint file at `path`; 0 when there is none or the
+/// last line cannot be read (the cost is at most one extra checkpoint).
+fn last_checkpoint_count(path: &Path) -> u64 {
+    let Ok(file) = File::open(path) else {
+        return 0;
+    };
+    let Ok(len) = file.metadata().map(|m| m.len()) else {
+        return 0;
+    };
+    read_tail(&file, len, max_line())
+        .ok()
+        .and_then(|tail| tail.last_line)
+        .and_then(|line| Checkpoint::parse(&line).ok())
+        .map_or(0, |cp| cp.count)
+}
+
+/// Appends `line` to the checkpoint file at `path` and fsyncs it. A torn line left by a crash in
+/// an earlier checkpoint write is cut off first: it was never acknowledged and carries no
+/// signature, and leaving it would make the next line unparseable.
+fn append_durably(path: &Path, line: &[u8]) -> Result<(), AuditError> {
+    let file = open_append(path)?;
+    let len = file.metadata().map_err(io_err("stat", path))?.len();
+    let tail = read_tail(&file, len, max_line()).map_err(tail_error(path))?;
+    if !tail.torn.is_empty() {
+        file.set_len(tail.complete_len)
+            .map_err(io_err("truncate the torn tail of", path))?;
+    }
+    (&file).write_all(line).map_err(io_err("write", path))?;
+    file.sync_data().map_err(io_err("fsync", path))
+}
+
 impl FileAuditLog {
     /// Opens (creating if needed) the log at `path`; the same as `open_with(AuditConfig::new(path))`.
     pub fn open(path: impl Into<PathBuf>) -> Result<Self, AuditError> {
@@ -169,7 +402,8 @@ impl FileAuditLog {
 
     /// Opens (creating if needed) the log described by `config`.
     ///
-    /// Reads only the end of the file to recover the chain head. A torn tail is repaired (see
+    /// Reads only the end of the file to recover the chain head (and, once, counts the lines of a
+    /// log written before records carried `seq`). A torn tail is repaired (see
     /// [`FileAuditLog::recovered`]); a last line that is not a valid record fails with
     /// [`AuditError::CorruptTail`] and leaves the file untouched.
     pub fn open_with(config: AuditConfig) -> Result<Self, AuditError> {
@@ -177,48 +411,54 @@ impl FileAuditLog {
         if path.file_name().is_none() {
             return Err(AuditError::InvalidPath { path });
         }
-        let dir = parent_dir(&path);
-        if !dir.is_dir() {
-            fs::create_dir_all(&dir).map_err(io_err("create directory", &dir))?;
-            sync_dir(&parent_dir(&dir))?;
-        }
-        let mut options = OpenOptions::new();
-        options.read(true).append(true);
-        let file = match options.open(&path) {
-            Ok(file) => file,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => {
-                let file = options
-                    .create(true)
-                    .open(&path)
-                    .map_err(io_err("create", &path))?;
-                // The new directory entry must survive a crash, or the first records could vanish
-                // with it.
-                sync_dir(&dir)?;
-                file
-            }
-            Err(e) => return Err(io_err("open", &path)(e)),
-        };
+        let file = open_append(&path)?;
+        let lock_path = lock_path(&path);
+        // The lock file holds no data, so its creation needs no fsync: losing it in a crash only
+        // means the next open creates it again.
+        let lock_file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(&lock_path)
+            .map_err(io_err("create", &lock_path))?;
+        let checkpoints = config.checkpoint_key.map(|key| Checkpoints {
+            key,
+            every: config.checkpoint_every.unwrap_or(DEFAULT_CHECKPOINT_EVERY),
+            path: checkpoints_path(&path),
+            mirror: config.checkpoint_mirror,
+        });
+        let identity = file.metadata().ok().as_ref().and_then(identity);
         let log = FileAuditLog {
             path,
-            file,
-            state: Mutex::new(State {
+            lock_path,
+            lock_file,
+            checkpoints,
+            segment_bytes: config.segment_bytes,
+            io: Mutex::new(Io {
+                file,
+                identity,
                 head: Sha256Digest::ZERO,
+                seq: 0,
                 known_len: None,
+                last_checkpoint: 0,
             }),
+            queue: Mutex::new(Queue::default()),
+            wake: Condvar::new(),
             recovered: OnceLock::new(),
+            counters: Counters::default(),
             #[cfg(feature = "fault-injection")]
             fault_hook: config.fault_hook,
         };
         {
-            let mut state = log.lock_state();
-            let _lock = FileLock::acquire(&log.file, &log.path)?;
-            let len = log.len()?;
-            log.resync(&mut state, len)?;
+            let mut io = log.lock_io();
+            let _lock = FileLock::acquire(&log.lock_file, &log.lock_path)?;
+            log.refresh(&mut io)?;
         }
         Ok(log)
     }
 
-    /// The path of the log file.
+    /// The path of the active log file.
     pub fn path(&self) -> &Path {
         &self.path
     }
@@ -232,63 +472,164 @@ impl FileAuditLog {
     /// The `sha256` of the last record as of this handle's open or last append. Other processes may
     /// have appended since.
     pub fn head(&self) -> Sha256Digest {
-        self.lock_state().head
+        self.lock_io().head
     }
 
-    fn lock_state(&self) -> MutexGuard<'_, State> {
-        match self.state.lock() {
+    /// The `seq` of the last record (the number of records in the whole log) as of this handle's
+    /// open or last append.
+    pub fn seq(&self) -> u64 {
+        self.lock_io().seq
+    }
+
+    /// This handle's counters: records, fsyncs, batches, checkpoints.
+    pub fn stats(&self) -> AuditStats {
+        let load = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        AuditStats {
+            appends: load(&self.counters.appends),
+            fsyncs: load(&self.counters.fsyncs),
+            batches: load(&self.counters.batches),
+            checkpoints: load(&self.counters.checkpoints),
+            checkpoint_failures: load(&self.counters.checkpoint_failures),
+            queued: u64::try_from(self.lock_queue().pending.len()).unwrap_or(u64::MAX),
+        }
+    }
+
+    /// Writes a signed checkpoint of the current head now, if records were appended (by any
+    /// process) since the newest checkpoint in the checkpoint file. `Ok(None)` when there is
+    /// nothing to sign or no key is configured. The server calls it at clean shutdown; `Drop` does
+    /// the same on a best-effort basis.
+    pub fn checkpoint(&self) -> Result<Option<Checkpoint>, AuditError> {
+        let Some(cps) = &self.checkpoints else {
+            return Ok(None);
+        };
+        let mut io = self.lock_io();
+        let _lock = FileLock::acquire(&self.lock_file, &self.lock_path)?;
+        self.refresh(&mut io)?;
+        io.last_checkpoint = last_checkpoint_count(&cps.path);
+        if io.seq <= io.last_checkpoint {
+            return Ok(None);
+        }
+        self.write_checkpoint(&mut io, cps).map(Some)
+    }
+
+    fn lock_io(&self) -> MutexGuard<'_, Io> {
+        match self.io.lock() {
             Ok(guard) => guard,
             Err(poisoned) => {
-                // A panic (for instance in a fault hook) interrupted an append, so the file may end
+                // A panic (for instance in a fault hook) interrupted a write, so the file may end
                 // with a torn line and our view is stale: forget the length so that the next append
                 // re-reads the tail under the file lock and repairs it.
                 let mut guard = poisoned.into_inner();
                 guard.known_len = None;
-                self.state.clear_poison();
+                self.io.clear_poison();
                 guard
             }
         }
     }
 
-    fn len(&self) -> Result<u64, AuditError> {
-        Ok(self
+    fn lock_queue(&self) -> MutexGuard<'_, Queue> {
+        // Nothing panics while the queue lock is held except an allocation failure; the queue is
+        // consistent after every statement, so a poisoned guard is safe to keep using.
+        self.queue.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Brings `io` up to date with the files. Must be called with the file lock held.
+    ///
+    /// If the active file was rotated by another process (its path now names another inode, or
+    /// nothing), reopens it; if its length differs from our last write, re-reads the tail.
+    fn refresh(&self, io: &mut Io) -> Result<(), AuditError> {
+        let current = match fs::metadata(&self.path) {
+            Ok(meta) => identity(&meta),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => None,
+            Err(e) => return Err(io_err("stat", &self.path)(e)),
+        };
+        if current.is_none() || current != io.identity {
+            // A crash between a rotation's rename and the creation of the new active file leaves
+            // no active file; creating it here continues the chain from the last segment.
+            io.file = open_append(&self.path)?;
+            io.identity = io.file.metadata().ok().as_ref().and_then(identity);
+            io.known_len = None;
+        }
+        let len = io
             .file
             .metadata()
             .map_err(io_err("stat", &self.path))?
-            .len())
-    }
-
-    /// Re-reads the head from the last line of the first `len` bytes and repairs a torn tail.
-    /// Must be called with the file lock held.
-    fn resync(&self, state: &mut State, len: u64) -> Result<(), AuditError> {
-        let max = u64::try_from(MAX_LINE_BYTES).unwrap_or(u64::MAX);
-        let tail = read_tail(&self.file, len, max).map_err(|e| match e {
-            TailError::Io(source) => AuditError::Io {
-                action: "read the end of",
-                path: self.path.clone(),
-                source,
-            },
-            TailError::NoBoundary { limit } => AuditError::CorruptTail {
-                path: self.path.clone(),
-                detail: format!("no line break within the last {limit} bytes"),
-            },
-        })?;
-        state.head = match &tail.last_line {
-            None => Sha256Digest::ZERO,
-            Some(line) => {
-                check_line(line)
-                    .map_err(|fault| AuditError::CorruptTail {
-                        path: self.path.clone(),
-                        detail: format!("last complete line is {}: {}", fault.kind, fault.detail),
-                    })?
-                    .sha256
-            }
-        };
-        state.known_len = Some(tail.complete_len);
-        if !tail.torn.is_empty() {
-            self.repair_torn_tail(state, tail.complete_len, &tail.torn)?;
+            .len();
+        if io.known_len != Some(len) {
+            // Another process appended (or crashed mid-append) since our last write: chain onto
+            // what is really the last line, never onto our stale head, so the chain cannot fork.
+            self.resync(io, len)?;
         }
         Ok(())
+    }
+
+    /// Re-reads the head and `seq` from the last line of the first `len` bytes (or, when the
+    /// active file has no complete line, from the last segment) and repairs a torn tail. Must be
+    /// called with the file lock held.
+    fn resync(&self, io: &mut Io, len: u64) -> Result<(), AuditError> {
+        let tail = read_tail(&io.file, len, max_line()).map_err(tail_error(&self.path))?;
+        let (head, seq) = match &tail.last_line {
+            Some(line) => self.link_of(&self.path, line)?,
+            None => match list_segments(&self.path)?.last() {
+                None => (Sha256Digest::ZERO, 0),
+                Some((_, segment)) => {
+                    let file = File::open(segment).map_err(io_err("open", segment))?;
+                    let seg_len = file.metadata().map_err(io_err("stat", segment))?.len();
+                    let seg_tail =
+                        read_tail(&file, seg_len, max_line()).map_err(tail_error(segment))?;
+                    match &seg_tail.last_line {
+                        Some(line) if seg_tail.torn.is_empty() => self.link_of(segment, line)?,
+                        _ => {
+                            return Err(AuditError::CorruptTail {
+                                path: segment.clone(),
+                                detail: "the newest segment is empty or ends with a torn line, \
+                                         which rotation never produces"
+                                    .into(),
+                            });
+                        }
+                    }
+                }
+            },
+        };
+        io.head = head;
+        io.seq = seq;
+        io.known_len = Some(tail.complete_len);
+        if let Some(cps) = &self.checkpoints {
+            io.last_checkpoint = last_checkpoint_count(&cps.path);
+        }
+        if !tail.torn.is_empty() {
+            self.repair_torn_tail(io, tail.complete_len, &tail.torn)?;
+        }
+        Ok(())
+    }
+
+    /// The `(sha256, seq)` of a log's last complete line, counting lines once for a log written
+    /// before records carried `seq`.
+    fn link_of(&self, file: &Path, line: &[u8]) -> Result<(Sha256Digest, u64), AuditError> {
+        let link = check_line(line).map_err(|fault| AuditError::CorruptTail {
+            path: file.to_path_buf(),
+            detail: format!("last complete line is {}: {}", fault.kind, fault.detail),
+        })?;
+        let seq = match link.seq {
+            SeqField::Valid(n) => n,
+            SeqField::Absent => {
+                let mut count = 0u64;
+                for (_, segment) in list_segments(&self.path)? {
+                    count += count_lines(&segment)?;
+                }
+                if file == self.path {
+                    count += count_lines(&self.path)?;
+                }
+                count
+            }
+            SeqField::Invalid => {
+                return Err(AuditError::CorruptTail {
+                    path: file.to_path_buf(),
+                    detail: "last complete line has a seq that is not a positive integer".into(),
+                });
+            }
+        };
+        Ok((link.sha256, seq))
     }
 
     /// Saves the torn bytes beside the log, truncates them away, and records the repair in the chain.
@@ -296,18 +637,19 @@ impl FileAuditLog {
     /// the log, and a repeated repair only saves a second copy.
     fn repair_torn_tail(
         &self,
-        state: &mut State,
+        io: &mut Io,
         complete_len: u64,
         torn: &[u8],
     ) -> Result<(), AuditError> {
         let ts = now_ns();
         let saved_as = self.save_torn(torn, ts)?;
-        state.known_len = None;
-        self.file
+        io.known_len = None;
+        io.file
             .set_len(complete_len)
             .map_err(io_err("truncate the torn tail of", &self.path))?;
-        self.file.sync_all().map_err(io_err("fsync", &self.path))?;
-        state.known_len = Some(complete_len);
+        io.file.sync_all().map_err(io_err("fsync", &self.path))?;
+        Counters::add(&self.counters.fsyncs, 1);
+        io.known_len = Some(complete_len);
 
         let torn_sha256 = Sha256Digest::of(torn);
         let saved_name = saved_as
@@ -322,19 +664,24 @@ impl FileAuditLog {
             outcome: "recovered".into(),
             args_digest: torn_sha256,
             reason: Some("torn_tail".into()),
+            policy_digest: None,
+            contract_digest: None,
         };
         let torn_bytes = u64::try_from(torn.len()).unwrap_or(u64::MAX);
         let extra = vec![
             ("torn_bytes", Value::from(torn_bytes)),
             ("saved_as", Value::from(saved_name)),
         ];
-        let receipt = self.write_record(state, &entry, extra, ts, false)?;
+        let sealed = seal(&entry, extra, ts, io.seq + 1, io.head);
+        self.write_lines(io, &sealed.line, false)?;
+        io.seq += 1;
+        io.head = sealed.sha256;
         // Only the first repair is kept; later ones are visible in the chain itself.
         let _ = self.recovered.set(Recovery {
             torn_bytes,
             saved_as,
             torn_sha256,
-            record_sha256: receipt.sha256,
+            record_sha256: sealed.sha256,
         });
         Ok(())
     }
@@ -374,68 +721,245 @@ impl FileAuditLog {
         }
     }
 
-    /// Seals `entry` onto `state.head`, writes it and fsyncs. Must be called with the file lock held.
-    fn write_record(
-        &self,
-        state: &mut State,
-        entry: &AuditEntry,
-        extra: Vec<(&'static str, Value)>,
-        ts: u64,
-        injectable: bool,
-    ) -> Result<AppendReceipt, AuditError> {
-        let sealed = seal(entry, extra, ts, state.head);
-        if sealed.line.len() > MAX_LINE_BYTES {
-            return Err(AuditError::RecordTooLarge {
-                len: sealed.line.len(),
-                max: MAX_LINE_BYTES,
-            });
-        }
-        let before = state.known_len;
-        // Until the write and fsync succeed the file may hold part of the line; an unknown length makes
-        // the next append re-read and repair the tail.
-        state.known_len = None;
-        self.write_line(&sealed.line, injectable)?;
-        self.file.sync_data().map_err(io_err("fsync", &self.path))?;
-        let written = u64::try_from(sealed.line.len()).unwrap_or(u64::MAX);
-        // `before` is always known here (append and open resync first); if it were not, the length
-        // stays unknown and the next append re-reads the tail, which is the safe direction.
-        state.known_len = before.map(|len| len.saturating_add(written));
-        state.head = sealed.sha256;
-        Ok(AppendReceipt {
-            sha256: sealed.sha256,
-            ts,
-        })
+    /// Writes `bytes` (whole lines) to the active file and fsyncs, keeping `known_len` honest.
+    /// Must be called with the file lock held.
+    fn write_lines(&self, io: &mut Io, bytes: &[u8], injectable: bool) -> Result<(), AuditError> {
+        let before = io.known_len;
+        // Until the write and fsync succeed the file may hold part of the lines; an unknown length
+        // makes the next append re-read and repair the tail.
+        io.known_len = None;
+        self.write_all(&io.file, bytes, injectable)?;
+        io.file.sync_data().map_err(io_err("fsync", &self.path))?;
+        Counters::add(&self.counters.fsyncs, 1);
+        let written = u64::try_from(bytes.len()).unwrap_or(u64::MAX);
+        // `before` is always known here (refresh runs first); if it were not, the length stays
+        // unknown and the next append re-reads the tail, which is the safe direction.
+        io.known_len = before.map(|len| len.saturating_add(written));
+        Ok(())
     }
 
     #[cfg_attr(not(feature = "fault-injection"), allow(unused_variables))]
-    fn write_line(&self, line: &[u8], injectable: bool) -> Result<(), AuditError> {
-        let mut file = &self.file;
+    fn write_all(&self, file: &File, bytes: &[u8], injectable: bool) -> Result<(), AuditError> {
+        let mut file = file;
         #[cfg(feature = "fault-injection")]
         if injectable && let Some(hook) = &self.fault_hook {
-            let (first, rest) = line.split_at(line.len() / 2);
+            let (first, rest) = bytes.split_at(bytes.len() / 2);
             file.write_all(first).map_err(io_err("write", &self.path))?;
-            // Half a record is made durable so that a kill at this point leaves a real torn tail.
+            // Half a batch is made durable so that a kill at this point leaves a real torn tail.
             file.sync_data().map_err(io_err("fsync", &self.path))?;
+            Counters::add(&self.counters.fsyncs, 1);
             hook("audit.mid_record");
             return file.write_all(rest).map_err(io_err("write", &self.path));
         }
-        // One write_all of the whole line: with O_APPEND the kernel places it at the end in one piece
-        // in the normal case, and the file lock keeps other writers out in every case.
-        file.write_all(line).map_err(io_err("write", &self.path))
+        // One write_all of the whole batch: with O_APPEND the kernel places it at the end in one
+        // piece in the normal case, and the file lock keeps other writers out in every case.
+        file.write_all(bytes).map_err(io_err("write", &self.path))
+    }
+
+    /// Renames the active file into a segment once it has reached `segment_bytes`, and starts a
+    /// fresh active file. Must be called with the file lock held, after [`Self::refresh`].
+    fn rotate_if_full(&self, io: &mut Io) -> Result<(), AuditError> {
+        let (Some(limit), Some(len)) = (self.segment_bytes, io.known_len) else {
+            return Ok(());
+        };
+        if len == 0 || len < limit {
+            return Ok(());
+        }
+        let first_seq = self.first_seq_of_active(io)?;
+        let target = segment_path(&self.path, first_seq);
+        if target.exists() {
+            return Err(AuditError::SegmentExists { path: target });
+        }
+        // Every append already fsynced its data; sync_all also settles the file's metadata before
+        // its name changes.
+        io.file.sync_all().map_err(io_err("fsync", &self.path))?;
+        fs::rename(&self.path, &target).map_err(io_err("rename into a segment", &self.path))?;
+        let dir = parent_dir(&self.path);
+        sync_dir(&dir)?;
+        // If we crash here, the next open finds no active file, creates it and continues the chain
+        // from this segment's last record.
+        io.file = open_append(&self.path)?;
+        io.identity = io.file.metadata().ok().as_ref().and_then(identity);
+        io.known_len = Some(0);
+        Ok(())
+    }
+
+    /// The `seq` of the active file's first record (for the segment name).
+    fn first_seq_of_active(&self, io: &Io) -> Result<u64, AuditError> {
+        let mut reader = BufReader::new(&io.file);
+        let mut line = Vec::new();
+        // Reads through a fresh handle position: File's reads share the offset, and appends ignore
+        // it (O_APPEND), so seeking to the start is harmless.
+        use std::io::Seek;
+        reader
+            .seek(io::SeekFrom::Start(0))
+            .map_err(io_err("read", &self.path))?;
+        reader
+            .take(max_line())
+            .read_until(b'\n', &mut line)
+            .map_err(io_err("read", &self.path))?;
+        if line.pop() != Some(b'\n') {
+            return Err(AuditError::CorruptTail {
+                path: self.path.clone(),
+                detail: "the first line of the active file is incomplete".into(),
+            });
+        }
+        let fault = |detail: String| AuditError::CorruptTail {
+            path: self.path.clone(),
+            detail,
+        };
+        let link = check_line(&line)
+            .map_err(|f| fault(format!("first line is {}: {}", f.kind, f.detail)))?;
+        match link.seq {
+            SeqField::Valid(n) => Ok(n),
+            // A log written before `seq` existed starts right after the segments (if any).
+            SeqField::Absent => {
+                let mut count = 0;
+                for (_, segment) in list_segments(&self.path)? {
+                    count += count_lines(&segment)?;
+                }
+                Ok(count + 1)
+            }
+            SeqField::Invalid => Err(fault("first line has an invalid seq".into())),
+        }
+    }
+
+    /// Signs and durably appends a checkpoint of `io`'s head to the checkpoint file and its mirror.
+    fn write_checkpoint(&self, io: &mut Io, cps: &Checkpoints) -> Result<Checkpoint, AuditError> {
+        let checkpoint = Checkpoint::sign(&cps.key, io.seq, io.head, now_ns());
+        let line = checkpoint.line();
+        let result = append_durably(&cps.path, &line).and_then(|()| match &cps.mirror {
+            Some(mirror) => append_durably(mirror, &line),
+            None => Ok(()),
+        });
+        match result {
+            Ok(()) => {
+                io.last_checkpoint = io.seq;
+                Counters::add(&self.counters.checkpoints, 1);
+                Ok(checkpoint)
+            }
+            Err(e) => {
+                Counters::add(&self.counters.checkpoint_failures, 1);
+                Err(e)
+            }
+        }
+    }
+
+    /// Writes one group-commit batch: lock, refresh, rotate, chain every entry, one write, one
+    /// fsync, then a checkpoint if one is due. Returns one result per ticket.
+    fn write_batch(
+        &self,
+        batch: Vec<(u64, AuditEntry)>,
+    ) -> Vec<(u64, Result<AppendReceipt, AuditError>)> {
+        let mut io = self.lock_io();
+        let mut results = Vec::with_capacity(batch.len());
+        let written = (|| {
+            let _lock = FileLock::acquire(&self.lock_file, &self.lock_path)?;
+            self.refresh(&mut io)?;
+            self.rotate_if_full(&mut io)?;
+            let mut bytes = Vec::new();
+            let mut receipts = Vec::with_capacity(batch.len());
+            let (mut seq, mut head) = (io.seq, io.head);
+            for (ticket, entry) in &batch {
+                let ts = now_ns();
+                let sealed = seal(entry, Vec::new(), ts, seq + 1, head);
+                if sealed.line.len() > MAX_LINE_BYTES {
+                    results.push((
+                        *ticket,
+                        Err(AuditError::RecordTooLarge {
+                            len: sealed.line.len(),
+                            max: MAX_LINE_BYTES,
+                        }),
+                    ));
+                    continue;
+                }
+                seq += 1;
+                head = sealed.sha256;
+                bytes.extend_from_slice(&sealed.line);
+                receipts.push((
+                    *ticket,
+                    AppendReceipt {
+                        seq,
+                        sha256: sealed.sha256,
+                        ts,
+                    },
+                ));
+            }
+            if receipts.is_empty() {
+                return Ok(receipts);
+            }
+            self.write_lines(&mut io, &bytes, true)?;
+            io.seq = seq;
+            io.head = head;
+            let count = u64::try_from(receipts.len()).unwrap_or(u64::MAX);
+            Counters::add(&self.counters.appends, count);
+            Counters::add(&self.counters.batches, 1);
+            if let Some(cps) = &self.checkpoints
+                && io.seq.saturating_sub(io.last_checkpoint) >= cps.every
+            {
+                // The records are durable whatever happens here. A failed checkpoint is counted
+                // and retried at the next append (the condition above stays true); failing the
+                // appends would report durable records as lost.
+                let _ = self.write_checkpoint(&mut io, cps);
+            }
+            Ok::<_, AuditError>(receipts)
+        })();
+        match written {
+            Ok(receipts) => results.extend(receipts.into_iter().map(|(t, r)| (t, Ok(r)))),
+            Err(e) => {
+                for (ticket, _) in &batch {
+                    if !results.iter().any(|(t, _)| t == ticket) {
+                        results.push((*ticket, Err(e.duplicate())));
+                    }
+                }
+            }
+        }
+        results
     }
 }
 
 impl AuditSink for FileAuditLog {
+    /// Group commit: the first appender to find no batch in progress becomes the leader, takes
+    /// every queued entry (its own included), writes them with one `write` and one `fsync`, and
+    /// hands each follower its own receipt. An append returns only after its own record is durable.
     fn append(&self, entry: &AuditEntry) -> Result<AppendReceipt, AuditError> {
-        let mut state = self.lock_state();
-        let _lock = FileLock::acquire(&self.file, &self.path)?;
-        let len = self.len()?;
-        if state.known_len != Some(len) {
-            // Another process appended (or crashed mid-append) since our last write: chain onto what
-            // is really the last line, never onto our stale head, so the chain cannot fork.
-            self.resync(&mut state, len)?;
+        let mut queue = self.lock_queue();
+        let ticket = queue.next_ticket;
+        queue.next_ticket += 1;
+        queue.pending.push((ticket, entry.clone()));
+        loop {
+            if let Some(result) = queue.done.remove(&ticket) {
+                return result;
+            }
+            if !queue.leader {
+                queue.leader = true;
+                let batch = std::mem::take(&mut queue.pending);
+                drop(queue);
+                let mut guard = LeaderGuard {
+                    log: self,
+                    own: ticket,
+                    tickets: batch.iter().map(|(t, _)| *t).collect(),
+                    armed: true,
+                };
+                let results = self.write_batch(batch);
+                guard.armed = false;
+                queue = self.lock_queue();
+                queue.done.extend(results);
+                queue.leader = false;
+                // Followers of this batch find their receipts; the first one still waiting
+                // becomes the next leader.
+                self.wake.notify_all();
+                continue;
+            }
+            queue = self.wake.wait(queue).unwrap_or_else(|p| p.into_inner());
         }
-        self.write_record(&mut state, entry, Vec::new(), now_ns(), true)
-        // `_lock` is released here, after the fsync in write_record.
+    }
+}
+
+impl Drop for FileAuditLog {
+    fn drop(&mut self) {
+        // Best effort: a clean shutdown anchors the records written since the last checkpoint.
+        // Errors cannot be reported from Drop; `checkpoint()` is the way to see them.
+        let _ = self.checkpoint();
     }
 }

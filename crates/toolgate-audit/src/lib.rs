@@ -3,26 +3,36 @@
 //!
 //! Every line of the log is the RFC 8785 canonical JSON of one record, and every record carries the
 //! `sha256` of the record before it, so editing, deleting or reordering lines breaks the chain in a
-//! way [`verify_file`] reports with a line number. The format is a fixed contract described in
+//! way [`verify_file`] reports with a line number. Records carry a consecutive `seq`; the writer
+//! group-commits concurrent appends (one write and one fsync per batch), can rotate the log into
+//! segments, and with an [`HmacKey`] signs checkpoints of `(count, head)` so that [`verify`] also
+//! detects truncation and whole-log replacement. The format is a fixed contract described in
 //! `docs/audit-format.md`; an independent verifier written from the lines alone must accept our logs.
 
 #![forbid(unsafe_code)]
 
+mod checkpoint;
 mod error;
 mod file;
 mod record;
+mod segments;
 mod tail;
 mod verify;
 
 use serde::{Deserialize, Serialize};
 pub use toolgate_canon::Sha256Digest;
 
+pub use checkpoint::Checkpoint;
 pub use error::AuditError;
 #[cfg(feature = "fault-injection")]
 pub use file::FaultHook;
-pub use file::{AuditConfig, FileAuditLog, Recovery};
+pub use file::{AuditConfig, AuditStats, FileAuditLog, Recovery};
 pub use record::MAX_LINE_BYTES;
-pub use verify::{Problem, ProblemKind, VerifyReport, verify_file, verify_reader};
+pub use segments::read_records;
+pub use toolgate_canon::{HmacKey, KeyError};
+pub use verify::{
+    Problem, ProblemKind, VerifyOptions, VerifyReport, verify, verify_file, verify_reader,
+};
 
 /// The gate's decision for one call, written as `"allow"` or `"deny"`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -65,6 +75,12 @@ pub struct AuditEntry {
     pub args_digest: Sha256Digest,
     /// Why, when there is more to say than the decision (written only when present).
     pub reason: Option<String>,
+    /// Digest of the policy in force when the decision was made (written as `policy_digest`, hex,
+    /// only when present), so a verifier can show which policy produced each decision.
+    pub policy_digest: Option<Sha256Digest>,
+    /// Digest of the called tool's locked contract (written as `contract_digest`, hex, only when
+    /// present; the server sets it once `toolgate.lock` exists).
+    pub contract_digest: Option<Sha256Digest>,
 }
 
 impl AuditEntry {
@@ -84,6 +100,8 @@ impl AuditEntry {
             outcome: outcome.into(),
             args_digest,
             reason: None,
+            policy_digest: None,
+            contract_digest: None,
         }
     }
 
@@ -92,11 +110,25 @@ impl AuditEntry {
         self.reason = Some(reason.into());
         self
     }
+
+    /// The same entry with a `policy_digest` field.
+    pub fn with_policy_digest(mut self, digest: Sha256Digest) -> Self {
+        self.policy_digest = Some(digest);
+        self
+    }
+
+    /// The same entry with a `contract_digest` field.
+    pub fn with_contract_digest(mut self, digest: Sha256Digest) -> Self {
+        self.contract_digest = Some(digest);
+        self
+    }
 }
 
-/// Proof that a record is durable: its chain hash and the `ts` written in it.
+/// Proof that a record is durable: its chain hash, its `seq` and the `ts` written in it.
 #[derive(Debug, Clone)]
 pub struct AppendReceipt {
+    /// The record's `seq`: its 1-based position in the whole log, segments included.
+    pub seq: u64,
     /// The record's `sha256`, which the next record will carry as `prev_sha256`.
     pub sha256: Sha256Digest,
     /// The record's `ts` exactly as written (ns since the UNIX epoch, see `docs/audit-format.md` on

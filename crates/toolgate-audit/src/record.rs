@@ -27,6 +27,28 @@ pub(crate) struct Sealed {
 pub(crate) struct Link {
     pub(crate) prev: Sha256Digest,
     pub(crate) sha256: Sha256Digest,
+    pub(crate) seq: SeqField,
+}
+
+/// The `seq` field of a line, which the hash covers but [`check_line`] does not judge: whether a
+/// missing or odd `seq` is damage depends on the lines around it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum SeqField {
+    /// No `seq`: a record written before sequence numbers existed.
+    Absent,
+    /// A positive integer.
+    Valid(u64),
+    /// Present but not a positive integer.
+    Invalid,
+}
+
+/// Reads the `seq` of any JSON text without judging anything else, for the verifier's look-ahead.
+pub(crate) fn peek_seq(line: &[u8]) -> Option<u64> {
+    #[derive(serde::Deserialize)]
+    struct Only {
+        seq: Option<u64>,
+    }
+    serde_json::from_slice::<Only>(line).ok()?.seq
 }
 
 /// Why one line is bad on its own (chain links are checked by the caller).
@@ -55,6 +77,7 @@ pub(crate) fn seal(
     entry: &AuditEntry,
     extra: Vec<(&'static str, Value)>,
     ts: u64,
+    seq: u64,
     prev: Sha256Digest,
 ) -> Sealed {
     let prev_hex = prev.to_hex();
@@ -70,8 +93,15 @@ pub(crate) fn seal(
         Value::from(entry.args_digest.to_hex()),
     );
     record.insert("prev_sha256".into(), Value::from(prev_hex.as_str()));
+    record.insert("seq".into(), Value::from(seq));
     if let Some(reason) = &entry.reason {
         record.insert("reason".into(), Value::from(reason.as_str()));
+    }
+    if let Some(digest) = entry.policy_digest {
+        record.insert("policy_digest".into(), Value::from(digest.to_hex()));
+    }
+    if let Some(digest) = entry.contract_digest {
+        record.insert("contract_digest".into(), Value::from(digest.to_hex()));
     }
     for (key, value) in extra {
         record.insert(key.into(), value);
@@ -105,24 +135,76 @@ pub(crate) fn check_line(line: &[u8]) -> Result<Link, LineFault> {
             "contains a non-integer number; audit records hold integers only".into(),
         ));
     }
-    if canonical_value(&value) != line {
+    if !is_canonical_line(&value, line) {
         return Err(fault(
             ProblemKind::NotCanonical,
             "the line is not the canonical JSON (RFC 8785) of its own content".into(),
         ));
     }
-    if let Value::Object(map) = &mut value {
-        map.remove("sha256");
-    }
-    let body = canonical_value(&value);
-    let recomputed = Sha256Digest::of_parts(&[prev.to_hex().as_bytes(), &body]);
+    let seq = match map.get("seq") {
+        None => SeqField::Absent,
+        Some(v) => match v.as_u64() {
+            Some(n) if n > 0 => SeqField::Valid(n),
+            _ => SeqField::Invalid,
+        },
+    };
+    let prev_hex = prev.to_hex();
+    let recomputed = match body_without_sha256(line, &sha256.to_hex()) {
+        Some((before, after)) => Sha256Digest::of_parts(&[prev_hex.as_bytes(), before, after]),
+        None => {
+            if let Value::Object(map) = &mut value {
+                map.remove("sha256");
+            }
+            Sha256Digest::of_parts(&[prev_hex.as_bytes(), &canonical_value(&value)])
+        }
+    };
     if recomputed != sha256 {
         return Err(fault(
             ProblemKind::Modified,
             "sha256 does not match the hash recomputed from the record".into(),
         ));
     }
-    Ok(Link { prev, sha256 })
+    Ok(Link { prev, sha256, seq })
+}
+
+/// The canonical JSON of a canonical `line` without its top-level `sha256` member, as the two byte
+/// ranges around that member, or `None` when the member cannot be located unambiguously.
+///
+/// In canonical JSON, removing one member of an object leaves the canonical form of the rest
+/// (members stay sorted, no whitespace), so cutting `"sha256":"<hex>"` and one adjacent comma out
+/// of the line gives exactly what re-serializing would, without a second canonicalization. A quote
+/// inside a string is always escaped, so the unescaped text `"sha256":"` can only be a key; when it
+/// appears more than once (a nested object with that key) the caller falls back to the slow path.
+fn body_without_sha256<'a>(line: &'a [u8], hex: &str) -> Option<(&'a [u8], &'a [u8])> {
+    const KEY: &[u8] = b"\"sha256\":\"";
+    let mut found = None;
+    let mut from = 0;
+    while let Some(at) = find(&line[from..], KEY) {
+        if found.is_some() {
+            return None;
+        }
+        found = Some(from + at);
+        from += at + KEY.len();
+    }
+    let start = found?;
+    let value_start = start + KEY.len();
+    let value_end = value_start + hex.len();
+    if line.get(value_start..value_end)? != hex.as_bytes() || line.get(value_end) != Some(&b'"') {
+        return None;
+    }
+    let end = value_end + 1;
+    // Only a top-level member is preceded by `{` or `,` at depth one; checking the neighbours is
+    // enough because the key is unique in the line.
+    match (line.get(start.checked_sub(1)?), line.get(end)) {
+        (Some(b','), Some(b',' | b'}')) => Some((&line[..start - 1], &line[end..])),
+        (Some(b'{'), Some(b',')) => Some((&line[..start], &line[end + 1..])),
+        (Some(b'{'), Some(b'}')) => Some((&line[..start], &line[end..])),
+        _ => None,
+    }
+}
+
+fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
+    haystack.windows(needle.len()).position(|w| w == needle)
 }
 
 fn digest_field(map: &Map<String, Value>, key: &str) -> Result<Sha256Digest, LineFault> {
@@ -133,6 +215,42 @@ fn digest_field(map: &Map<String, Value>, key: &str) -> Result<Sha256Digest, Lin
             kind: ProblemKind::Malformed,
             detail: format!("missing or invalid {key} (expected 64 lowercase hex characters)"),
         })
+}
+
+/// Whether `line` is the RFC 8785 form of `value` (which was parsed from it and holds integers
+/// only).
+///
+/// The verifier spends most of its time here, so the common case takes a shortcut: for a value
+/// whose keys are all ASCII and whose integers RFC 8785 writes unchanged, serde_json's compact
+/// output *is* the RFC 8785 form (keys sorted by bytes, which for ASCII is the UTF-16 order; the
+/// same string escapes: `\b \t \n \f \r`, other controls as lowercase `\u00xx`, nothing else;
+/// integers in plain decimal). If the shortcut does not confirm the line, the full canonicalizer
+/// decides, so the shortcut can only save time, never change a verdict.
+fn is_canonical_line(value: &Value, line: &[u8]) -> bool {
+    if plain(value) && serde_json::to_vec(value).is_ok_and(|compact| compact == line) {
+        return true;
+    }
+    canonical_value(value) == line
+}
+
+/// ASCII keys and integers that RFC 8785 (which writes every number as a double) prints exactly
+/// as their decimal value.
+fn plain(value: &Value) -> bool {
+    const EXACT: u64 = 1 << 53;
+    match value {
+        Value::Number(n) => match (n.as_u64(), n.as_i64()) {
+            (Some(u), _) if u <= EXACT => true,
+            (_, Some(i)) if i.unsigned_abs() <= EXACT => true,
+            // Above 2^53 the double's shortest form must spell the same integer; Rust prints an
+            // integral f64 below 1e21 without an exponent, as RFC 8785 does.
+            (Some(u), _) => format!("{}", u as f64) == u.to_string(),
+            (_, Some(i)) => format!("{}", i as f64) == i.to_string(),
+            _ => false,
+        },
+        Value::Array(items) => items.iter().all(plain),
+        Value::Object(map) => map.iter().all(|(k, v)| k.is_ascii() && plain(v)),
+        Value::Null | Value::Bool(_) | Value::String(_) => true,
+    }
 }
 
 /// Whether every number in `value` is an integer. Floats are not allowed in audit records because
@@ -162,8 +280,8 @@ mod tests {
         )
         .with_reason("policy allow");
         let ts = representable(1_780_000_000_123_456_789);
-        let first = seal(&entry, vec![], ts, Sha256Digest::ZERO);
-        let second = seal(&entry, vec![("extra", Value::from(7))], ts, first.sha256);
+        let first = seal(&entry, vec![], ts, 1, Sha256Digest::ZERO);
+        let second = seal(&entry, vec![("extra", Value::from(7))], ts, 2, first.sha256);
         let link = check_line(first.line.strip_suffix(b"\n").unwrap()).unwrap();
         assert_eq!(link.prev, Sha256Digest::ZERO);
         assert_eq!(link.sha256, first.sha256);
@@ -172,6 +290,26 @@ mod tests {
         let text = String::from_utf8(second.line).unwrap();
         assert!(text.ends_with(&format!("\"ts\":{ts}}}\n")), "{text}");
         assert!(text.contains("\"reason\":\"policy allow\""), "{text}");
+        assert!(text.contains("\"seq\":2,"), "{text}");
+        assert_eq!(link.seq, SeqField::Valid(2));
+    }
+
+    #[test]
+    fn fast_body_equals_the_canonical_body() {
+        let prev = Sha256Digest::ZERO.to_hex();
+        let sha = Sha256Digest::of(b"x").to_hex();
+        for text in [
+            format!(r#"{{"a":1,"prev_sha256":"{prev}","sha256":"{sha}","z":2}}"#),
+            format!(r#"{{"prev_sha256":"{prev}","sha256":"{sha}"}}"#),
+            format!(r#"{{"sha256":"{sha}","zz":"{prev}"}}"#),
+        ] {
+            let (before, after) = body_without_sha256(text.as_bytes(), &sha).unwrap();
+            let mut value: Value = serde_json::from_str(&text).unwrap();
+            value.as_object_mut().unwrap().remove("sha256");
+            assert_eq!([before, after].concat(), canonical_value(&value), "{text}");
+        }
+        let nested = format!(r#"{{"a":{{"sha256":"{sha}"}},"sha256":"{sha}"}}"#);
+        assert!(body_without_sha256(nested.as_bytes(), &sha).is_none());
     }
 
     #[test]
@@ -187,6 +325,36 @@ mod tests {
             assert_eq!(representable(ts), ts, "raw {raw}");
         }
         assert_eq!(representable(12_345), 12_345);
+    }
+
+    #[test]
+    fn the_canonical_shortcut_agrees_with_the_canonicalizer() {
+        let cases = [
+            r#"{"a":1,"b":"x"}"#,
+            r#"{"b":1,"a":2}"#,
+            r#"{"a":"\u001f\n\t\"\\/é"}"#,
+            r#"{"a":"\u001F"}"#,
+            r#"{"a":"\/"}"#,
+            r#"{"a":1795981786718735400}"#,
+            r#"{"a":1795981786718735401}"#,
+            r#"{"a":-9007199254740993}"#,
+            r#"{"a":9007199254740993}"#,
+            r#"{"a":[1,{"z":null,"b":true}]}"#,
+            r#"{"é":1,"z":2}"#,
+            r#"{"a":1,"a":2}"#,
+            r#"{"\ud83d\ude00":1,"\ufb33":2}"#,
+            r#"{"\ufb33":2,"😀":1}"#,
+        ];
+        for text in cases {
+            let value: Value = serde_json::from_str(text).unwrap();
+            assert_eq!(
+                is_canonical_line(&value, text.as_bytes()),
+                canonical_value(&value) == text.as_bytes(),
+                "{text}"
+            );
+            let canonical = canonical_value(&value);
+            assert!(is_canonical_line(&value, &canonical), "{text}");
+        }
     }
 
     #[test]

@@ -416,19 +416,39 @@ fn verifier_detects_each_kind_of_damage_at_the_right_line() {
 
     let mut deleted = good.clone();
     deleted.remove(2);
-    let report = check(&deleted, "", Some((3, ProblemKind::LinkBroken)), 2);
+    let report = check(&deleted, "", Some((3, ProblemKind::SeqGap)), 2);
     assert_eq!(
         report.problem.unwrap().to_string(),
-        "line 3: link_broken: prev_sha256 does not match the sha256 of line 2"
+        "line 3: seq_gap: seq 4 follows seq 2: records 3..=3 are missing"
     );
 
     let mut swapped = good.clone();
     swapped.swap(3, 4);
-    check(&swapped, "", Some((4, ProblemKind::LinkBroken)), 3);
+    check(&swapped, "", Some((4, ProblemKind::Reordered)), 3);
 
     let mut first_deleted = good.clone();
     first_deleted.remove(0);
-    check(&first_deleted, "", Some((1, ProblemKind::LinkBroken)), 0);
+    check(&first_deleted, "", Some((1, ProblemKind::SeqGap)), 0);
+
+    let mut duplicated = good.clone();
+    duplicated.insert(3, good[2].clone());
+    check(&duplicated, "", Some((4, ProblemKind::Reordered)), 3);
+
+    // Line 3 edited and its own sha256 recomputed: the line is self-consistent, so the damage
+    // shows where line 4 no longer links to it.
+    let mut rehashed = good.clone();
+    let mut object: Value = serde_json::from_str(&rehashed[2]).unwrap();
+    object["outcome"] = Value::from("replay");
+    object.as_object_mut().unwrap().remove("sha256");
+    let prev = object["prev_sha256"].as_str().unwrap().to_owned();
+    let sha = Sha256Digest::of_parts(&[prev.as_bytes(), &canonical_value(&object)]);
+    object["sha256"] = Value::from(sha.to_hex());
+    rehashed[2] = String::from_utf8(canonical_value(&object)).unwrap();
+    let report = check(&rehashed, "", Some((4, ProblemKind::LinkBroken)), 3);
+    assert_eq!(
+        report.problem.unwrap().to_string(),
+        "line 4: link_broken: prev_sha256 does not match the sha256 of line 3"
+    );
 
     let mut spaced = good.clone();
     spaced[1] = spaced[1].replacen("\",\"", "\", \"", 1);
@@ -471,7 +491,7 @@ fn verifier_detects_each_kind_of_damage_at_the_right_line() {
 
     check(&good, &good[0][..40], Some((7, ProblemKind::TornTail)), 6);
     // The first problem wins even when a torn tail follows.
-    check(&swapped, "{\"t", Some((4, ProblemKind::LinkBroken)), 3);
+    check(&swapped, "{\"t", Some((4, ProblemKind::Reordered)), 3);
 }
 
 #[test]
@@ -654,4 +674,64 @@ mod fault_injection {
         assert_intact(&report, 2);
         assert_eq!(report.head, log.head());
     }
+}
+
+#[test]
+fn a_log_without_seq_is_continued_with_consecutive_numbers() {
+    // The lines of a log written before records carried `seq`: the committed fixture's chain
+    // rebuilt without the field.
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("audit.jsonl");
+    let mut prev = "0".repeat(64);
+    let mut text = String::new();
+    for i in 0..3u64 {
+        let mut record = serde_json::json!({
+            "ts": 1_767_225_600_000_000_000u64 + i * 1_000_000_000,
+            "request_id": format!("old-{i}"), "method": "tools/call", "name": "write_note",
+            "decision": "allow", "outcome": "committed",
+            "args_digest": Sha256Digest::of(b"{}").to_hex(), "prev_sha256": prev,
+        });
+        let sha = Sha256Digest::of_parts(&[prev.as_bytes(), &canonical_value(&record)]).to_hex();
+        record["sha256"] = Value::from(sha.as_str());
+        text.push_str(&String::from_utf8(canonical_value(&record)).unwrap());
+        text.push('\n');
+        prev = sha;
+    }
+    fs::write(&path, &text).unwrap();
+    let log = FileAuditLog::open(&path).unwrap();
+    assert_eq!(log.seq(), 3, "legacy lines are counted once at open");
+    let receipt = log
+        .append(
+            &entry(3)
+                .with_policy_digest(Sha256Digest::of(b"p"))
+                .with_contract_digest(Sha256Digest::of(b"c")),
+        )
+        .unwrap();
+    assert_eq!(receipt.seq, 4);
+    log.append(&entry(4)).unwrap();
+    assert_intact(&verify_file(&path).unwrap(), 5);
+    assert_eq!(independent_verify(&fs::read(&path).unwrap()), 5);
+    let lines: Vec<Value> = fs::read_to_string(&path)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines[3]["seq"], 4);
+    assert_eq!(lines[3]["policy_digest"], Sha256Digest::of(b"p").to_hex());
+    assert_eq!(lines[3]["contract_digest"], Sha256Digest::of(b"c").to_hex());
+    assert!(
+        lines[4].get("policy_digest").is_none(),
+        "written only when set"
+    );
+
+    // Once records are numbered, a record without seq is damage.
+    let mut damaged: Vec<String> = fs::read_to_string(&path)
+        .unwrap()
+        .lines()
+        .map(str::to_owned)
+        .collect();
+    damaged.push(damaged[2].clone());
+    let report = verify_reader(format!("{}\n", damaged.join("\n")).as_bytes()).unwrap();
+    let problem = report.problem.unwrap();
+    assert_eq!((problem.line, problem.kind), (6, ProblemKind::Malformed));
 }

@@ -20,8 +20,8 @@ use toolgate_canon::Sha256Digest;
 const CHILD_LOG: &str = "TOOLGATE_AUDIT_TEST_CHILD_LOG";
 const CHILD_ID: &str = "TOOLGATE_AUDIT_TEST_CHILD_ID";
 const CHILD_START: &str = "TOOLGATE_AUDIT_TEST_CHILD_START";
-const PROCESSES: usize = 3;
-const APPENDS: usize = 100;
+const PROCESSES: usize = 4;
+const APPENDS: usize = 500;
 const TIMEOUT: Duration = Duration::from_secs(180);
 
 /// Polls `condition` until it holds or the generous timeout expires.
@@ -39,7 +39,7 @@ fn run_child(log: &Path, id: &str, start: &Path) {
     wait_until("the start file", || start.exists());
     for i in 0..APPENDS {
         let entry = AuditEntry::tool_call(
-            format!("{id}-{i:03}"),
+            format!("{id}-{i:04}"),
             "write_note",
             Decision::Allow,
             "committed",
@@ -94,8 +94,13 @@ fn many_processes_share_one_chain() {
 
     let text = fs::read_to_string(&log).unwrap();
     let mut per_child: HashMap<String, Vec<String>> = HashMap::new();
-    for line in text.lines() {
+    for (i, line) in text.lines().enumerate() {
         let record: Value = serde_json::from_str(line).unwrap();
+        assert_eq!(
+            record["seq"].as_u64(),
+            Some(i as u64 + 1),
+            "seq is 1..=2000 in order"
+        );
         let request_id = record["request_id"].as_str().unwrap();
         let (id, _) = request_id.split_once('-').unwrap();
         per_child
@@ -105,7 +110,7 @@ fn many_processes_share_one_chain() {
     }
     assert_eq!(per_child.len(), PROCESSES);
     for (id, _) in &children {
-        let expected: Vec<String> = (0..APPENDS).map(|i| format!("{id}-{i:03}")).collect();
+        let expected: Vec<String> = (0..APPENDS).map(|i| format!("{id}-{i:04}")).collect();
         assert_eq!(
             per_child[id], expected,
             "each child's records appear once, in its order"

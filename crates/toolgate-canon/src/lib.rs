@@ -10,6 +10,10 @@
 
 #![forbid(unsafe_code)]
 
+mod key;
+
+pub use key::{HmacKey, KeyError, MIN_KEY_BYTES};
+
 use std::fmt;
 use std::str::FromStr;
 

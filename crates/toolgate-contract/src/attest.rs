@@ -10,10 +10,8 @@
 use std::fmt;
 use std::path::{Path, PathBuf};
 
-use hmac::{Hmac, Mac};
-use sha2::Sha256;
 use subtle::ConstantTimeEq;
-use toolgate_canon::Sha256Digest;
+use toolgate_canon::{HmacKey, KeyError, Sha256Digest};
 
 /// Something that can sign and verify a message: HMAC today, a KMS or transparency log tomorrow.
 pub trait Signer: Send + Sync + fmt::Debug {
@@ -30,8 +28,9 @@ pub trait Signer: Send + Sync + fmt::Debug {
 }
 
 /// The shortest HMAC key accepted, in bytes: the output size of SHA-256, below which the key, not
-/// the hash, bounds the strength of the signature (RFC 2104 section 3).
-pub const MIN_KEY_BYTES: usize = 32;
+/// the hash, bounds the strength of the signature (RFC 2104 section 3). The same rule as
+/// [`HmacKey`]'s, which enforces it.
+pub const MIN_KEY_BYTES: usize = toolgate_canon::MIN_KEY_BYTES;
 
 /// The algorithm name of [`HmacSha256Signer`].
 const HMAC_SHA256: &str = "hmac-sha256";
@@ -45,9 +44,9 @@ const MESSAGE_PREFIX: &str = "toolgate-attestation-v1\n";
 /// can also attest; use a KMS-backed [`Signer`] when those roles must be separate.
 #[derive(Clone)]
 pub struct HmacSha256Signer {
-    // The keyed HMAC state (inner and outer pads already absorbed), cloned for every message. The
-    // raw key bytes are not kept.
-    mac: Hmac<Sha256>,
+    // The shared key type also signs audit checkpoints; it keeps the keyed HMAC state, not the raw
+    // key bytes, and redacts itself in `Debug`.
+    key: HmacKey,
 }
 
 impl fmt::Debug for HmacSha256Signer {
@@ -62,18 +61,9 @@ impl fmt::Debug for HmacSha256Signer {
 impl HmacSha256Signer {
     /// A signer with `key`, which must be at least [`MIN_KEY_BYTES`] long.
     pub fn new(key: &[u8]) -> Result<Self, AttestError> {
-        if key.len() < MIN_KEY_BYTES {
-            return Err(AttestError::KeyTooShort { len: key.len() });
-        }
-        // HMAC accepts keys of any length (long ones are hashed first), so this error cannot
-        // happen with `Hmac<Sha256>`; it is mapped rather than unwrapped all the same.
-        let mac = <Hmac<Sha256> as Mac>::new_from_slice(key).map_err(|err| {
-            AttestError::SignerFailed {
-                algorithm: HMAC_SHA256.to_owned(),
-                reason: err.to_string(),
-            }
-        })?;
-        Ok(Self { mac })
+        Ok(Self {
+            key: HmacKey::new(key).map_err(key_error)?,
+        })
     }
 
     /// A signer whose key is the raw bytes of the file at `path`, with exactly one trailing line
@@ -85,11 +75,21 @@ impl HmacSha256Signer {
             path: path.to_owned(),
             source,
         })?;
-        let key = bytes
-            .strip_suffix(b"\r\n")
-            .or_else(|| bytes.strip_suffix(b"\n"))
-            .unwrap_or(&bytes);
-        Self::new(key)
+        Ok(Self {
+            key: HmacKey::from_file_bytes(bytes).map_err(key_error)?,
+        })
+    }
+}
+
+/// Maps the shared key type's error onto this module's documented variant.
+fn key_error(err: KeyError) -> AttestError {
+    match err {
+        KeyError::TooShort { len } => AttestError::KeyTooShort { len },
+        // `KeyError` is non-exhaustive; a future rule on keys is still a key the signer refuses.
+        other => AttestError::SignerFailed {
+            algorithm: HMAC_SHA256.to_owned(),
+            reason: other.to_string(),
+        },
     }
 }
 
@@ -99,17 +99,16 @@ impl Signer for HmacSha256Signer {
     }
 
     fn sign(&self, message: &[u8]) -> Result<Vec<u8>, AttestError> {
-        let mut mac = self.mac.clone();
-        mac.update(message);
-        Ok(mac.finalize().into_bytes().to_vec())
+        Ok(self.key.mac(message).to_vec())
     }
 
     fn verify(&self, message: &[u8], signature: &[u8]) -> Result<(), AttestError> {
-        let mut mac = self.mac.clone();
-        mac.update(message);
-        // `verify_slice` compares in constant time and rejects a signature of the wrong length.
-        mac.verify_slice(signature)
-            .map_err(|_| AttestError::BadSignature)
+        // `HmacKey::verify` compares in constant time and rejects a signature of the wrong length.
+        if self.key.verify(message, signature) {
+            Ok(())
+        } else {
+            Err(AttestError::BadSignature)
+        }
     }
 }
 

@@ -78,6 +78,7 @@ pub struct Gated<H> {
     request_id_field: String,
     contract_digest: Option<Sha256Digest>,
     contract_changes: BTreeMap<String, Vec<Change>>,
+    tool_contract_digests: BTreeMap<String, Sha256Digest>,
 }
 
 /// The `_meta` key under which the gate publishes the server's contract digest in the results of
@@ -158,6 +159,7 @@ impl<H: ServerHandler> GatedBuilder<H> {
             request_id_field: self.request_id_field,
             contract_digest: None,
             contract_changes: BTreeMap::new(),
+            tool_contract_digests: BTreeMap::new(),
         })
     }
 }
@@ -218,6 +220,31 @@ impl<H: ServerHandler> Gated<H> {
             allowed: input.allowed.clone(),
         };
         contract_awareness(tool, &current, changes, MAX_CONTRACT_CHANGES)
+    }
+
+    /// Records, in every audit line of a tool, that tool's contract digest (from toolgate.lock or
+    /// the live contract), so a verifier can show which contract produced each decision.
+    pub fn with_tool_contract_digests(mut self, digests: BTreeMap<String, Sha256Digest>) -> Self {
+        self.tool_contract_digests = digests;
+        self
+    }
+
+    /// An audit entry for a call of `name`, carrying the digests of the policy in force and of the
+    /// tool's contract (when known).
+    fn entry(
+        &self,
+        request_id: String,
+        name: &str,
+        decision: AuditDecision,
+        outcome: &str,
+        args_digest: Sha256Digest,
+    ) -> AuditEntry {
+        let entry = AuditEntry::tool_call(request_id, name, decision, outcome, args_digest)
+            .with_policy_digest(self.policy.digest());
+        match self.tool_contract_digests.get(name) {
+            Some(digest) => entry.with_contract_digest(*digest),
+            None => entry,
+        }
     }
 
     /// The contract digest published to clients, if any.
@@ -281,9 +308,9 @@ impl<H: ServerHandler> Gated<H> {
         let args_digest =
             Sha256Digest::of_json(&Value::Object(arguments.cloned().unwrap_or_default()));
         let deny = |request_id: String, reason: String| {
-            AuditEntry::tool_call(
+            self.entry(
                 request_id,
-                recorded_name.clone(),
+                &recorded_name,
                 AuditDecision::Deny,
                 "not_executed",
                 args_digest,
@@ -335,14 +362,15 @@ impl<H: ServerHandler> Gated<H> {
         let mut guard = CallGuard {
             permit: permit.clone(),
             audit: Some(Arc::clone(&self.audit)),
-            entry: AuditEntry::tool_call(
-                request_id.clone(),
-                name.clone(),
-                AuditDecision::Allow,
-                "cancelled",
-                args_digest,
-            )
-            .with_reason(decision.rule()),
+            entry: self
+                .entry(
+                    request_id.clone(),
+                    &name,
+                    AuditDecision::Allow,
+                    "cancelled",
+                    args_digest,
+                )
+                .with_reason(decision.rule()),
         };
         let response = self.inner.call_tool(request, context).await;
         guard.audit = None;
@@ -373,14 +401,15 @@ impl<H: ServerHandler> Gated<H> {
             Ok(_) => recorded.unwrap_or("task_created"),
             Err(_) => recorded.unwrap_or("error"),
         };
-        let entry = AuditEntry::tool_call(
-            request_id,
-            name.clone(),
-            AuditDecision::Allow,
-            outcome,
-            args_digest,
-        )
-        .with_reason(decision.rule());
+        let entry = self
+            .entry(
+                request_id,
+                &name,
+                AuditDecision::Allow,
+                outcome,
+                args_digest,
+            )
+            .with_reason(decision.rule());
         if let Err(error) = self.record(entry).await {
             tracing::error!(tool = %name, %error, "could not audit an allowed call");
             return Err(McpError::internal_error(

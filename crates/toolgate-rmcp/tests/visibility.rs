@@ -99,6 +99,7 @@ impl AuditSink for MemoryAudit {
         Ok(AppendReceipt {
             sha256: Sha256Digest::ZERO,
             ts: 0,
+            seq: 0,
         })
     }
 }

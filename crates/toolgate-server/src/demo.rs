@@ -267,7 +267,7 @@ pub async fn run() -> anyhow::Result<bool> {
                 .unwrap_or("?"),
         );
     }
-    let report = crate::verify_ledger(&ledger)?;
+    let report = crate::verify_ledger(&ledger, None)?;
     match &report.problem {
         None => println!(
             "    intact: {} records, head {}",

@@ -10,6 +10,7 @@ pub mod contract;
 pub mod demo;
 #[cfg(feature = "fault-injection")]
 mod fault;
+pub mod stats;
 pub mod tools;
 
 use std::path::{Path, PathBuf};
@@ -17,7 +18,7 @@ use std::sync::Arc;
 
 use anyhow::Context as _;
 use rmcp::ServiceExt as _;
-use toolgate_audit::{AuditConfig, AuditSink, FileAuditLog, VerifyReport};
+use toolgate_audit::{AuditConfig, AuditSink, FileAuditLog, HmacKey, VerifyOptions, VerifyReport};
 use toolgate_commit::{CommitConfig, CommitStore, FileCommitStore};
 use toolgate_contract::attest::{Attestation, HmacSha256Signer, check_expected_digest};
 use toolgate_contract::diff::diff;
@@ -49,6 +50,31 @@ pub struct ServerOptions {
     pub attestation_key_file: Option<PathBuf>,
     /// A previous toolgate.lock: refused calls then say what changed in the tool's contract since.
     pub previous_lock: Option<PathBuf>,
+    /// The audit checkpoint key file (at least 32 bytes). Without it no checkpoints are written.
+    pub audit_key_file: Option<PathBuf>,
+    /// Write a checkpoint every this many records (default 1000 when a key is given).
+    pub checkpoint_every: Option<u64>,
+    /// A second checkpoint file (another volume or mount) that receives every checkpoint too.
+    pub checkpoint_mirror: Option<PathBuf>,
+    /// Rotate the audit log into a new segment past this many bytes.
+    pub segment_bytes: Option<u64>,
+}
+
+/// A built server: the gate, and the audit log it writes (kept to checkpoint it at shutdown).
+#[derive(Debug)]
+pub struct BuiltServer {
+    /// The gated handler, ready to serve.
+    pub gated: GatedServer,
+    /// The audit log behind the gate.
+    pub audit: Arc<FileAuditLog>,
+}
+
+/// Reads an HMAC key file (one trailing newline ignored); the error names the file.
+pub fn load_key(path: &Path) -> anyhow::Result<HmacKey> {
+    let bytes = std::fs::read(path)
+        .with_context(|| format!("cannot read the key file {}", path.display()))?;
+    HmacKey::from_file_bytes(bytes)
+        .with_context(|| format!("the key in {} is unusable", path.display()))
 }
 
 /// The gated handler, ready to serve.
@@ -90,7 +116,7 @@ fn check_contract(options: &ServerOptions, live: &Lockfile) -> anyhow::Result<()
 ///
 /// The order is deliberate: an invalid policy or a contract that does not match its attestation
 /// must stop the process before anything is created or written under the ledger directory.
-pub fn build(options: &ServerOptions) -> anyhow::Result<GatedServer> {
+pub fn build(options: &ServerOptions) -> anyhow::Result<BuiltServer> {
     let policy = load_policy(&options.policy)?;
     let live = contract::live_lockfile(&policy)?;
     check_contract(options, &live)?;
@@ -108,7 +134,19 @@ pub fn build(options: &ServerOptions) -> anyhow::Result<GatedServer> {
     #[cfg(feature = "fault-injection")]
     let hook = fault::hook_from_env()?;
 
-    let audit_config = AuditConfig::new(options.ledger.join(AUDIT_FILE));
+    let mut audit_config = AuditConfig::new(options.ledger.join(AUDIT_FILE));
+    if let Some(path) = &options.audit_key_file {
+        audit_config = audit_config.checkpoint_key(load_key(path)?);
+    }
+    if let Some(every) = options.checkpoint_every {
+        audit_config = audit_config.checkpoint_every(every);
+    }
+    if let Some(mirror) = &options.checkpoint_mirror {
+        audit_config = audit_config.checkpoint_mirror(mirror);
+    }
+    if let Some(bytes) = options.segment_bytes {
+        audit_config = audit_config.segment_bytes(bytes);
+    }
     #[cfg(feature = "fault-injection")]
     let audit_config = match &hook {
         Some(hook) => audit_config.fault_hook(hook.clone()),
@@ -133,36 +171,53 @@ pub fn build(options: &ServerOptions) -> anyhow::Result<GatedServer> {
         )
     })?;
 
-    let audit: Arc<dyn AuditSink> = Arc::new(audit);
+    let audit = Arc::new(audit);
+    let sink: Arc<dyn AuditSink> = audit.clone();
     let store: Arc<dyn CommitStore> = Arc::new(store);
     tracing::info!(digest = %live.integrity_digest(), "contract");
-    Ok(Gated::builder(tools::NotesServer::new())
+    let tool_digests = live
+        .contract()
+        .tools
+        .iter()
+        .map(|(name, contract)| (name.clone(), contract.digest()))
+        .collect();
+    let gated = Gated::builder(tools::NotesServer::new())
         .policy(policy)
-        .audit(audit)
+        .audit(sink)
         .commit_store(store)
         .build()?
         .with_contract_digest(live.integrity_digest())
-        .with_contract_changes(changes))
+        .with_tool_contract_digests(tool_digests)
+        .with_contract_changes(changes);
+    Ok(BuiltServer { gated, audit })
 }
 
 /// Serves MCP over stdin/stdout until the client closes the connection.
-pub async fn serve_stdio(gated: GatedServer) -> anyhow::Result<()> {
+pub async fn serve_stdio(server: BuiltServer) -> anyhow::Result<()> {
+    let BuiltServer { gated, audit } = server;
     let (stdin, stdout) = rmcp::transport::stdio();
-    let running = match gated.serve((stdin, stdout)).await {
-        Ok(running) => running,
+    let session = match gated.serve((stdin, stdout)).await {
+        Ok(running) => running
+            .waiting()
+            .await
+            .map(|_| ())
+            .context("the MCP session ended abnormally"),
         // A client that connects and leaves before its first request is not a server failure.
-        Err(rmcp::service::ServerInitializeError::ConnectionClosed(_)) => return Ok(()),
-        Err(error) => return Err(error).context("the MCP session could not start"),
+        Err(rmcp::service::ServerInitializeError::ConnectionClosed(_)) => Ok(()),
+        Err(error) => Err(error).context("the MCP session could not start"),
     };
-    running
-        .waiting()
+    // Clean shutdown: seal what was appended with a checkpoint (when a key is configured).
+    let checkpoint = tokio::task::spawn_blocking(move || audit.checkpoint())
         .await
-        .context("the MCP session ended abnormally")?;
-    Ok(())
+        .context("the shutdown checkpoint task failed")?;
+    if let Some(checkpoint) = checkpoint.context("cannot write the shutdown audit checkpoint")? {
+        tracing::info!(count = checkpoint.count, "audit checkpoint at shutdown");
+    }
+    session
 }
 
-/// Verifies `LEDGER_DIR/audit.jsonl`.
-pub fn verify_ledger(ledger: &Path) -> anyhow::Result<VerifyReport> {
+/// Verifies `LEDGER_DIR/audit.jsonl` (and its rotated segments), and with a key its checkpoints.
+pub fn verify_ledger(ledger: &Path, key_file: Option<&Path>) -> anyhow::Result<VerifyReport> {
     let path = ledger.join(AUDIT_FILE);
     if !path.exists() {
         anyhow::bail!(
@@ -170,5 +225,9 @@ pub fn verify_ledger(ledger: &Path) -> anyhow::Result<VerifyReport> {
             path.display()
         );
     }
-    Ok(toolgate_audit::verify_file(&path)?)
+    let mut options = VerifyOptions::new(&path);
+    if let Some(key_file) = key_file {
+        options = options.checkpoint_key(load_key(key_file)?);
+    }
+    Ok(toolgate_audit::verify(&options)?)
 }

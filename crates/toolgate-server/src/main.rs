@@ -36,6 +36,18 @@ struct Cli {
     /// A previous toolgate.lock: refused calls then list what changed in the tool's contract.
     #[arg(long, env = "TOOLGATE_PREVIOUS_LOCK", global = true)]
     previous_lock: Option<PathBuf>,
+    /// The audit checkpoint key file (at least 32 bytes, kept outside the ledger).
+    #[arg(long, env = "TOOLGATE_AUDIT_KEY_FILE", global = true)]
+    audit_key_file: Option<PathBuf>,
+    /// Write an audit checkpoint every this many records (default 1000 with a key).
+    #[arg(long, env = "TOOLGATE_AUDIT_CHECKPOINT_EVERY", global = true)]
+    checkpoint_every: Option<u64>,
+    /// A second file (another volume) that receives every audit checkpoint too.
+    #[arg(long, env = "TOOLGATE_AUDIT_CHECKPOINT_MIRROR", global = true)]
+    checkpoint_mirror: Option<PathBuf>,
+    /// Rotate the audit log into a new segment past this many bytes.
+    #[arg(long, env = "TOOLGATE_AUDIT_SEGMENT_BYTES", global = true)]
+    segment_bytes: Option<u64>,
     #[command(subcommand)]
     command: Option<Command>,
 }
@@ -70,9 +82,29 @@ enum ContractCommand {
 
 #[derive(Debug, Subcommand)]
 enum AuditCommand {
-    /// Verify the hash chain of LEDGER_DIR/audit.jsonl: exit 0 when intact, 1 when broken, 2 on
-    /// usage or I/O errors.
-    Verify,
+    /// Verify the hash chain of LEDGER_DIR/audit.jsonl (and its segments; with a key, its signed
+    /// checkpoints): exit 0 when intact, 1 when broken, 2 on usage or I/O errors.
+    Verify {
+        /// The checkpoint key file (default: --audit-key-file). Without a key, truncation after a
+        /// line boundary and a re-chained replacement cannot be detected.
+        #[arg(long)]
+        key_file: Option<PathBuf>,
+        /// Output format.
+        #[arg(long, value_enum, default_value_t = Format::Text)]
+        format: Format,
+    },
+    /// Counts per tool x decision x outcome and the committed / replay / deny / failure ratios.
+    Stats {
+        /// Output format.
+        #[arg(long, value_enum, default_value_t = Format::Text)]
+        format: Format,
+    },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum Format {
+    Text,
+    Json,
 }
 
 fn init_logging() {
@@ -113,6 +145,28 @@ fn contract_command(command: &ContractCommand, options: &ServerOptions) -> anyho
     }
 }
 
+/// The verify report as one JSON object.
+fn verify_json(report: &toolgate_audit::VerifyReport) -> serde_json::Value {
+    let problem = report.problem.as_ref().map(|p| {
+        serde_json::json!({
+            "line": p.line,
+            "seq": p.seq,
+            "reason": p.kind.as_str(),
+            "detail": p.detail,
+            "segment": p.segment.as_ref().map(|s| s.display().to_string()),
+            "checkpoint_file": p.checkpoint_file.as_ref().map(|s| s.display().to_string()),
+        })
+    });
+    serde_json::json!({
+        "status": if report.problem.is_none() { "intact" } else { "broken" },
+        "records": report.records,
+        "head": report.head.to_hex(),
+        "checkpoints_verified": report.checkpoints_verified,
+        "checkpoints_unchecked": report.checkpoints_unchecked,
+        "problem": problem,
+    })
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     init_logging();
@@ -123,39 +177,62 @@ fn main() -> ExitCode {
         attestation: cli.attestation,
         attestation_key_file: cli.attestation_key_file,
         previous_lock: cli.previous_lock,
+        audit_key_file: cli.audit_key_file,
+        checkpoint_every: cli.checkpoint_every,
+        checkpoint_mirror: cli.checkpoint_mirror,
+        segment_bytes: cli.segment_bytes,
     };
     match cli.command.unwrap_or(Command::Serve) {
         Command::Serve => {
-            let gated = match toolgate_server::build(&paths) {
-                Ok(gated) => gated,
+            let server = match toolgate_server::build(&paths) {
+                Ok(server) => server,
                 Err(error) => return fail(&error),
             };
             let runtime = match tokio::runtime::Runtime::new() {
                 Ok(runtime) => runtime,
                 Err(error) => return fail(&error.into()),
             };
-            match runtime.block_on(toolgate_server::serve_stdio(gated)) {
+            match runtime.block_on(toolgate_server::serve_stdio(server)) {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(error) => fail(&error),
             }
         }
         Command::Audit {
-            command: AuditCommand::Verify,
-        } => match toolgate_server::verify_ledger(&paths.ledger) {
-            Ok(report) => match &report.problem {
-                None => {
-                    println!(
-                        "audit verify: intact: {} records, head {}",
-                        report.records, report.head
-                    );
-                    ExitCode::SUCCESS
+            command: AuditCommand::Verify { key_file, format },
+        } => {
+            let key_file = key_file.or_else(|| paths.audit_key_file.clone());
+            match toolgate_server::verify_ledger(&paths.ledger, key_file.as_deref()) {
+                Ok(report) => {
+                    if format == Format::Json {
+                        println!("{}", verify_json(&report));
+                    } else if report.problem.is_some() {
+                        println!("audit verify: BROKEN: {report}");
+                    } else {
+                        println!("audit verify: {report}");
+                    }
+                    match &report.problem {
+                        None => ExitCode::SUCCESS,
+                        Some(problem) => {
+                            eprintln!("toolgate-server: audit log is broken at {problem}");
+                            ExitCode::from(1)
+                        }
+                    }
                 }
-                Some(problem) => {
-                    println!("audit verify: BROKEN: {problem}");
-                    eprintln!("toolgate-server: audit log is broken at {problem}");
-                    ExitCode::from(1)
+                Err(error) => fail(&error),
+            }
+        }
+        Command::Audit {
+            command: AuditCommand::Stats { format },
+        } => match toolgate_server::stats::AuditStats::of_log(
+            &paths.ledger.join(toolgate_server::AUDIT_FILE),
+        ) {
+            Ok(stats) => {
+                match format {
+                    Format::Json => println!("{}", stats.render_json()),
+                    Format::Text => print!("{}", stats.render_text()),
                 }
-            },
+                ExitCode::SUCCESS
+            }
             Err(error) => fail(&error),
         },
         Command::Contract { command } => match contract_command(&command, &paths) {

@@ -84,22 +84,22 @@ fn verify_accepts_a_real_chain_and_names_the_first_tampered_line() {
         "modified",
     );
 
-    // Deleted: line 3 removed, so the new line 3 does not link to line 2.
+    // Deleted: line 3 removed, so the new line 3 carries seq 4 after seq 2.
     let mut deleted = lines.clone();
     deleted.remove(2);
     assert_broken(
         &ledger_with(env.dir.path(), "deleted", &deleted),
         3,
-        "link_broken",
+        "seq_gap",
     );
 
-    // Swapped: lines 3 and 4 exchanged.
+    // Swapped: lines 3 and 4 exchanged; seq 4 comes first and seq 3 appears later.
     let mut swapped = lines.clone();
     swapped.swap(2, 3);
     assert_broken(
         &ledger_with(env.dir.path(), "swapped", &swapped),
         3,
-        "link_broken",
+        "reordered",
     );
 
     // Truncated at the end (the last record deleted) is still a valid, shorter chain.
@@ -151,8 +151,12 @@ fn verify_judges_the_shipped_fixtures() {
                 assert_eq!(kind, "modified");
                 assert_broken(&ledger, line, &kind);
             }
-            ("deleted" | "swapped", Some((line, kind))) => {
-                assert_eq!(kind, "link_broken");
+            ("deleted", Some((line, kind))) => {
+                assert_eq!(kind, "seq_gap");
+                assert_broken(&ledger, line, &kind);
+            }
+            ("swapped", Some((line, kind))) => {
+                assert_eq!(kind, "reordered");
                 assert_broken(&ledger, line, &kind);
             }
             (name, problem) => panic!("unexpected expectation for {name}: {problem:?}"),

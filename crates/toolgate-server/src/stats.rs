@@ -1,0 +1,126 @@
+//! `audit stats`: the operational signal of the audit log. Counts per tool x decision x outcome,
+//! and the committed / replay / deny / failure ratios: a rise in replays points to retries,
+//! crashes or timeouts; a rise in denials to a bad prompt, a stale catalog or an improper attempt.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::path::Path;
+
+use serde_json::{Value, json};
+
+/// Outcomes of allowed calls that mean the call did not do what was asked.
+const FAILURE_OUTCOMES: [&str; 6] = [
+    "failed",
+    "error",
+    "conflict",
+    "in_doubt",
+    "cancelled",
+    "invalid_arguments",
+];
+
+/// Counts over the tool-call records of one log.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct AuditStats {
+    /// (tool, decision, outcome) -> records.
+    pub counts: BTreeMap<(String, String, String), u64>,
+    /// All tool-call records.
+    pub calls: u64,
+    /// Allowed calls that committed an effect.
+    pub committed: u64,
+    /// Allowed calls answered by replaying an earlier effect.
+    pub replay: u64,
+    /// Denied calls (hidden tools, unknown tools, refused arguments).
+    pub deny: u64,
+    /// Allowed calls that failed (see `FAILURE_OUTCOMES`).
+    pub failure: u64,
+    /// Records that are not tool calls (repairs).
+    pub other_records: u64,
+}
+
+impl AuditStats {
+    /// Counts the records of the log at `log_path` (rotated segments included).
+    pub fn of_log(log_path: &Path) -> anyhow::Result<Self> {
+        let mut stats = AuditStats::default();
+        for record in toolgate_audit::read_records(log_path)? {
+            stats.add(&record?);
+        }
+        Ok(stats)
+    }
+
+    fn add(&mut self, record: &Value) {
+        let text = |key: &str| record[key].as_str().unwrap_or("?").to_owned();
+        if record["method"] != "tools/call" {
+            self.other_records += 1;
+            return;
+        }
+        let (name, decision, outcome) = (text("name"), text("decision"), text("outcome"));
+        self.calls += 1;
+        match (decision.as_str(), outcome.as_str()) {
+            ("deny", _) => self.deny += 1,
+            (_, "committed") => self.committed += 1,
+            (_, "replay") => self.replay += 1,
+            (_, o) if FAILURE_OUTCOMES.contains(&o) => self.failure += 1,
+            _ => {}
+        }
+        *self.counts.entry((name, decision, outcome)).or_default() += 1;
+    }
+
+    fn ratio(&self, n: u64) -> f64 {
+        if self.calls == 0 {
+            0.0
+        } else {
+            // Record counts stay far below 2^52, so the conversion is exact.
+            n as f64 / self.calls as f64
+        }
+    }
+
+    /// A table for people.
+    pub fn render_text(&self) -> String {
+        let mut out = String::new();
+        let _ = writeln!(
+            out,
+            "{:<24} {:<8} {:<18} {:>8}",
+            "tool", "decision", "outcome", "records"
+        );
+        for ((tool, decision, outcome), n) in &self.counts {
+            let _ = writeln!(out, "{tool:<24} {decision:<8} {outcome:<18} {n:>8}");
+        }
+        let _ = writeln!(out, "tool calls: {}", self.calls);
+        for (label, n) in [
+            ("committed", self.committed),
+            ("replay", self.replay),
+            ("deny", self.deny),
+            ("failure", self.failure),
+        ] {
+            let _ = writeln!(out, "{label:<10} {n:>8}  {:>6.1}%", 100.0 * self.ratio(n));
+        }
+        if self.other_records > 0 {
+            let _ = writeln!(out, "other records (repairs): {}", self.other_records);
+        }
+        out
+    }
+
+    /// One JSON object for machines.
+    pub fn render_json(&self) -> String {
+        let counts: Vec<Value> = self
+            .counts
+            .iter()
+            .map(|((tool, decision, outcome), n)| {
+                json!({"tool": tool, "decision": decision, "outcome": outcome, "records": n})
+            })
+            .collect();
+        json!({
+            "calls": self.calls,
+            "counts": counts,
+            "totals": {"committed": self.committed, "replay": self.replay, "deny": self.deny, "failure": self.failure},
+            "ratios": {
+                "committed": self.ratio(self.committed),
+                "replay": self.ratio(self.replay),
+                "deny": self.ratio(self.deny),
+                "failure": self.ratio(self.failure),
+            },
+            "other_records": self.other_records,
+        })
+        .to_string()
+    }
+}

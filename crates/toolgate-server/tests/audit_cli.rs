@@ -1,0 +1,214 @@
+//! The audit log as an auditor sees it, through the real binary: signed checkpoints written by a
+//! running server, `audit verify` with and without the key (text and JSON), the records' seq,
+//! policy and contract digests, and `audit stats`.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::path::Path;
+use std::process::Output;
+
+use common::{TestEnv, note_status, output_text, run_to_end, scrubbed_command};
+use serde_json::{Value, json};
+
+const COMMITTED_LOCK: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../toolgate.lock");
+
+fn audit(env: &TestEnv, args: &[&str]) -> Output {
+    let mut command = scrubbed_command();
+    command
+        .arg("--ledger")
+        .arg(&env.ledger)
+        .arg("audit")
+        .args(args);
+    run_to_end(command)
+}
+
+fn json_of(output: &Output) -> Value {
+    serde_json::from_slice(&output.stdout)
+        .unwrap_or_else(|e| panic!("not JSON ({e}): {}", output_text(output)))
+}
+
+fn write_key(env: &TestEnv, name: &str, bytes: &[u8]) -> String {
+    let path = env.path(name);
+    std::fs::write(&path, bytes).unwrap();
+    path.display().to_string()
+}
+
+/// A session with checkpoints every 3 records: 3 notes, a replay, a denied call, a read.
+fn session(env: &TestEnv, key: &str) {
+    let mut command = env.command();
+    command.args(["--audit-key-file", key, "--checkpoint-every", "3"]);
+    let mut server = common::Server::spawn(command, &env.path("stderr.log"));
+    server.discover();
+    for (id, text) in [
+        ("req-audit-01", "a"),
+        ("req-audit-02", "b"),
+        ("req-audit-03", "c"),
+    ] {
+        assert_eq!(note_status(&server.write_note(id, text)), "committed");
+    }
+    assert_eq!(
+        note_status(&server.write_note("req-audit-01", "a")),
+        "replay"
+    );
+    server.call("rm_rf", json!({"path": "/"}));
+    server.call("read_ledger", json!({}));
+    assert!(server.close().success(), "{}", server.stderr());
+}
+
+#[test]
+fn a_served_log_carries_seq_digests_and_signed_checkpoints() {
+    let env = TestEnv::new();
+    let key = write_key(&env, "audit.key", b"an audit checkpoint key, 32+ bytes\n");
+    session(&env, &key);
+
+    let records = env.audit_records();
+    assert_eq!(records.len(), 6);
+    let policy: Value =
+        serde_json::from_str(&std::fs::read_to_string(&env.policy).unwrap()).unwrap();
+    let policy_digest = common::sha256_hex(&toolgate_canon::canonical_value(&policy));
+    let lock: Value =
+        serde_json::from_str(&std::fs::read_to_string(COMMITTED_LOCK).unwrap()).unwrap();
+    for (i, record) in records.iter().enumerate() {
+        assert_eq!(record["seq"], json!(i + 1), "{record}");
+        assert_eq!(record["policy_digest"], json!(policy_digest), "{record}");
+        let tool = record["name"].as_str().unwrap();
+        let locked = lock["tools"][tool]["integrityDigest"].as_str().unwrap();
+        assert_eq!(
+            format!("sha256:{}", record["contract_digest"].as_str().unwrap()),
+            locked,
+            "{record}"
+        );
+    }
+
+    // Checkpoints at 3 and 6 records (the shutdown one covers the tail).
+    let checkpoints = std::fs::read_to_string(env.ledger.join("audit.checkpoints.jsonl")).unwrap();
+    let counts: Vec<u64> = checkpoints
+        .lines()
+        .map(|l| {
+            serde_json::from_str::<Value>(l).unwrap()["count"]
+                .as_u64()
+                .unwrap()
+        })
+        .collect();
+    assert_eq!(counts.last(), Some(&6), "{checkpoints}");
+
+    let out = audit(&env, &["verify", "--key-file", &key, "--format", "json"]);
+    assert_eq!(out.status.code(), Some(0), "{}", output_text(&out));
+    let report = json_of(&out);
+    assert_eq!(report["status"], "intact");
+    assert_eq!(report["records"], 6);
+    assert!(
+        report["checkpoints_verified"].as_u64().unwrap() >= 1,
+        "{report}"
+    );
+
+    // Without the key the checkpoints are reported as unchecked, not silently trusted.
+    let out = audit(&env, &["verify"]);
+    assert_eq!(out.status.code(), Some(0), "{}", output_text(&out));
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("NOT checked"),
+        "{}",
+        output_text(&out)
+    );
+}
+
+fn cut_last_line(log: &Path) {
+    let text = std::fs::read_to_string(log).unwrap();
+    let body = text.trim_end_matches('\n');
+    let cut = body.rfind('\n').map(|i| i + 1).unwrap_or(0);
+    std::fs::write(log, &text[..cut]).unwrap();
+}
+
+#[test]
+fn verify_names_truncation_deletion_and_a_wrong_key() {
+    let env = TestEnv::new();
+    let key = write_key(&env, "audit.key", b"an audit checkpoint key, 32+ bytes\n");
+    session(&env, &key);
+    let log = env.audit_path();
+    let original = std::fs::read_to_string(&log).unwrap();
+
+    // A wrong key: the checkpoints do not verify.
+    let wrong = write_key(&env, "wrong.key", b"not the key that signed them, 32+!");
+    let out = audit(&env, &["verify", "--key-file", &wrong, "--format", "json"]);
+    assert_eq!(out.status.code(), Some(1), "{}", output_text(&out));
+    assert_eq!(
+        json_of(&out)["problem"]["reason"],
+        "bad_checkpoint_signature"
+    );
+
+    // A clean cut at a line boundary: invisible to the chain alone, caught by the checkpoint.
+    cut_last_line(&log);
+    let out = audit(&env, &["verify"]);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "without a key a clean cut passes (documented)"
+    );
+    let out = audit(&env, &["verify", "--key-file", &key, "--format", "json"]);
+    assert_eq!(out.status.code(), Some(1), "{}", output_text(&out));
+    assert_eq!(
+        json_of(&out)["problem"]["reason"],
+        "truncated_before_checkpoint"
+    );
+
+    // A deleted middle record: a gap in seq, with the line and the seq named.
+    let mut lines: Vec<&str> = original.lines().collect();
+    lines.remove(2);
+    std::fs::write(&log, lines.join("\n") + "\n").unwrap();
+    let out = audit(&env, &["verify", "--format", "json"]);
+    assert_eq!(out.status.code(), Some(1), "{}", output_text(&out));
+    let problem = &json_of(&out)["problem"];
+    assert_eq!(problem["reason"], "seq_gap", "{problem}");
+    assert_eq!(problem["line"], 3);
+    assert_eq!(problem["seq"], 3);
+    let out = audit(&env, &["verify"]);
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("line 3: seq_gap"),
+        "{}",
+        output_text(&out)
+    );
+
+    // Usage and I/O errors exit 2.
+    let short = write_key(&env, "short.key", &[b'k'; 31]);
+    let out = audit(&env, &["verify", "--key-file", &short]);
+    assert_eq!(out.status.code(), Some(2), "{}", output_text(&out));
+    let out = audit(&env, &["verify", "--format", "yaml"]);
+    assert_eq!(out.status.code(), Some(2), "{}", output_text(&out));
+}
+
+#[test]
+fn stats_count_per_tool_decision_and_outcome_with_ratios() {
+    let env = TestEnv::new();
+    let key = write_key(&env, "audit.key", b"an audit checkpoint key, 32+ bytes\n");
+    session(&env, &key);
+
+    let out = audit(&env, &["stats", "--format", "json"]);
+    assert_eq!(out.status.code(), Some(0), "{}", output_text(&out));
+    let stats = json_of(&out);
+    assert_eq!(stats["calls"], 6);
+    assert_eq!(
+        stats["totals"],
+        json!({"committed": 3, "replay": 1, "deny": 1, "failure": 0})
+    );
+    assert_eq!(stats["ratios"]["committed"], 0.5);
+    let counts = stats["counts"].as_array().unwrap();
+    let find = |tool: &str, outcome: &str| {
+        counts
+            .iter()
+            .find(|c| c["tool"] == tool && c["outcome"] == outcome)
+            .map(|c| c["records"].clone())
+    };
+    assert_eq!(find("write_note", "committed"), Some(json!(3)));
+    assert_eq!(find("write_note", "replay"), Some(json!(1)));
+    assert_eq!(find("rm_rf", "not_executed"), Some(json!(1)));
+    assert_eq!(find("read_ledger", "observed"), Some(json!(1)));
+
+    let out = audit(&env, &["stats"]);
+    assert_eq!(out.status.code(), Some(0), "{}", output_text(&out));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("write_note") && text.contains("committed") && text.contains("50.0%"),
+        "{text}"
+    );
+}
