@@ -19,8 +19,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::path::{Path, PathBuf};
 
-use serde::Deserialize;
 use serde::de::{self, MapAccess, Visitor};
+use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 use toolgate_canon::Sha256Digest;
 
@@ -247,7 +247,55 @@ pub struct Policy {
     allow: BTreeSet<String>,
     deny: BTreeSet<String>,
     arg_rules: BTreeMap<String, BTreeMap<String, ArgRule>>,
+    idempotency: BTreeMap<String, Idempotency>,
     digest: Sha256Digest,
+}
+
+/// Whether re-running a tool's effect after its caller died mid-effect is harmless.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum EffectSafety {
+    /// Re-running is harmless (the effect is itself idempotent): a dead caller's unfinished
+    /// execution is taken over.
+    Idempotent,
+    /// Re-running could duplicate the effect: a dead caller's unfinished execution is reported as
+    /// indeterminate and never re-run automatically.
+    Unsafe,
+}
+
+/// A field of the first result that replays rewrite, so a caller can tell a replay from the
+/// first execution (everything else is byte-identical).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct ReplayMarker {
+    /// JSON pointer into `structuredContent`, e.g. `/status`.
+    pub pointer: String,
+    /// The value written there on replays, e.g. `"replay"`.
+    pub value: Value,
+}
+
+/// Per-tool exactly-once settings (policy key `idempotency`, optional).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct Idempotency {
+    /// The string argument holding the idempotency key. Without it (or when a call omits it) the
+    /// request `_meta` key `io.toolgate/idempotencyKey` is used, and without that the key is the
+    /// digest of the canonical arguments (a replay window of `window_secs`).
+    #[serde(default)]
+    pub key_argument: Option<String>,
+    /// Whether re-running after a dead caller is harmless. Default `unsafe`.
+    #[serde(default = "default_effect")]
+    pub effect: EffectSafety,
+    /// How long a completed result is kept for replays (default 86,400 s = 24 h).
+    #[serde(default)]
+    pub window_secs: Option<u64>,
+    /// The field rewritten in replayed results.
+    #[serde(default)]
+    pub replay_marker: Option<ReplayMarker>,
+}
+
+fn default_effect() -> EffectSafety {
+    EffectSafety::Unsafe
 }
 
 /// The on-disk shape of version 1. Unknown keys and duplicate keys are errors.
@@ -261,6 +309,8 @@ struct RawPolicy {
     deny: Vec<String>,
     #[serde(default)]
     arg_rules: UniqueMap<UniqueMap<ArgRule>>,
+    #[serde(default)]
+    idempotency: UniqueMap<Idempotency>,
 }
 
 /// A JSON object deserialized into a map that refuses duplicate keys (serde_json keeps the last one
@@ -393,10 +443,50 @@ impl Policy {
             arg_rules.insert(tool.0, fields.0);
         }
 
+        let mut idempotency = BTreeMap::new();
+        for (tool, settings) in raw.idempotency.0 {
+            let tool = ToolName::new(&tool).map_err(|e| PolicyError::Invalid {
+                reason: format!("in \"idempotency\": {e}"),
+            })?;
+            if !allow.contains(tool.as_str()) || deny.contains(tool.as_str()) {
+                return Err(PolicyError::Invalid {
+                    reason: format!(
+                        "idempotency names `{tool}`, which the policy does not allow; fix the tool name or remove the entry"
+                    ),
+                });
+            }
+            if settings.key_argument.as_deref() == Some("") {
+                return Err(PolicyError::Invalid {
+                    reason: format!(
+                        "idempotency.{tool}.key_argument is empty; name the argument holding the key or remove it"
+                    ),
+                });
+            }
+            if let Some(marker) = &settings.replay_marker
+                && !(marker.pointer.starts_with('/') && marker.pointer.len() > 1)
+            {
+                return Err(PolicyError::Invalid {
+                    reason: format!(
+                        "idempotency.{tool}.replay_marker.pointer {:?} is not a JSON pointer such as \"/status\"",
+                        marker.pointer
+                    ),
+                });
+            }
+            if settings.window_secs == Some(0) {
+                return Err(PolicyError::Invalid {
+                    reason: format!(
+                        "idempotency.{tool}.window_secs is 0, so nothing could replay; use at least 1"
+                    ),
+                });
+            }
+            idempotency.insert(tool.0, settings);
+        }
+
         Ok(Policy {
             allow,
             deny,
             arg_rules,
+            idempotency,
             digest: Sha256Digest::of_json(&loose),
         })
     }
@@ -481,13 +571,26 @@ impl Policy {
                     .collect()
             })
             .unwrap_or_default();
-        Sha256Digest::of_json(&serde_json::json!({
+        let mut rules_of_tool = serde_json::json!({
             "version": SUPPORTED_VERSION,
             "tool": tool,
             "allow": self.allow.contains(tool),
             "deny": self.deny.contains(tool),
             "arg_rules": rules,
-        }))
+        });
+        // Present only when configured, so policies without the key keep their fingerprints.
+        if let (Some(settings), Value::Object(map)) = (self.idempotency(tool), &mut rules_of_tool) {
+            map.insert(
+                "idempotency".to_owned(),
+                serde_json::to_value(settings).unwrap_or(Value::Null),
+            );
+        }
+        Sha256Digest::of_json(&rules_of_tool)
+    }
+
+    /// The exactly-once settings of `tool`, when the policy opts it in.
+    pub fn idempotency(&self, tool: &str) -> Option<&Idempotency> {
+        self.idempotency.get(tool)
     }
 
     /// The tools the policy allows (before `deny` is applied).
@@ -721,6 +824,39 @@ mod tests {
             p.fingerprint("read_ledger"),
             denied.fingerprint("read_ledger")
         );
+    }
+
+    #[test]
+    fn idempotency_settings_load_strictly() {
+        let p = Policy::from_json(
+            r#"{"version":1,"allow":["write_note"],"idempotency":{"write_note":{"key_argument":"request_id","effect":"idempotent","replay_marker":{"pointer":"/status","value":"replay"}}}}"#,
+        )
+        .expect("loads");
+        let settings = p.idempotency("write_note").expect("configured");
+        assert_eq!(settings.key_argument.as_deref(), Some("request_id"));
+        assert_eq!(settings.effect, EffectSafety::Idempotent);
+        assert!(p.idempotency("read_ledger").is_none());
+        let plain = Policy::from_json(r#"{"version":1,"allow":["write_note"]}"#).expect("loads");
+        assert_ne!(p.fingerprint("write_note"), plain.fingerprint("write_note"));
+        let defaults = Policy::from_json(r#"{"version":1,"allow":["t"],"idempotency":{"t":{}}}"#)
+            .expect("loads");
+        assert_eq!(
+            defaults.idempotency("t").expect("set").effect,
+            EffectSafety::Unsafe
+        );
+
+        let e = load_error(r#"{"version":1,"allow":["t"],"idempotency":{"t":{"efect":"unsafe"}}}"#);
+        assert!(e.contains("efect") && e.contains("effect"), "{e}");
+        let e = load_error(r#"{"version":1,"allow":["t"],"idempotency":{"u":{}}}"#);
+        assert!(e.contains("does not allow"), "{e}");
+        let e = load_error(r#"{"version":1,"allow":["t"],"idempotency":{"t":{"effect":"maybe"}}}"#);
+        assert!(e.contains("maybe"), "{e}");
+        let e = load_error(
+            r#"{"version":1,"allow":["t"],"idempotency":{"t":{"replay_marker":{"pointer":"status","value":1}}}}"#,
+        );
+        assert!(e.contains("JSON pointer"), "{e}");
+        let e = load_error(r#"{"version":1,"allow":["t"],"idempotency":{"t":{"window_secs":0}}}"#);
+        assert!(e.contains("window_secs"), "{e}");
     }
 
     #[test]
