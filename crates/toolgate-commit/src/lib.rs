@@ -12,6 +12,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod effect;
 mod error;
 mod file;
 mod key;

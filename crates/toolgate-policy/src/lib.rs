@@ -620,6 +620,10 @@ mod tests {
         Policy::from_json(REFERENCE).expect("the reference policy loads")
     }
 
+    fn args_of(value: &Value) -> Map<String, Value> {
+        args(value.clone())
+    }
+
     fn args(value: Value) -> Map<String, Value> {
         match value {
             Value::Object(map) => map,
@@ -636,10 +640,37 @@ mod tests {
     #[test]
     fn seed_policy_loads_unchanged_and_decides() {
         let p = reference();
-        let seed = r#"{"version":1,"allow":["write_note","read_ledger"],"deny":["rm_rf"],
- "arg_rules":{"write_note":{"request_id":{"min_len":8},"text":{"max_len":2000}}}}"#;
+        // The seed article's file, byte for byte, loads and decides like the reference policy
+        // (which adds only exactly-once settings); its digest ignores whitespace.
+        let seed = include_str!("../../../fixtures/policies/seed.json");
         let compact = Policy::from_json(seed).expect("seed text loads");
-        assert_eq!(compact.digest(), p.digest(), "digest ignores whitespace");
+        let reformatted = serde_json::to_string_pretty(
+            &serde_json::from_str::<Value>(seed).expect("seed is JSON"),
+        )
+        .expect("serializes");
+        let pretty = Policy::from_json(&reformatted).expect("loads");
+        assert_eq!(
+            compact.digest(),
+            pretty.digest(),
+            "digest ignores whitespace"
+        );
+        assert!(compact.idempotency("write_note").is_none());
+        for (tool, args) in [
+            (
+                "write_note",
+                json!({"request_id": "req-0001", "text": "hi"}),
+            ),
+            ("write_note", json!({"request_id": "short", "text": "hi"})),
+            ("rm_rf", json!({"path": "/"})),
+            ("read_ledger", json!({})),
+            ("other", json!({})),
+        ] {
+            assert_eq!(
+                compact.decide(tool, Some(&args_of(&args))),
+                p.decide(tool, Some(&args_of(&args))),
+                "{tool} {args}"
+            );
+        }
 
         check(
             &p,
@@ -798,7 +829,8 @@ mod tests {
 
     #[test]
     fn fingerprint_changes_only_with_the_tools_own_rules() {
-        let p = reference();
+        let p =
+            Policy::from_json(include_str!("../../../fixtures/policies/seed.json")).expect("loads");
         let other_tools_changed = Policy::from_json(
             r#"{"version":1,"allow":["write_note","read_ledger","extra"],"deny":["rm_rf","x"],
                 "arg_rules":{"write_note":{"request_id":{"min_len":8},"text":{"max_len":2000}}}}"#,

@@ -31,10 +31,12 @@ use serde_json::{Map, Value};
 use toolgate_audit::{AuditEntry, AuditSink, Decision as AuditDecision};
 use toolgate_canon::Sha256Digest;
 use toolgate_commit::CommitStore;
+use toolgate_commit::effect::{Begin, EffectError, EffectRequest, EffectStore, Scope};
 use toolgate_contract::awareness::{InputContract, contract_awareness};
 use toolgate_contract::diff::Change;
 use toolgate_policy::{Decision, Policy, ToolName};
 
+use crate::exactly_once;
 use crate::input::InputShape;
 use crate::permit::Permit;
 
@@ -57,6 +59,14 @@ pub enum GateError {
         "a gate needs a policy: call GatedBuilder::policy with a loaded toolgate_policy::Policy"
     )]
     MissingPolicy,
+    /// The policy opts a tool into exactly-once execution but no effect store was configured.
+    #[error(
+        "the policy gives `{tool}` idempotency settings but the gate has no effect store; call GatedBuilder::effect_store"
+    )]
+    MissingEffectStore {
+        /// A tool with idempotency settings.
+        tool: String,
+    },
     /// `GatedBuilder::audit` was not called.
     #[error(
         "a gate needs an audit sink: call GatedBuilder::audit (for example with toolgate_audit::FileAuditLog)"
@@ -79,6 +89,8 @@ pub struct Gated<H> {
     contract_digest: Option<Sha256Digest>,
     contract_changes: BTreeMap<String, Vec<Change>>,
     tool_contract_digests: BTreeMap<String, Sha256Digest>,
+    effects: Option<Arc<EffectStore>>,
+    principal: String,
 }
 
 /// The `_meta` key under which the gate publishes the server's contract digest in the results of
@@ -114,6 +126,8 @@ pub struct GatedBuilder<H> {
     audit: Option<Arc<dyn AuditSink>>,
     store: Option<Arc<dyn CommitStore>>,
     request_id_field: String,
+    effects: Option<Arc<EffectStore>>,
+    principal: String,
 }
 
 impl<H> std::fmt::Debug for GatedBuilder<H> {
@@ -149,17 +163,43 @@ impl<H: ServerHandler> GatedBuilder<H> {
         self
     }
 
+    /// The store that makes the tools the policy opts in (`idempotency`) execute exactly once per
+    /// key; without it those settings are refused at build time.
+    pub fn effect_store(mut self, effects: Arc<EffectStore>) -> Self {
+        self.effects = Some(effects);
+        self
+    }
+
+    /// Who is calling (from configuration or the transport, never from tool arguments); keys are
+    /// scoped to it. Default `local`.
+    pub fn principal(mut self, principal: impl Into<String>) -> Self {
+        self.principal = principal.into();
+        self
+    }
+
     /// Builds the gate.
     pub fn build(self) -> Result<Gated<H>, GateError> {
+        let policy = self.policy.ok_or(GateError::MissingPolicy)?;
+        if self.effects.is_none()
+            && let Some(tool) = policy
+                .allowed()
+                .find(|tool| policy.idempotency(tool).is_some())
+        {
+            return Err(GateError::MissingEffectStore {
+                tool: tool.to_owned(),
+            });
+        }
         Ok(Gated {
             inner: self.inner,
-            policy: self.policy.ok_or(GateError::MissingPolicy)?,
+            policy,
             audit: self.audit.ok_or(GateError::MissingAudit)?,
             store: self.store,
             request_id_field: self.request_id_field,
             contract_digest: None,
             contract_changes: BTreeMap::new(),
             tool_contract_digests: BTreeMap::new(),
+            effects: self.effects,
+            principal: self.principal,
         })
     }
 }
@@ -173,6 +213,8 @@ impl<H: ServerHandler> Gated<H> {
             audit: None,
             store: None,
             request_id_field: "request_id".to_owned(),
+            effects: None,
+            principal: "local".to_owned(),
         }
     }
 
@@ -355,6 +397,97 @@ impl<H: ServerHandler> Gated<H> {
             return Ok(CallToolResult::error(vec![ContentBlock::text(text)]).into());
         }
 
+        // Exactly-once: a tool the policy opts in runs at most once per key; replays, conflicts
+        // and calls still in progress are answered here without running the handler.
+        let mut ticket = None;
+        if let (Some(settings), Some(effects)) = (self.policy.idempotency(&name), &self.effects) {
+            let request = EffectRequest {
+                scope: Scope {
+                    principal: self.principal.clone(),
+                    tool: name.clone(),
+                },
+                key: exactly_once::key_for(settings, arguments, &context.meta, args_digest),
+                fingerprint: exactly_once::fingerprint(arguments, &tool.input_schema),
+            };
+            let kind = exactly_once::kind(settings);
+            let store = Arc::clone(effects);
+            let begun = tokio::task::spawn_blocking(move || store.begin(&request, kind)).await;
+            let answer: Option<(&str, Result<CallToolResult, McpError>)> = match begun {
+                Ok(Ok(Begin::Execute(t))) => {
+                    ticket = Some(t);
+                    None
+                }
+                Ok(Ok(Begin::Replay(stored))) => Some(
+                    match exactly_once::replayed(stored, settings.replay_marker.as_ref()) {
+                        Some(result) => ("replay", Ok(result)),
+                        None => (
+                            "error",
+                            Err(McpError::internal_error(
+                                "the stored result of this call cannot be read back; inspect the effect store",
+                                None,
+                            )),
+                        ),
+                    },
+                ),
+                Ok(Ok(Begin::ReplayFailure(text))) => Some((
+                    "replay",
+                    Ok(CallToolResult::error(vec![ContentBlock::text(text)])),
+                )),
+                Ok(Err(EffectError::Conflict { .. })) => Some((
+                    "conflict",
+                    Ok(error_text(
+                        "Error: this idempotency key was already used with different arguments; nothing was executed. Retry with the original arguments, or use a new key for a new effect",
+                    )),
+                )),
+                Ok(Err(EffectError::InProgress { retry_after, .. })) => Some((
+                    "in_progress",
+                    Ok(error_text(&format!(
+                        "Error: a call with this idempotency key is still in progress; nothing was executed. Retry after {} s",
+                        retry_after.as_secs().max(1)
+                    ))),
+                )),
+                Ok(Err(EffectError::Indeterminate { .. })) => Some((
+                    "indeterminate",
+                    Ok(error_text(
+                        "Error: an earlier call with this idempotency key stopped mid-effect, so the effect may or may not have happened; it is not re-run automatically. An operator must inspect the target and resolve the key",
+                    )),
+                )),
+                Ok(Err(error)) => Some((
+                    "error",
+                    Err(McpError::internal_error(
+                        format!("the effect store failed: {error}"),
+                        None,
+                    )),
+                )),
+                Err(_) => Some((
+                    "error",
+                    Err(McpError::internal_error(
+                        "the effect store task was cancelled; retry the call",
+                        None,
+                    )),
+                )),
+            };
+            if let Some((outcome, response)) = answer {
+                let entry = self
+                    .entry(
+                        request_id.clone(),
+                        &name,
+                        AuditDecision::Allow,
+                        outcome,
+                        args_digest,
+                    )
+                    .with_reason(decision.rule());
+                if let Err(error) = self.record(entry).await {
+                    tracing::error!(tool = %name, %error, "could not audit an exactly-once answer");
+                    return Err(McpError::internal_error(
+                        "the call's audit record could not be written; retry once the audit log is writable",
+                        None,
+                    ));
+                }
+                return response.map(Into::into);
+            }
+        }
+
         let permit = Permit::issue(&name, &request_id, self.store.clone());
         context.extensions.insert(permit.clone());
         // If this future is dropped (the client cancelled) or the handler panics, the guard still
@@ -401,6 +534,33 @@ impl<H: ServerHandler> Gated<H> {
             Ok(_) => recorded.unwrap_or("task_created"),
             Err(_) => recorded.unwrap_or("error"),
         };
+        if let (Some(ticket), Some(effects)) = (ticket, &self.effects) {
+            // Store the result (or the failure) before the allow record, so that a retry after
+            // this point replays instead of running the effect again.
+            let settle = match &response {
+                Ok(CallToolResponse::Complete(result)) if result.is_error != Some(true) => {
+                    Ok(exactly_once::stored(result))
+                }
+                _ => Err(outcome.to_owned()),
+            };
+            let store = Arc::clone(effects);
+            let settled = tokio::task::spawn_blocking(move || match settle {
+                Ok(stored) => store.complete(ticket, &stored),
+                Err(why) => store.fail(
+                    ticket,
+                    &format!("Error: the earlier call ended as {why}"),
+                    true,
+                ),
+            })
+            .await;
+            if !matches!(settled, Ok(Ok(()))) {
+                tracing::error!(tool = %name, "could not record the call in the effect store");
+                return Err(McpError::internal_error(
+                    "the call ran but the effect store could not record it; retry with the same key: the store reports the call as in progress or indeterminate until resolved",
+                    None,
+                ));
+            }
+        }
         let entry = self
             .entry(
                 request_id,
@@ -420,6 +580,10 @@ impl<H: ServerHandler> Gated<H> {
         tracing::info!(tool = %name, decision = "allow", outcome, "tools/call");
         response
     }
+}
+
+fn error_text(text: &str) -> CallToolResult {
+    CallToolResult::error(vec![ContentBlock::text(text)])
 }
 
 /// Expires a permit and records an abandoned call when the gate's call future does not complete.

@@ -11,11 +11,13 @@
 #![forbid(unsafe_code)]
 
 pub mod contract;
+mod exactly_once;
 mod gate;
 pub mod harness;
 mod input;
 mod permit;
 
+pub use exactly_once::IDEMPOTENCY_KEY_META;
 pub use gate::{CONTRACT_DIGEST_META_KEY, GateError, Gated, GatedBuilder, TOOL_NOT_FOUND};
 pub use permit::{Permit, PermitError};
 

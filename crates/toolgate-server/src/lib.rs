@@ -19,6 +19,7 @@ use std::sync::Arc;
 use anyhow::Context as _;
 use rmcp::ServiceExt as _;
 use toolgate_audit::{AuditConfig, AuditSink, FileAuditLog, HmacKey, VerifyOptions, VerifyReport};
+use toolgate_commit::effect::{EffectConfig, EffectStore};
 use toolgate_commit::{CommitConfig, CommitStore, FileCommitStore};
 use toolgate_contract::attest::{Attestation, HmacSha256Signer, check_expected_digest};
 use toolgate_contract::diff::diff;
@@ -58,6 +59,23 @@ pub struct ServerOptions {
     pub checkpoint_mirror: Option<PathBuf>,
     /// Rotate the audit log into a new segment past this many bytes.
     pub segment_bytes: Option<u64>,
+    /// Who is calling (keys of exactly-once tools are scoped to it). Default `local`.
+    pub principal: Option<String>,
+}
+
+/// The exactly-once effect store's directory inside the ledger.
+pub const EFFECTS_DIR: &str = "effects";
+
+/// How long a call waits for another call with the same idempotency key to finish before it is
+/// answered "in progress": long enough for any write_note, short of a client's usual timeout.
+const WAIT_IN_PROGRESS: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// Opens the exactly-once effect store of `ledger`.
+pub fn open_effects(ledger: &Path) -> anyhow::Result<EffectStore> {
+    EffectStore::open(
+        EffectConfig::new(ledger.join(EFFECTS_DIR)).wait_in_progress(WAIT_IN_PROGRESS),
+    )
+    .with_context(|| format!("cannot open the effect store in {}", ledger.display()))
 }
 
 /// A built server: the gate, and the audit log it writes (kept to checkpoint it at shutdown).
@@ -171,6 +189,7 @@ pub fn build(options: &ServerOptions) -> anyhow::Result<BuiltServer> {
         )
     })?;
 
+    let effects = Arc::new(open_effects(&options.ledger)?);
     let audit = Arc::new(audit);
     let sink: Arc<dyn AuditSink> = audit.clone();
     let store: Arc<dyn CommitStore> = Arc::new(store);
@@ -185,6 +204,13 @@ pub fn build(options: &ServerOptions) -> anyhow::Result<BuiltServer> {
         .policy(policy)
         .audit(sink)
         .commit_store(store)
+        .effect_store(effects)
+        .principal(
+            options
+                .principal
+                .clone()
+                .unwrap_or_else(|| "local".to_owned()),
+        )
         .build()?
         .with_contract_digest(live.integrity_digest())
         .with_tool_contract_digests(tool_digests)
@@ -230,4 +256,28 @@ pub fn verify_ledger(ledger: &Path, key_file: Option<&Path>) -> anyhow::Result<V
         options = options.checkpoint_key(load_key(key_file)?);
     }
     Ok(toolgate_audit::verify(&options)?)
+}
+
+/// Removes completed exactly-once records older than their retention window, and records the
+/// pruning in the audit log (pruning is explicit and audited). Returns how many were removed.
+pub fn prune_effects(options: &ServerOptions) -> anyhow::Result<u64> {
+    let effects = open_effects(&options.ledger)?;
+    let removed = effects.prune(std::time::SystemTime::now())?;
+    let mut audit_config = AuditConfig::new(options.ledger.join(AUDIT_FILE));
+    if let Some(path) = &options.audit_key_file {
+        audit_config = audit_config.checkpoint_key(load_key(path)?);
+    }
+    let audit = FileAuditLog::open_with(audit_config)?;
+    let mut entry = toolgate_audit::AuditEntry::tool_call(
+        "operator",
+        "effects",
+        toolgate_audit::Decision::Allow,
+        "pruned",
+        toolgate_canon::Sha256Digest::of_json(&serde_json::json!({"removed": removed})),
+    )
+    .with_reason(format!("removed {removed} completed records"));
+    entry.method = "effects/prune".to_owned();
+    audit.append(&entry)?;
+    audit.checkpoint()?;
+    Ok(removed)
 }

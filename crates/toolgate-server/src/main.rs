@@ -48,6 +48,9 @@ struct Cli {
     /// Rotate the audit log into a new segment past this many bytes.
     #[arg(long, env = "TOOLGATE_AUDIT_SEGMENT_BYTES", global = true)]
     segment_bytes: Option<u64>,
+    /// Who is calling: exactly-once keys are scoped to it (default `local`).
+    #[arg(long, env = "TOOLGATE_PRINCIPAL", global = true)]
+    principal: Option<String>,
     #[command(subcommand)]
     command: Option<Command>,
 }
@@ -63,11 +66,22 @@ enum Command {
     },
     /// Run the gated server end to end against a child process and print a transcript.
     Demo,
+    /// The exactly-once effect store under the ledger.
+    Effects {
+        #[command(subcommand)]
+        command: EffectsCommand,
+    },
     /// The live tool contract of this binary under --policy.
     Contract {
         #[command(subcommand)]
         command: ContractCommand,
     },
+}
+
+#[derive(Debug, Subcommand)]
+enum EffectsCommand {
+    /// Remove completed records older than their window (24 h by default); audited.
+    Prune,
 }
 
 #[derive(Debug, Subcommand)]
@@ -181,6 +195,7 @@ fn main() -> ExitCode {
         checkpoint_every: cli.checkpoint_every,
         checkpoint_mirror: cli.checkpoint_mirror,
         segment_bytes: cli.segment_bytes,
+        principal: cli.principal,
     };
     match cli.command.unwrap_or(Command::Serve) {
         Command::Serve => {
@@ -231,6 +246,15 @@ fn main() -> ExitCode {
                     Format::Json => println!("{}", stats.render_json()),
                     Format::Text => print!("{}", stats.render_text()),
                 }
+                ExitCode::SUCCESS
+            }
+            Err(error) => fail(&error),
+        },
+        Command::Effects {
+            command: EffectsCommand::Prune,
+        } => match toolgate_server::prune_effects(&paths) {
+            Ok(removed) => {
+                println!("effects prune: removed {removed} completed records");
                 ExitCode::SUCCESS
             }
             Err(error) => fail(&error),

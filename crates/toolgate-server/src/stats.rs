@@ -94,8 +94,37 @@ impl AuditStats {
         ] {
             let _ = writeln!(out, "{label:<10} {n:>8}  {:>6.1}%", 100.0 * self.ratio(n));
         }
+        for (tool, counters) in self.idempotency() {
+            let list: Vec<String> = counters.iter().map(|(k, n)| format!("{k}={n}")).collect();
+            let _ = writeln!(out, "exactly-once {tool}: {}", list.join(" "));
+        }
         if self.other_records > 0 {
             let _ = writeln!(out, "other records (repairs): {}", self.other_records);
+        }
+        out
+    }
+
+    /// Exactly-once counters per tool (committed, replayed, conflict, in_progress,
+    /// indeterminate, failed), from the outcomes of allowed calls.
+    pub fn idempotency(&self) -> BTreeMap<String, BTreeMap<&'static str, u64>> {
+        let mut out: BTreeMap<String, BTreeMap<&'static str, u64>> = BTreeMap::new();
+        for ((tool, decision, outcome), n) in &self.counts {
+            let counter = match outcome.as_str() {
+                "committed" => "committed",
+                "replay" => "replayed",
+                "conflict" => "conflict",
+                "in_progress" => "in_progress",
+                "indeterminate" => "indeterminate",
+                "failed" => "failed",
+                _ => continue,
+            };
+            if decision != "allow" {
+                continue;
+            }
+            *out.entry(tool.clone())
+                .or_default()
+                .entry(counter)
+                .or_default() += n;
         }
         out
     }
@@ -120,6 +149,7 @@ impl AuditStats {
                 "failure": self.ratio(self.failure),
             },
             "other_records": self.other_records,
+            "idempotency": self.idempotency(),
         })
         .to_string()
     }

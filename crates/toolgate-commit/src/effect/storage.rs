@@ -1,0 +1,211 @@
+//! The storage operations the effect store performs, behind a trait so tests can fail any one of them.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, Write as _};
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+
+/// The file operations [`crate::effect::EffectStore`] performs, so that tests can fail the Nth
+/// write, fsync, rename or removal (in the manner of redb's `StorageBackend`).
+///
+/// The writer lock (`dir/.lock`) is deliberately not part of the trait: it is a kernel `flock` whose
+/// release on process death is what makes recovery sound, and a test double could not honour that.
+pub trait Storage: Send + Sync + fmt::Debug {
+    /// The bytes of `path`, or `None` if it does not exist.
+    fn read(&self, path: &Path) -> io::Result<Option<Vec<u8>>>;
+    /// Creates `path` exclusively (`O_CREAT | O_EXCL`) and writes `bytes` to it.
+    fn write_new(&self, path: &Path, bytes: &[u8]) -> io::Result<()>;
+    /// Makes the contents of `path` durable (`fdatasync`).
+    fn fsync_file(&self, path: &Path) -> io::Result<()>;
+    /// Atomically renames `from` to `to`, replacing `to`.
+    fn rename(&self, from: &Path, to: &Path) -> io::Result<()>;
+    /// Makes entries created, renamed or removed in `dir` durable.
+    fn fsync_dir(&self, dir: &Path) -> io::Result<()>;
+    /// Removes the file `path`.
+    fn remove(&self, path: &Path) -> io::Result<()>;
+    /// The regular files directly inside `dir` (full paths), in no particular order.
+    fn list(&self, dir: &Path) -> io::Result<Vec<PathBuf>>;
+}
+
+/// The real storage: `std::fs` on a local POSIX filesystem.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct FsStorage;
+
+impl Storage for FsStorage {
+    fn read(&self, path: &Path) -> io::Result<Option<Vec<u8>>> {
+        match fs::read(path) {
+            Ok(bytes) => Ok(Some(bytes)),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    fn write_new(&self, path: &Path, bytes: &[u8]) -> io::Result<()> {
+        let mut file = OpenOptions::new().write(true).create_new(true).open(path)?;
+        file.write_all(bytes)
+    }
+
+    fn fsync_file(&self, path: &Path) -> io::Result<()> {
+        // fdatasync also flushes the size of a newly written file (metadata needed to read it back).
+        OpenOptions::new().write(true).open(path)?.sync_data()
+    }
+
+    fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
+        fs::rename(from, to)
+    }
+
+    fn fsync_dir(&self, dir: &Path) -> io::Result<()> {
+        File::open(dir)?.sync_all()
+    }
+
+    fn remove(&self, path: &Path) -> io::Result<()> {
+        fs::remove_file(path)
+    }
+
+    fn list(&self, dir: &Path) -> io::Result<Vec<PathBuf>> {
+        let mut out = Vec::new();
+        for entry in fs::read_dir(dir)? {
+            let entry = entry?;
+            if entry.file_type()?.is_file() {
+                out.push(entry.path());
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// A storage operation that [`FaultyStorage`] can fail.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[non_exhaustive]
+pub enum Op {
+    /// [`Storage::write_new`].
+    Write,
+    /// [`Storage::fsync_file`].
+    FsyncFile,
+    /// [`Storage::rename`].
+    Rename,
+    /// [`Storage::fsync_dir`].
+    FsyncDir,
+    /// [`Storage::remove`].
+    Remove,
+}
+
+impl Op {
+    /// Every operation, in declaration order (for tests that fail each one in turn).
+    pub const ALL: [Op; 5] = [
+        Op::Write,
+        Op::FsyncFile,
+        Op::Rename,
+        Op::FsyncDir,
+        Op::Remove,
+    ];
+}
+
+#[derive(Debug, Default)]
+struct FaultState {
+    calls: HashMap<Op, u64>,
+    armed: HashMap<Op, u64>,
+    triggered: u64,
+}
+
+/// **Test utility** (public so integration tests and benches can use it): wraps another
+/// [`Storage`], counts its operations and fails the Nth call of an operation on command.
+///
+/// It is not meant for production use; a store on it behaves exactly like one on its inner
+/// storage until a fault is armed with [`FaultyStorage::fail_nth`].
+#[derive(Debug)]
+pub struct FaultyStorage {
+    inner: std::sync::Arc<dyn Storage>,
+    state: Mutex<FaultState>,
+}
+
+impl FaultyStorage {
+    /// Wraps `inner` with no fault armed.
+    pub fn new(inner: std::sync::Arc<dyn Storage>) -> Self {
+        FaultyStorage {
+            inner,
+            state: Mutex::default(),
+        }
+    }
+
+    /// Makes the `n`th call (1-based, counted from now) of `op` fail with an injected
+    /// `io::Error`; later calls succeed again. `n = 0` disarms `op`.
+    pub fn fail_nth(&self, op: Op, n: u64) {
+        let mut state = self.lock();
+        state.calls.insert(op, 0);
+        if n == 0 {
+            state.armed.remove(&op);
+        } else {
+            state.armed.insert(op, n);
+        }
+    }
+
+    /// How many injected failures have fired so far.
+    pub fn triggered(&self) -> u64 {
+        self.lock().triggered
+    }
+
+    /// How many calls of `op` were made (since the last `fail_nth` for it).
+    pub fn calls(&self, op: Op) -> u64 {
+        self.lock().calls.get(&op).copied().unwrap_or(0)
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, FaultState> {
+        // The state is a few counters that stay consistent even if a holder panicked.
+        self.state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn check(&self, op: Op) -> io::Result<()> {
+        let mut state = self.lock();
+        let calls = state.calls.entry(op).or_insert(0);
+        *calls += 1;
+        let n = *calls;
+        if state.armed.get(&op) == Some(&n) {
+            state.armed.remove(&op);
+            state.triggered += 1;
+            return Err(io::Error::other(format!(
+                "injected fault: call {n} of {op:?} failed"
+            )));
+        }
+        Ok(())
+    }
+}
+
+impl Storage for FaultyStorage {
+    fn read(&self, path: &Path) -> io::Result<Option<Vec<u8>>> {
+        self.inner.read(path)
+    }
+
+    fn write_new(&self, path: &Path, bytes: &[u8]) -> io::Result<()> {
+        self.check(Op::Write)?;
+        self.inner.write_new(path, bytes)
+    }
+
+    fn fsync_file(&self, path: &Path) -> io::Result<()> {
+        self.check(Op::FsyncFile)?;
+        self.inner.fsync_file(path)
+    }
+
+    fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
+        self.check(Op::Rename)?;
+        self.inner.rename(from, to)
+    }
+
+    fn fsync_dir(&self, dir: &Path) -> io::Result<()> {
+        self.check(Op::FsyncDir)?;
+        self.inner.fsync_dir(dir)
+    }
+
+    fn remove(&self, path: &Path) -> io::Result<()> {
+        self.check(Op::Remove)?;
+        self.inner.remove(path)
+    }
+
+    fn list(&self, dir: &Path) -> io::Result<Vec<PathBuf>> {
+        self.inner.list(dir)
+    }
+}

@@ -1,0 +1,320 @@
+//! The effect store's state machine: conflict, replay across reopen, failures, expiry, dead owners,
+//! resolution and counters.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::path::Path;
+use std::process::Command;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use serde_json::{Value, json};
+use toolgate_canon::{Sha256Digest, canonical_value};
+use toolgate_commit::effect::{
+    Begin, EffectConfig, EffectError, EffectKind, EffectRequest, EffectStore, Resolution, Scope,
+};
+
+fn scope() -> Scope {
+    Scope {
+        principal: "alice".into(),
+        tool: "write_note".into(),
+    }
+}
+
+fn req(key: &str, fp: &str) -> EffectRequest {
+    EffectRequest {
+        scope: scope(),
+        key: key.into(),
+        fingerprint: Sha256Digest::of(fp.as_bytes()),
+    }
+}
+
+fn open(dir: &Path) -> EffectStore {
+    EffectStore::open(EffectConfig::new(dir)).unwrap()
+}
+
+fn execute(store: &EffectStore, r: &EffectRequest, kind: EffectKind, result: &Value) {
+    match store.begin(r, kind).unwrap() {
+        Begin::Execute(ticket) => store.complete(ticket, result).unwrap(),
+        other => panic!("expected Execute, got {other:?}"),
+    }
+}
+
+fn record_path(dir: &Path, key: &str) -> std::path::PathBuf {
+    let name =
+        Sha256Digest::of_json(&json!({"key": key, "principal": "alice", "tool": "write_note"}));
+    dir.join(format!("{}.json", name.to_hex()))
+}
+
+fn ns(t: SystemTime) -> u64 {
+    u64::try_from(t.duration_since(UNIX_EPOCH).unwrap().as_nanos()).unwrap()
+}
+
+#[test]
+fn replay_after_reopen_returns_the_same_bytes_and_conflict_never_executes() {
+    let tmp = tempfile::tempdir().unwrap();
+    let result = json!({"z": 1, "a": [1.5, "é", {"k": null}], "n": 1e21});
+    {
+        let store = open(tmp.path());
+        execute(&store, &req("k1", "fp"), EffectKind::Unsafe, &result);
+    }
+    let store = open(tmp.path());
+    match store.begin(&req("k1", "fp"), EffectKind::Unsafe).unwrap() {
+        Begin::Replay(v) => assert_eq!(canonical_value(&v), canonical_value(&result)),
+        other => panic!("expected Replay, got {other:?}"),
+    }
+    match store.begin(&req("k1", "other"), EffectKind::Unsafe) {
+        Err(EffectError::Conflict { key_digest }) => {
+            let msg = EffectError::Conflict { key_digest }.to_string();
+            assert!(!msg.contains("k1") && msg.contains("not executed"), "{msg}");
+        }
+        other => panic!("expected Conflict, got {other:?}"),
+    }
+    // The same key under another principal is another record.
+    let mut bob = req("k1", "other");
+    bob.scope.principal = "bob".into();
+    assert!(matches!(
+        store.begin(&bob, EffectKind::Unsafe).unwrap(),
+        Begin::Execute(_)
+    ));
+    let c = store.counters()["write_note"];
+    assert_eq!((c.replayed, c.conflict, c.committed), (1, 1, 0));
+}
+
+#[test]
+fn failures_retryable_and_not() {
+    let tmp = tempfile::tempdir().unwrap();
+    let store = open(tmp.path());
+    let Begin::Execute(t) = store.begin(&req("r", "fp"), EffectKind::Unsafe).unwrap() else {
+        panic!("expected Execute")
+    };
+    store.fail(t, "upstream 503", true).unwrap();
+    // Retryable: executes again; a different fingerprint is still a conflict.
+    assert!(matches!(
+        store.begin(&req("r", "fp2"), EffectKind::Unsafe),
+        Err(EffectError::Conflict { .. })
+    ));
+    let Begin::Execute(t) = store.begin(&req("r", "fp"), EffectKind::Unsafe).unwrap() else {
+        panic!("retryable failure must execute again")
+    };
+    store.fail(t, "quota exceeded", false).unwrap();
+    let store = open(tmp.path());
+    match store.begin(&req("r", "fp"), EffectKind::Unsafe).unwrap() {
+        Begin::ReplayFailure(e) => assert_eq!(e, "quota exceeded"),
+        other => panic!("expected ReplayFailure, got {other:?}"),
+    }
+}
+
+#[test]
+fn live_owner_gives_in_progress_with_retry_after() {
+    let tmp = tempfile::tempdir().unwrap();
+    let store = EffectStore::open(EffectConfig::new(tmp.path()).lease(Duration::ZERO)).unwrap();
+    let Begin::Execute(ticket) = store.begin(&req("p", "fp"), EffectKind::Unsafe).unwrap() else {
+        panic!()
+    };
+    // Lease already expired, but the owner is alive: still InProgress, never a second Execute.
+    for kind in [EffectKind::Unsafe, EffectKind::Idempotent] {
+        match store.begin(&req("p", "fp"), kind) {
+            Err(EffectError::InProgress { retry_after, .. }) => {
+                assert_eq!(retry_after, Duration::from_secs(1));
+            }
+            other => panic!("expected InProgress, got {other:?}"),
+        }
+    }
+    store.complete(ticket, &json!("done")).unwrap();
+    assert!(matches!(
+        store.begin(&req("p", "fp"), EffectKind::Unsafe).unwrap(),
+        Begin::Replay(_)
+    ));
+    assert_eq!(store.counters()["write_note"].in_progress, 2);
+}
+
+#[test]
+fn dropped_ticket_is_indeterminate_for_unsafe_effects() {
+    let tmp = tempfile::tempdir().unwrap();
+    let store = open(tmp.path());
+    let Begin::Execute(ticket) = store.begin(&req("d", "fp"), EffectKind::Unsafe).unwrap() else {
+        panic!()
+    };
+    drop(ticket);
+    assert!(matches!(
+        store.begin(&req("d", "fp"), EffectKind::Unsafe),
+        Err(EffectError::Indeterminate { .. })
+    ));
+    assert!(matches!(
+        store
+            .begin(&req("d", "fp"), EffectKind::Idempotent)
+            .unwrap(),
+        Begin::Execute(_)
+    ));
+}
+
+/// Writes an in_progress record owned by a process that has exited.
+fn write_dead_owner_record(dir: &Path, key: &str) {
+    let mut child = Command::new("true").spawn().unwrap();
+    let pid = child.id();
+    child.wait().unwrap();
+    let now = ns(SystemTime::now());
+    let record = json!({
+        "state": "in_progress",
+        "fingerprint": Sha256Digest::of(b"fp").to_hex(),
+        "owner": {"pid": pid, "start_ticks": 1, "nonce": "00000000000000ff"},
+        "lease_until_ns": (now + 3_600_000_000_000).to_string(),
+        "created_ns": now.to_string(),
+        "principal": "alice",
+        "tool": "write_note",
+    });
+    std::fs::write(record_path(dir, key), canonical_value(&record)).unwrap();
+}
+
+#[test]
+fn dead_owner_unsafe_is_indeterminate_idempotent_executes() {
+    let tmp = tempfile::tempdir().unwrap();
+    write_dead_owner_record(tmp.path(), "dead");
+    let store = open(tmp.path());
+    match store.begin(&req("dead", "fp"), EffectKind::Unsafe) {
+        Err(e @ EffectError::Indeterminate { .. }) => {
+            assert!(e.to_string().contains("resolve"), "{e}");
+        }
+        other => panic!("expected Indeterminate, got {other:?}"),
+    }
+    // Different fingerprint: a conflict even while indeterminate.
+    assert!(matches!(
+        store.begin(&req("dead", "other"), EffectKind::Idempotent),
+        Err(EffectError::Conflict { .. })
+    ));
+    execute(
+        &store,
+        &req("dead", "fp"),
+        EffectKind::Idempotent,
+        &json!(1),
+    );
+    assert!(matches!(
+        store.begin(&req("dead", "fp"), EffectKind::Unsafe).unwrap(),
+        Begin::Replay(_)
+    ));
+    assert_eq!(store.counters()["write_note"].indeterminate, 1);
+}
+
+#[test]
+fn resolve_completed_and_forget() {
+    let tmp = tempfile::tempdir().unwrap();
+    write_dead_owner_record(tmp.path(), "a");
+    write_dead_owner_record(tmp.path(), "b");
+    let store = open(tmp.path());
+    // Not indeterminate: absent, and later completed.
+    assert!(matches!(
+        store.resolve(&scope(), "absent", Resolution::Forget),
+        Err(EffectError::NotIndeterminate {
+            state: "absent",
+            ..
+        })
+    ));
+    store
+        .resolve(&scope(), "a", Resolution::Completed(json!({"found": true})))
+        .unwrap();
+    match store.begin(&req("a", "fp"), EffectKind::Unsafe).unwrap() {
+        Begin::Replay(v) => assert_eq!(v, json!({"found": true})),
+        other => panic!("expected Replay, got {other:?}"),
+    }
+    assert!(matches!(
+        store.resolve(&scope(), "a", Resolution::Forget),
+        Err(EffectError::NotIndeterminate {
+            state: "completed",
+            ..
+        })
+    ));
+    store.resolve(&scope(), "b", Resolution::Forget).unwrap();
+    assert!(!record_path(tmp.path(), "b").exists());
+    assert!(matches!(
+        store.begin(&req("b", "fp"), EffectKind::Unsafe).unwrap(),
+        Begin::Execute(_)
+    ));
+    // A live owner cannot be resolved.
+    let Begin::Execute(t) = store.begin(&req("c", "fp"), EffectKind::Unsafe).unwrap() else {
+        panic!()
+    };
+    assert!(matches!(
+        store.resolve(&scope(), "c", Resolution::Forget),
+        Err(EffectError::NotIndeterminate { .. })
+    ));
+    store.complete(t, &json!(null)).unwrap();
+}
+
+#[test]
+fn prune_boundaries() {
+    let tmp = tempfile::tempdir().unwrap();
+    let ttl = Duration::from_secs(3600);
+    let store = EffectStore::open(EffectConfig::new(tmp.path()).completed_ttl(ttl)).unwrap();
+    execute(&store, &req("done", "fp"), EffectKind::Unsafe, &json!(1));
+    let finished = {
+        let bytes = std::fs::read(record_path(tmp.path(), "done")).unwrap();
+        let v: Value = serde_json::from_slice(&bytes).unwrap();
+        v["finished_ns"].as_str().unwrap().parse::<u64>().unwrap()
+    };
+    let Begin::Execute(_running) = store.begin(&req("run", "fp"), EffectKind::Unsafe).unwrap()
+    else {
+        panic!()
+    };
+    write_dead_owner_record(tmp.path(), "dead");
+    let at = |offset_secs: i64| {
+        let base = UNIX_EPOCH + Duration::from_nanos(finished);
+        if offset_secs >= 0 {
+            base + Duration::from_secs(offset_secs.unsigned_abs())
+        } else {
+            base - Duration::from_secs(offset_secs.unsigned_abs())
+        }
+    };
+    assert_eq!(store.prune(at(3599)).unwrap(), 0);
+    assert!(record_path(tmp.path(), "done").exists());
+    assert_eq!(store.prune(at(3601)).unwrap(), 1);
+    assert!(!record_path(tmp.path(), "done").exists());
+    // in_progress (live or dead owner) is never pruned, however old.
+    assert_eq!(store.prune(at(10 * 365 * 24 * 3600)).unwrap(), 0);
+    assert!(record_path(tmp.path(), "run").exists());
+    assert!(record_path(tmp.path(), "dead").exists());
+    // Pruned: the key executes again.
+    assert!(matches!(
+        store.begin(&req("done", "fp"), EffectKind::Unsafe).unwrap(),
+        Begin::Execute(_)
+    ));
+}
+
+#[test]
+fn garbage_on_disk_is_an_error_not_a_panic() {
+    let tmp = tempfile::tempdir().unwrap();
+    let path = record_path(tmp.path(), "g");
+    let garbage: [&[u8]; 6] = [
+        b"",
+        b"{",
+        b"{\"state\":\"completed\"}",
+        b"[1,2]",
+        b"{\"state\": \"in_progress\"}",
+        &[0xff, 0xfe, 0x00],
+    ];
+    for bytes in garbage {
+        std::fs::write(&path, bytes).unwrap();
+        let store = open(tmp.path());
+        for kind in [EffectKind::Unsafe, EffectKind::Idempotent] {
+            match store.begin(&req("g", "fp"), kind) {
+                Err(EffectError::Corrupt { reason, .. }) => assert!(!reason.is_empty()),
+                other => panic!("expected Corrupt for {bytes:?}, got {other:?}"),
+            }
+        }
+        assert_eq!(
+            store
+                .prune(SystemTime::now() + Duration::from_secs(1 << 40))
+                .unwrap(),
+            0
+        );
+        assert!(path.exists());
+    }
+    // Stray files and orphaned temporaries of dead writers are ignored or cleaned.
+    let orphan = tmp
+        .path()
+        .join(format!(".{}.{}.0.tmp", "a".repeat(64), u32::MAX - 1));
+    std::fs::write(&orphan, b"partial").unwrap();
+    std::fs::write(tmp.path().join("notes.txt"), b"x").unwrap();
+    let _store = open(tmp.path());
+    assert!(!orphan.exists());
+    assert!(tmp.path().join("notes.txt").exists());
+}

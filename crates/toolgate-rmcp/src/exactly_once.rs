@@ -1,0 +1,172 @@
+//! Exactly-once execution for tools the policy opts in (`idempotency`): the gate derives the key
+//! and the fingerprint, asks the effect store whether to execute, and stores or replays results,
+//! so handlers contain no store code.
+//!
+//! Keys come from the configured argument, else the request `_meta` key
+//! `io.toolgate/idempotencyKey`, else the digest of the canonical arguments. They are scoped to
+//! principal and tool by the store. The fingerprint covers the canonical arguments and the tool's
+//! input schema digest, so the same key with other arguments (or under another contract) is a
+//! conflict, never a second execution.
+
+use rmcp::model::{CallToolResult, ContentBlock, JsonObject, RequestMetaObject};
+use serde_json::{Value, json};
+use toolgate_canon::Sha256Digest;
+use toolgate_commit::effect::EffectKind;
+use toolgate_policy::{EffectSafety, Idempotency, ReplayMarker};
+
+/// The `_meta` key a client may use to pass an idempotency key.
+pub const IDEMPOTENCY_KEY_META: &str = "io.toolgate/idempotencyKey";
+
+/// Keys longer than this are stored as their digest.
+const MAX_KEY_LEN: usize = 1024;
+
+/// The idempotency key of a call.
+pub(crate) fn key_for(
+    settings: &Idempotency,
+    arguments: Option<&JsonObject>,
+    meta: &RequestMetaObject,
+    args_digest: Sha256Digest,
+) -> String {
+    let from_argument = settings
+        .key_argument
+        .as_deref()
+        .and_then(|field| arguments.and_then(|a| a.get(field)))
+        .and_then(Value::as_str);
+    let from_meta = || meta.0.0.get(IDEMPOTENCY_KEY_META).and_then(Value::as_str);
+    match from_argument.or_else(from_meta) {
+        Some(key) if !key.is_empty() && key.len() <= MAX_KEY_LEN => format!("key:{key}"),
+        Some(key) if !key.is_empty() => format!("key-sha256:{}", Sha256Digest::of(key.as_bytes())),
+        _ => format!("args:{args_digest}"),
+    }
+}
+
+/// The fingerprint of a call: its canonical arguments under the tool's input schema.
+pub(crate) fn fingerprint(
+    arguments: Option<&JsonObject>,
+    input_schema: &JsonObject,
+) -> Sha256Digest {
+    Sha256Digest::of_json(&json!({
+        "arguments": Value::Object(arguments.cloned().unwrap_or_default()),
+        "input_schema_digest": Sha256Digest::of_json(&Value::Object(input_schema.clone())).to_hex(),
+    }))
+}
+
+/// The store's view of the policy's effect safety.
+pub(crate) fn kind(settings: &Idempotency) -> EffectKind {
+    match settings.effect {
+        EffectSafety::Idempotent => EffectKind::Idempotent,
+        EffectSafety::Unsafe => EffectKind::Unsafe,
+    }
+}
+
+/// What is stored for a completed call: the result exactly as first returned.
+pub(crate) fn stored(result: &CallToolResult) -> Value {
+    serde_json::to_value(result).unwrap_or(Value::Null)
+}
+
+/// The result of a replay: the stored first result, byte-identical apart from the replay marker
+/// (applied to `structuredContent` and to a text block that carried the same JSON).
+pub(crate) fn replayed(stored: Value, marker: Option<&ReplayMarker>) -> Option<CallToolResult> {
+    let mut result: CallToolResult = serde_json::from_value(stored).ok()?;
+    if let (Some(marker), Some(structured)) = (marker, result.structured_content.as_mut()) {
+        let before = structured.to_string();
+        if let Some(slot) = structured.pointer_mut(&marker.pointer) {
+            *slot = marker.value.clone();
+            let after = structured.to_string();
+            for block in &mut result.content {
+                if let ContentBlock::Text(text) = block
+                    && text.text == before
+                {
+                    text.text = after.clone();
+                }
+            }
+        }
+    }
+    Some(result)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn object(value: Value) -> JsonObject {
+        match value {
+            Value::Object(map) => map,
+            _ => panic!("test value must be an object"),
+        }
+    }
+
+    #[test]
+    fn keys_prefer_the_argument_then_meta_then_the_arguments() {
+        let settings: Idempotency =
+            serde_json::from_value(json!({"key_argument": "request_id"})).expect("valid");
+        let digest = Sha256Digest::of(b"args");
+        let mut meta = RequestMetaObject::default();
+        let args = object(json!({"request_id": "req-1", "text": "t"}));
+        assert_eq!(key_for(&settings, Some(&args), &meta, digest), "key:req-1");
+        meta.0
+            .0
+            .insert(IDEMPOTENCY_KEY_META.to_owned(), json!("from-meta"));
+        let no_id = object(json!({"text": "t"}));
+        assert_eq!(
+            key_for(&settings, Some(&no_id), &meta, digest),
+            "key:from-meta"
+        );
+        let none = RequestMetaObject::default();
+        assert_eq!(
+            key_for(&settings, Some(&no_id), &none, digest),
+            format!("args:{digest}")
+        );
+        let long = object(json!({"request_id": "x".repeat(2000)}));
+        assert!(key_for(&settings, Some(&long), &none, digest).starts_with("key-sha256:"));
+    }
+
+    #[test]
+    fn fingerprints_cover_arguments_and_schema() {
+        let schema = object(json!({"type": "object"}));
+        let other_schema = object(json!({"type": "object", "required": ["a"]}));
+        let a = object(json!({"a": 1, "b": 2}));
+        let a_reordered = object(json!({"b": 2, "a": 1}));
+        let b = object(json!({"a": 2}));
+        assert_eq!(
+            fingerprint(Some(&a), &schema),
+            fingerprint(Some(&a_reordered), &schema)
+        );
+        assert_ne!(
+            fingerprint(Some(&a), &schema),
+            fingerprint(Some(&b), &schema)
+        );
+        assert_ne!(
+            fingerprint(Some(&a), &schema),
+            fingerprint(Some(&a), &other_schema)
+        );
+    }
+
+    #[test]
+    fn replays_differ_from_the_first_result_only_by_the_marker() {
+        let first = CallToolResult::structured(json!({"request_id": "r", "status": "committed"}));
+        let marker: ReplayMarker =
+            serde_json::from_value(json!({"pointer": "/status", "value": "replay"}))
+                .expect("valid");
+        let replay = replayed(stored(&first), Some(&marker)).expect("replayable");
+        assert_eq!(
+            replay.structured_content,
+            Some(json!({"request_id": "r", "status": "replay"}))
+        );
+        match &replay.content[0] {
+            ContentBlock::Text(text) => {
+                assert_eq!(
+                    text.text,
+                    json!({"request_id": "r", "status": "replay"}).to_string()
+                )
+            }
+            other => panic!("expected text, got {other:?}"),
+        }
+        let unmarked = replayed(stored(&first), None).expect("replayable");
+        assert_eq!(
+            stored(&unmarked),
+            stored(&first),
+            "without a marker, byte-identical"
+        );
+    }
+}
