@@ -70,12 +70,19 @@ pub const EFFECTS_DIR: &str = "effects";
 /// answered "in progress": long enough for any write_note, short of a client's usual timeout.
 const WAIT_IN_PROGRESS: std::time::Duration = std::time::Duration::from_secs(30);
 
-/// Opens the exactly-once effect store of `ledger`.
-pub fn open_effects(ledger: &Path) -> anyhow::Result<EffectStore> {
-    EffectStore::open(
-        EffectConfig::new(ledger.join(EFFECTS_DIR)).wait_in_progress(WAIT_IN_PROGRESS),
-    )
-    .with_context(|| format!("cannot open the effect store in {}", ledger.display()))
+/// Opens the exactly-once effect store of `ledger`. Completed results are kept for the longest
+/// `window_secs` the policy gives any tool (24 h when none does).
+pub fn open_effects(ledger: &Path, policy: &Policy) -> anyhow::Result<EffectStore> {
+    let window = policy
+        .allowed()
+        .filter_map(|tool| policy.idempotency(tool).and_then(|s| s.window_secs))
+        .max()
+        .unwrap_or(24 * 60 * 60);
+    let config = EffectConfig::new(ledger.join(EFFECTS_DIR))
+        .wait_in_progress(WAIT_IN_PROGRESS)
+        .completed_ttl(std::time::Duration::from_secs(window));
+    EffectStore::open(config)
+        .with_context(|| format!("cannot open the effect store in {}", ledger.display()))
 }
 
 /// A built server: the gate, and the audit log it writes (kept to checkpoint it at shutdown).
@@ -189,7 +196,7 @@ pub fn build(options: &ServerOptions) -> anyhow::Result<BuiltServer> {
         )
     })?;
 
-    let effects = Arc::new(open_effects(&options.ledger)?);
+    let effects = Arc::new(open_effects(&options.ledger, &policy)?);
     let audit = Arc::new(audit);
     let sink: Arc<dyn AuditSink> = audit.clone();
     let store: Arc<dyn CommitStore> = Arc::new(store);
@@ -261,7 +268,8 @@ pub fn verify_ledger(ledger: &Path, key_file: Option<&Path>) -> anyhow::Result<V
 /// Removes completed exactly-once records older than their retention window, and records the
 /// pruning in the audit log (pruning is explicit and audited). Returns how many were removed.
 pub fn prune_effects(options: &ServerOptions) -> anyhow::Result<u64> {
-    let effects = open_effects(&options.ledger)?;
+    let policy = load_policy(&options.policy)?;
+    let effects = open_effects(&options.ledger, &policy)?;
     let removed = effects.prune(std::time::SystemTime::now())?;
     let mut audit_config = AuditConfig::new(options.ledger.join(AUDIT_FILE));
     if let Some(path) = &options.audit_key_file {
