@@ -194,6 +194,8 @@ fn pruning_is_explicit_and_audited() {
 
     let mut command = scrubbed_command();
     command
+        .arg("--policy")
+        .arg(&env.policy)
         .arg("--ledger")
         .arg(&env.ledger)
         .args(["effects", "prune"]);
