@@ -31,7 +31,7 @@ use serde_json::{Map, Value};
 use toolgate_audit::{AuditEntry, AuditSink, Decision as AuditDecision};
 use toolgate_canon::Sha256Digest;
 use toolgate_commit::CommitStore;
-use toolgate_commit::effect::{Begin, EffectError, EffectRequest, EffectStore, Scope};
+use toolgate_commit::effect::{Begin, EffectError, EffectRequest, EffectStore, Resolution, Scope};
 use toolgate_contract::awareness::{InputContract, contract_awareness};
 use toolgate_contract::diff::Change;
 use toolgate_policy::{Decision, Policy, ToolName};
@@ -91,7 +91,24 @@ pub struct Gated<H> {
     tool_contract_digests: BTreeMap<String, Sha256Digest>,
     effects: Option<Arc<EffectStore>>,
     principal: String,
+    probes: BTreeMap<String, EffectProbe>,
 }
+
+/// What a probe found out about an effect whose caller died mid-call.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub enum ProbeAnswer {
+    /// The effect happened; this is the result to store and replay.
+    Happened(CallToolResult),
+    /// The effect did not happen: the call may execute.
+    NotHappened,
+    /// The probe cannot tell: the call stays indeterminate.
+    Unknown,
+}
+
+/// Tells whether the effect of a call with these arguments happened, by observing the target (a
+/// read, never a write). Runs on the blocking pool.
+pub type EffectProbe = Arc<dyn Fn(Option<&rmcp::model::JsonObject>) -> ProbeAnswer + Send + Sync>;
 
 /// The `_meta` key under which the gate publishes the server's contract digest in the results of
 /// `initialize` and `server/discover`, so a host can pin it.
@@ -128,6 +145,7 @@ pub struct GatedBuilder<H> {
     request_id_field: String,
     effects: Option<Arc<EffectStore>>,
     principal: String,
+    probes: BTreeMap<String, EffectProbe>,
 }
 
 impl<H> std::fmt::Debug for GatedBuilder<H> {
@@ -177,6 +195,13 @@ impl<H: ServerHandler> GatedBuilder<H> {
         self
     }
 
+    /// Registers a probe for `tool`: when a call of it with `effect: unsafe` finds an execution
+    /// whose caller died mid-effect, the probe decides instead of leaving it indeterminate.
+    pub fn effect_probe(mut self, tool: impl Into<String>, probe: EffectProbe) -> Self {
+        self.probes.insert(tool.into(), probe);
+        self
+    }
+
     /// Builds the gate.
     pub fn build(self) -> Result<Gated<H>, GateError> {
         let policy = self.policy.ok_or(GateError::MissingPolicy)?;
@@ -200,6 +225,7 @@ impl<H: ServerHandler> GatedBuilder<H> {
             tool_contract_digests: BTreeMap::new(),
             effects: self.effects,
             principal: self.principal,
+            probes: self.probes,
         })
     }
 }
@@ -215,6 +241,7 @@ impl<H: ServerHandler> Gated<H> {
             request_id_field: "request_id".to_owned(),
             effects: None,
             principal: "local".to_owned(),
+            probes: BTreeMap::new(),
         }
     }
 
@@ -411,7 +438,26 @@ impl<H: ServerHandler> Gated<H> {
             };
             let kind = exactly_once::kind(settings);
             let store = Arc::clone(effects);
-            let begun = tokio::task::spawn_blocking(move || store.begin(&request, kind)).await;
+            let probe = self.probes.get(&name).cloned();
+            let probe_args = arguments.cloned();
+            let begun = tokio::task::spawn_blocking(move || {
+                let first = store.begin(&request, kind);
+                // An unsafe effect whose caller died: ask the tool's probe, if it has one, and
+                // resolve the record from the answer before deciding again (once).
+                let (Err(EffectError::Indeterminate { .. }), Some(probe)) = (&first, probe) else {
+                    return first;
+                };
+                let resolution = match probe(probe_args.as_ref()) {
+                    ProbeAnswer::Happened(result) => {
+                        Resolution::Completed(exactly_once::stored(&result))
+                    }
+                    ProbeAnswer::NotHappened => Resolution::Forget,
+                    ProbeAnswer::Unknown => return first,
+                };
+                store.resolve(&request.scope, &request.key, resolution)?;
+                store.begin(&request, kind)
+            })
+            .await;
             let answer: Option<(&str, Result<CallToolResult, McpError>)> = match begun {
                 Ok(Ok(Begin::Execute(t))) => {
                     ticket = Some(t);

@@ -18,7 +18,10 @@ mod input;
 mod permit;
 
 pub use exactly_once::IDEMPOTENCY_KEY_META;
-pub use gate::{CONTRACT_DIGEST_META_KEY, GateError, Gated, GatedBuilder, TOOL_NOT_FOUND};
+pub use gate::{
+    CONTRACT_DIGEST_META_KEY, EffectProbe, GateError, Gated, GatedBuilder, ProbeAnswer,
+    TOOL_NOT_FOUND,
+};
 pub use permit::{Permit, PermitError};
 
 /// The README's example is compiled as a doc test so that it cannot rot.
