@@ -90,51 +90,5 @@ fn every_crate_forbids_unsafe_and_uses_workspace_lints() {
     }
 }
 
-#[test]
-fn the_gate_writes_out_every_server_handler_method() {
-    // rmcp 3.11's ServerHandler has 32 methods, all with defaults; a method the gate does not
-    // write out silently falls back to the default instead of the inner handler. The forwarding
-    // test in toolgate-rmcp checks behaviour; this checks the list is complete.
-    let gate = read(&workspace_root().join("crates/toolgate-rmcp/src/gate.rs"));
-    let methods = [
-        "ping",
-        "initialize",
-        "negotiate_initialize",
-        "supported_protocol_versions",
-        "discover",
-        "complete",
-        "set_level",
-        "get_prompt",
-        "list_prompts",
-        "list_resources",
-        "list_resource_templates",
-        "read_resource",
-        "accepted_subscription_filter",
-        "listen",
-        "subscribe",
-        "unsubscribe",
-        "call_tool",
-        "list_tools",
-        "get_tool",
-        "on_custom_request",
-        "on_cancelled",
-        "on_progress",
-        "on_initialized",
-        "on_roots_list_changed",
-        "on_custom_notification",
-        "get_info",
-        "get_task",
-        "update_task",
-        "cancel_task",
-        "list_skills",
-        "get_skill",
-        "read_resource_directory",
-    ];
-    assert_eq!(methods.len(), 32);
-    for method in methods {
-        assert!(
-            gate.contains(&format!("fn {method}(")),
-            "Gated does not implement ServerHandler::{method}"
-        );
-    }
-}
+// That `Gated` forwards every one of rmcp's 32 `ServerHandler` methods is checked behaviourally by
+// crates/toolgate-rmcp/tests/forwarding.rs, which calls each through a real client.
