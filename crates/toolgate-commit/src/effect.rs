@@ -8,13 +8,14 @@
 //!
 //! # Records
 //!
-//! One file per (scope, key): `dir/<hex SHA-256 of canonical {"key","principal","tool"}>.json`
-//! holding the canonical JSON of `{"state": "in_progress" | "completed" | "failed", "fingerprint",
-//! "owner": {"pid", "start_ticks", "nonce"}, "lease_until_ns", "created_ns", "finished_ns"
-//! (finished records), "result" (completed), "error" and "retryable" (failed), "principal",
-//! "tool"}`. The key text itself is not stored: the file name already identifies it, and keys
-//! may be derived from arguments. Times are decimal strings of nanoseconds since the epoch and the
-//! nonce is hex, because RFC 8785 numbers are doubles.
+//! One record per (scope, key), named by the hex SHA-256 of canonical `{"key","principal","tool"}`,
+//! holding `{"state": "in_progress" | "completed" | "failed", "fingerprint", "owner": {"pid",
+//! "start_ticks", "nonce"}, "lease_until_ns", "created_ns", "finished_ns" (finished records),
+//! "result" (completed), "error" and "retryable" (failed), "principal", "tool"}`. Every state change
+//! appends one line to `dir/effects.journal`: the canonical JSON of `{"name", "record"}` with the
+//! full new state (`null` when the record was removed). The key text itself is not stored: the
+//! name already identifies it, and keys may be derived from arguments. Times are decimal strings of
+//! nanoseconds since the epoch and the nonce is hex, because RFC 8785 numbers are doubles.
 //!
 //! # State machine of `begin`
 //!
@@ -39,43 +40,41 @@
 //!
 //! # Concurrency and durability
 //!
-//! Every transition is a compare-and-swap under an exclusive `flock` of `dir/.lock`: the new
-//! record is prepared in a temporary file (`.<hex>.<pid>.<counter>.tmp`, written and fsynced
-//! *before* the lock is taken, so concurrent callers' fsyncs overlap), then under the lock the
-//! record is re-read and the temporary file is renamed over it only if it still holds the bytes
-//! the decision was based on. The directory fsync that makes the rename durable happens after the
-//! lock is released and is shared: one fsync covers every rename this store made before it
-//! started (group commit). A call returns only after its own rename is covered.
+//! Each store keeps an index (name -> latest record) built at open from the journal. Every call
+//! is a job for a group commit: the first waiting caller becomes the leader and, under an exclusive
+//! `flock` of `dir/.lock`, applies the lines other processes appended since it last looked, decides
+//! every queued job in order against the index (the compare-and-swap: decision and append under
+//! one lock, on the latest state), writes all new lines with one write and makes them durable with
+//! one `fdatasync`, then wakes the others. A call returns only after the `fdatasync` covering its
+//! line (or everything it read) succeeded: 2 per sequential begin+complete cycle, shared between
+//! concurrent callers. The journal grows in zero-filled chunks so appends do not change its size;
+//! a torn last line is zeroed at open, a corrupt complete line is `Corrupt` naming the line.
+//! `docs/commit-store.md` has the details.
 
 mod record;
 mod storage;
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 use std::fs::{File, OpenOptions};
 use std::io;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant, SystemTime};
 
 use serde_json::Value;
 use toolgate_canon::Sha256Digest;
 
-use record::{Liveness, Owner, Record, State, liveness, now_ns, pid_alive};
+use record::{
+    Liveness, Owner, Record, State, encode_line, liveness, now_ns, parse_line, pid_alive,
+};
 pub use storage::{FaultyStorage, FsStorage, Op, Storage};
 
 /// The lock file every transition locks exclusively; its contents are irrelevant.
 const LOCK_FILE_NAME: &str = ".lock";
 const HEX_LEN: usize = 64;
-/// More known-durable record names than this and the set is cleared (costing one extra directory
-/// fsync per later replay of a forgotten name) so that memory stays bounded.
-const MAX_KNOWN_DURABLE: usize = 100_000;
 /// The shortest retry-after a caller is told.
 const MIN_RETRY_AFTER: Duration = Duration::from_secs(1);
-const TEMP_NAME_ATTEMPTS: u32 = 16;
-
-static TEMP_COUNTER: AtomicU64 = AtomicU64::new(0);
 
 /// Who and what a key belongs to: keys are scoped to principal and tool.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -271,7 +270,7 @@ pub enum EffectError {
          executed; retry with the original arguments or use a new key"
     )]
     Conflict {
-        /// SHA-256 of the canonical `{"key","principal","tool"}` (the record's file name).
+        /// SHA-256 of the canonical `{"key","principal","tool"}` (the record's name in the journal).
         key_digest: Sha256Digest,
     },
 
@@ -370,37 +369,94 @@ fn io_err<'a>(op: &'static str, path: &'a Path) -> impl FnOnce(io::Error) -> Eff
     }
 }
 
-/// Group commit of directory fsyncs: one fsync covers every rename sequenced before it started.
+/// The journal: one canonical JSON line per state change, appended under the lock.
+const JOURNAL_FILE_NAME: &str = "effects.journal";
+/// The journal grows in zero-filled chunks of this size, so that an append overwrites bytes the
+/// file already has and its `fdatasync` need not commit a new file size (one metadata commit per
+/// chunk instead of one per append).
+const CHUNK: u64 = 1 << 20;
+/// How much of the journal is read at a time when looking for lines appended by others.
+const READ_STEP: usize = 16 * 1024;
+
+/// What this store knows of the journal. Guarded by a mutex that only a batch leader (and `open`)
+/// takes, always together with the `flock`.
 #[derive(Debug, Default)]
-struct SyncState {
-    /// Sequence number of the last rename (or explicit durability request).
-    renamed: u64,
-    /// Every sequence number up to this one is durable.
-    synced: u64,
-    /// A leader is fsyncing now.
-    syncing: bool,
-    /// Every sequence number up to this one was covered by a failed fsync.
-    failed_through: u64,
-    failure: Option<(io::ErrorKind, String)>,
+struct Journal {
+    /// The latest state of every record (removed ones are absent).
+    index: HashMap<Sha256Digest, Record>,
+    /// Offset just past the last complete line known to this store (the logical end).
+    end: u64,
+    /// The file's size as far as this store knows (zero padding after `end` included); another
+    /// process may have extended it since, which at worst makes an append pad again.
+    size: u64,
+    /// How many complete lines precede `end` (to name a corrupt line).
+    lines: u64,
+    /// Everything before `end` is known durable (fdatasynced by this store since it was read or
+    /// written).
+    synced: bool,
+    /// A write failed part-way: rebuild the index from the start of the journal.
+    reload: bool,
 }
 
-#[derive(Debug, Default)]
-struct DirSyncer {
-    state: Mutex<SyncState>,
-    cond: Condvar,
+/// A request to the batch leader.
+enum Job {
+    Begin {
+        req: EffectRequest,
+        name: Sha256Digest,
+        kind: EffectKind,
+    },
+    Finish {
+        name: Sha256Digest,
+        owner: Owner,
+        record: Record,
+    },
+    Resolve {
+        name: Sha256Digest,
+        resolution: Resolution,
+    },
+    Prune {
+        now: u64,
+        ttl: u64,
+    },
+}
+
+/// The leader's answer to one [`Job`].
+enum Answer {
+    Begin(Decision),
+    Execute {
+        owner: Owner,
+        created_ns: u64,
+        lease_until_ns: u64,
+    },
+    Done,
+    Pruned(u64),
+}
+
+/// The group-commit queue: the first waiter becomes the leader and runs every queued job in one
+/// batch (one write, one `fdatasync`); the others wait for their answers.
+#[derive(Default)]
+struct Queue {
+    pending: Vec<(u64, Job)>,
+    done: HashMap<u64, Result<Answer, EffectError>>,
+    next_id: u64,
+    leading: bool,
 }
 
 /// A store of effect outcomes in one directory. `Send + Sync`; share it in an `Arc`.
 pub struct EffectStore {
     dir: PathBuf,
+    journal_path: PathBuf,
+    /// The journal, opened once (read and write).
+    journal_file: File,
     config: EffectConfig,
     storage: Arc<dyn Storage>,
-    /// The lock file, opened once; the mutex serializes this store's threads (a `flock` is per
-    /// open file description), the `flock` serializes processes and other store instances.
-    lock_file: Mutex<File>,
-    syncer: DirSyncer,
-    /// Record names known to be durable in this process (written by it, or fsynced once).
-    known_durable: Mutex<HashSet<Sha256Digest>>,
+    /// The lock file, opened once. Only used with `journal` locked (which serializes this store's
+    /// threads; a `flock` is per open file description); the `flock` serializes processes and
+    /// other store instances.
+    lock_file: File,
+    journal: Mutex<Journal>,
+    queue: Mutex<Queue>,
+    queue_cond: Condvar,
     counters: Mutex<BTreeMap<String, Counters>>,
 }
 
@@ -414,58 +470,64 @@ impl fmt::Debug for EffectStore {
 }
 
 struct DirLock<'a> {
-    guard: MutexGuard<'a, File>,
+    file: &'a File,
 }
 
 impl Drop for DirLock<'_> {
     fn drop(&mut self) {
         // Closing would release it too; unlocking here makes the release point explicit. An error
         // cannot leave the lock held past the file's close, so it is safe to ignore.
-        let _ = self.guard.unlock();
+        let _ = self.file.unlock();
     }
 }
 
-/// Temporary names of this process's in-flight writes, so that `open` never removes a temporary
-/// file another store instance of this process is about to rename.
-static ACTIVE_TEMPS: Mutex<Vec<PathBuf>> = Mutex::new(Vec::new());
-
-fn active_temps() -> MutexGuard<'static, Vec<PathBuf>> {
-    ACTIVE_TEMPS.lock().unwrap_or_else(PoisonError::into_inner)
-}
-
-/// A prepared (written and fsynced) temporary file, removed on drop unless renamed.
-struct Temp<'a> {
-    storage: &'a dyn Storage,
-    path: PathBuf,
-    armed: bool,
-}
-
-impl Temp<'_> {
-    fn disarm(&mut self) {
-        self.armed = false;
-        active_temps().retain(|p| p != &self.path);
-    }
-}
-
-impl Drop for Temp<'_> {
-    fn drop(&mut self) {
-        if self.armed {
-            // Best effort: a leftover is ignored by readers and removed by the next open().
-            let _ = self.storage.remove(&self.path);
-            active_temps().retain(|p| p != &self.path);
-        }
-    }
-}
-
-/// What a snapshot of the record means for a `begin`.
+/// What a record means for a `begin`.
 enum Decision {
     Replay(Value),
     ReplayFailure(String),
     Conflict,
     Indeterminate,
     Busy(Duration),
-    /// Write a new `in_progress` record over the snapshot.
+    /// Write a new `in_progress` record.
     Take,
+}
+
+/// A copy of `e` for every job of a batch that failed as a whole (`io::Error` is not `Clone`).
+fn dup(e: &EffectError) -> EffectError {
+    match e {
+        EffectError::Conflict { key_digest } => EffectError::Conflict {
+            key_digest: *key_digest,
+        },
+        EffectError::InProgress {
+            key_digest,
+            retry_after,
+        } => EffectError::InProgress {
+            key_digest: *key_digest,
+            retry_after: *retry_after,
+        },
+        EffectError::Indeterminate { key_digest } => EffectError::Indeterminate {
+            key_digest: *key_digest,
+        },
+        EffectError::LostOwnership { key_digest } => EffectError::LostOwnership {
+            key_digest: *key_digest,
+        },
+        EffectError::NotIndeterminate { key_digest, state } => EffectError::NotIndeterminate {
+            key_digest: *key_digest,
+            state,
+        },
+        EffectError::Io { op, path, source } => EffectError::Io {
+            op,
+            path: path.clone(),
+            source: io::Error::new(source.kind(), source.to_string()),
+        },
+        EffectError::Corrupt { path, reason } => EffectError::Corrupt {
+            path: path.clone(),
+            reason: reason.clone(),
+        },
+        EffectError::InvalidKey { reason } => EffectError::InvalidKey {
+            reason: reason.clone(),
+        },
+    }
 }
 
 impl EffectStore {
@@ -476,10 +538,12 @@ impl EffectStore {
 
     /// Opens the store with another [`Storage`] (for fault injection).
     ///
-    /// Creates the directory, then under the lock removes orphaned temporary files (those whose
-    /// writer process is gone) and fsyncs the directory once, so that every record visible at
-    /// open is durable. `in_progress` records of dead owners stay: they are evidence, and `begin`
-    /// reports them as described in the module documentation.
+    /// Creates the directory and the journal, then under the lock removes orphaned temporary
+    /// files (those whose writer process is gone), reads the journal into memory (a torn last line
+    /// is zeroed out; a corrupt complete line is a `Corrupt` error naming it), moves records of the
+    /// previous one-file-per-record layout into the journal, and makes everything it read durable,
+    /// so that every record visible at open is durable. `in_progress` records of dead owners stay:
+    /// they are evidence, and `begin` reports them as described in the module documentation.
     pub fn open_with_storage(
         config: EffectConfig,
         storage: Arc<dyn Storage>,
@@ -499,18 +563,46 @@ impl EffectStore {
             .truncate(false)
             .open(&lock_path)
             .map_err(io_err("open lock file", &lock_path))?;
+        let journal_path = dir.join(JOURNAL_FILE_NAME);
+        let journal_file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(&journal_path)
+            .map_err(io_err("open journal", &journal_path))?;
         let store = EffectStore {
             dir,
+            journal_path,
+            journal_file,
             config,
             storage,
-            lock_file: Mutex::new(lock_file),
-            syncer: DirSyncer::default(),
-            known_durable: Mutex::default(),
+            lock_file,
+            journal: Mutex::default(),
+            queue: Mutex::default(),
+            queue_cond: Condvar::new(),
             counters: Mutex::default(),
         };
         {
+            let mut journal = store.journal();
             let _lock = store.lock()?;
             store.remove_orphaned_temps()?;
+            store.refresh(&mut journal)?;
+            let size = store
+                .journal_file
+                .metadata()
+                .map_err(io_err("read the size of", &store.journal_path))?
+                .len();
+            journal.size = journal.size.max(size);
+            let legacy = store.migrate(&mut journal)?;
+            store.sync(&mut journal)?;
+            for path in &legacy {
+                store
+                    .storage
+                    .remove(path)
+                    .map_err(io_err("remove migrated record file", path))?;
+            }
+            // Makes the journal's directory entry (and the removals) durable.
             store
                 .storage
                 .fsync_dir(&store.dir)
@@ -530,24 +622,42 @@ impl EffectStore {
     /// answers (nothing was executed); they are counted per tool.
     pub fn begin(&self, req: &EffectRequest, kind: EffectKind) -> Result<Begin, EffectError> {
         let name = record_name(&req.scope, &req.key)?;
-        let path = self.record_path(&name);
         let started = Instant::now();
         let mut pause = Duration::from_millis(1);
         loop {
-            let snapshot = self.read(&path)?;
-            let now = now_ns(SystemTime::now());
-            let decision = match &snapshot {
-                None => Decision::Take,
-                Some(bytes) => decide(&Record::parse(&path, bytes)?, &path, req, kind, now)?,
+            let job = Job::Begin {
+                req: req.clone(),
+                name,
+                kind,
+            };
+            let decision = match self.submit(job)? {
+                Answer::Begin(decision) => decision,
+                Answer::Execute {
+                    owner,
+                    created_ns,
+                    lease_until_ns,
+                } => {
+                    let ticket = Ticket {
+                        scope: req.scope.clone(),
+                        key: req.key.clone(),
+                        fingerprint: req.fingerprint,
+                        owner,
+                        name,
+                        created_ns,
+                        lease_until_ns,
+                    };
+                    #[cfg(feature = "fault-injection")]
+                    self.fault("effect.after_in_progress");
+                    return Ok(Begin::Execute(ticket));
+                }
+                Answer::Done | Answer::Pruned(_) => unreachable!("begin answers a decision"),
             };
             match decision {
                 Decision::Replay(value) => {
-                    self.ensure_durable(name)?;
                     self.count(&req.scope.tool, |c| c.replayed += 1);
                     return Ok(Begin::Replay(value));
                 }
                 Decision::ReplayFailure(error) => {
-                    self.ensure_durable(name)?;
                     self.count(&req.scope.tool, |c| c.replayed += 1);
                     return Ok(Begin::ReplayFailure(error));
                 }
@@ -556,12 +666,6 @@ impl EffectStore {
                     return Err(EffectError::Conflict { key_digest: name });
                 }
                 Decision::Indeterminate => {
-                    // The owner was seen dead after the snapshot was read; it stores its outcome
-                    // before it stops counting as live, so if the record is unchanged now, the
-                    // owner died without storing one. If it changed, decide again.
-                    if self.read(&path)? != snapshot {
-                        continue;
-                    }
                     self.count(&req.scope.tool, |c| c.indeterminate += 1);
                     return Err(EffectError::Indeterminate { key_digest: name });
                 }
@@ -569,7 +673,7 @@ impl EffectStore {
                     if let Some(wait) = self.config.wait_in_progress
                         && started.elapsed() < wait
                     {
-                        // Poll without the lock: the owner needs it to finish.
+                        // Poll without holding anything: the owner needs the lock to finish.
                         std::thread::sleep(pause.min(wait.saturating_sub(started.elapsed())));
                         pause = (pause * 2).min(Duration::from_millis(50));
                         continue;
@@ -580,12 +684,8 @@ impl EffectStore {
                         retry_after,
                     });
                 }
-                Decision::Take => {
-                    if let Some(ticket) = self.take(req, name, &path, snapshot.as_deref())? {
-                        return Ok(Begin::Execute(ticket));
-                    }
-                    // The record changed between our read and the lock: decide again.
-                }
+                // The leader turns `Take` into `Execute`.
+                Decision::Take => unreachable!("the leader answers Execute for Take"),
             }
         }
     }
@@ -609,41 +709,15 @@ impl EffectStore {
     }
 
     /// Removes finished records (completed and failed, retryable or not) whose `finished_ns` is
-    /// more than `completed_ttl` before `now`; never `in_progress` (or indeterminate) ones, and
-    /// never unreadable files. Returns how many were removed, for the caller's audit.
+    /// more than `completed_ttl` before `now` (by appending a removal line for each); never
+    /// `in_progress` (or indeterminate) ones. Returns how many were removed, for the caller's audit.
     pub fn prune(&self, now: SystemTime) -> Result<u64, EffectError> {
         let now = now_ns(now);
         let ttl = u64::try_from(self.config.completed_ttl.as_nanos()).unwrap_or(u64::MAX);
-        let _lock = self.lock()?;
-        let mut removed = 0;
-        for path in self.list()? {
-            let Some(name) = record_file_name(&path) else {
-                continue;
-            };
-            let Some(bytes) = self.read(&path)? else {
-                continue;
-            };
-            // An unreadable record is the operator's to inspect, not ours to delete.
-            let Ok(record) = Record::parse(&path, &bytes) else {
-                continue;
-            };
-            let Some(finished) = record.finished_ns else {
-                continue;
-            };
-            if now.saturating_sub(finished) > ttl {
-                self.storage
-                    .remove(&path)
-                    .map_err(io_err("remove expired record", &path))?;
-                self.forget_durable(name);
-                removed += 1;
-            }
+        match self.submit(Job::Prune { now, ttl })? {
+            Answer::Pruned(n) => Ok(n),
+            _ => unreachable!("prune answers a count"),
         }
-        if removed > 0 {
-            self.storage
-                .fsync_dir(&self.dir)
-                .map_err(io_err("fsync directory", &self.dir))?;
-        }
-        Ok(removed)
     }
 
     /// Outcome counts per tool since this store was opened.
@@ -664,130 +738,16 @@ impl EffectStore {
         resolution: Resolution,
     ) -> Result<(), EffectError> {
         let name = record_name(scope, key)?;
-        let path = self.record_path(&name);
-        let _lock = self.lock()?;
-        let not = |state| EffectError::NotIndeterminate {
-            key_digest: name,
-            state,
-        };
-        let bytes = self.read(&path)?.ok_or_else(|| not("absent"))?;
-        let record = Record::parse(&path, &bytes)?;
-        match record.state {
-            State::Completed(_) => return Err(not("completed")),
-            State::Failed { .. } => return Err(not("failed")),
-            State::InProgress => {}
-        }
-        let now = now_ns(SystemTime::now());
-        if liveness(&record.owner, record.lease_until_ns, now) == Liveness::Live {
-            return Err(not("in_progress (owner alive)"));
-        }
-        match resolution {
-            Resolution::Forget => {
-                self.storage
-                    .remove(&path)
-                    .map_err(io_err("remove resolved record", &path))?;
-                self.forget_durable(name);
-            }
-            Resolution::Completed(result) => {
-                let completed = Record {
-                    state: State::Completed(result),
-                    finished_ns: Some(now),
-                    ..record
-                };
-                let mut temp = self.prepare(&name, &completed.to_bytes()?)?;
-                self.storage
-                    .rename(&temp.path, &path)
-                    .map_err(io_err("rename temporary file into place at", &path))?;
-                temp.disarm();
-            }
-        }
-        self.storage
-            .fsync_dir(&self.dir)
-            .map_err(io_err("fsync directory", &self.dir))?;
+        self.submit(Job::Resolve { name, resolution })?;
         Ok(())
     }
 
     // ---- internals ------------------------------------------------------------------------------
 
-    /// Writes a new `in_progress` record over `expected` (the snapshot the decision was based on).
-    /// `Ok(None)` if the record changed meanwhile.
-    fn take(
-        &self,
-        req: &EffectRequest,
-        name: Sha256Digest,
-        path: &Path,
-        expected: Option<&[u8]>,
-    ) -> Result<Option<Ticket>, EffectError> {
-        let owner = Owner::fresh();
-        let now = now_ns(SystemTime::now());
-        let lease = u64::try_from(self.config.lease.as_nanos()).unwrap_or(u64::MAX);
-        let record = Record {
-            state: State::InProgress,
-            fingerprint: req.fingerprint,
-            owner,
-            lease_until_ns: now.saturating_add(lease),
-            created_ns: now,
-            finished_ns: None,
-            principal: req.scope.principal.clone(),
-            tool: req.scope.tool.clone(),
-        };
-        // Written and fsynced before the lock, so that concurrent callers' fsyncs overlap.
-        let mut temp = self.prepare(&name, &record.to_bytes()?)?;
-        // Live before it is visible: another thread of this process must never see our record
-        // with an unregistered nonce and take it for a dead owner's.
-        owner.register_live();
-        let seq = {
-            let _lock = match self.lock() {
-                Ok(lock) => lock,
-                Err(e) => {
-                    owner.unregister_live();
-                    return Err(e);
-                }
-            };
-            let current = match self.read(path) {
-                Ok(current) => current,
-                Err(e) => {
-                    owner.unregister_live();
-                    return Err(e);
-                }
-            };
-            if current.as_deref() != expected {
-                owner.unregister_live();
-                return Ok(None);
-            }
-            if let Err(e) = self.storage.rename(&temp.path, path) {
-                owner.unregister_live();
-                return Err(io_err("rename temporary file into place at", path)(e));
-            }
-            temp.disarm();
-            self.sequence()
-        };
-        let ticket = Ticket {
-            scope: req.scope.clone(),
-            key: req.key.clone(),
-            fingerprint: req.fingerprint,
-            owner,
-            name,
-            created_ns: record.created_ns,
-            lease_until_ns: record.lease_until_ns,
-        };
-        if let Err(e) = self.wait_durable(seq) {
-            // The record is visible but the effect never started: let a retry take it over.
-            owner.mark_aborted();
-            drop(ticket);
-            return Err(e);
-        }
-        self.mark_durable(name);
-        #[cfg(feature = "fault-injection")]
-        self.fault("effect.after_in_progress");
-        Ok(Some(ticket))
-    }
-
     /// Replaces the ticket's `in_progress` record with its outcome.
     fn finish(&self, ticket: Ticket, state: State) -> Result<(), EffectError> {
         #[cfg(feature = "fault-injection")]
         self.fault("effect.before_complete");
-        let path = self.record_path(&ticket.name);
         let is_failure = matches!(state, State::Failed { .. });
         let record = Record {
             state,
@@ -799,30 +759,14 @@ impl EffectStore {
             principal: ticket.scope.principal.clone(),
             tool: ticket.scope.tool.clone(),
         };
-        let mut temp = self.prepare(&ticket.name, &record.to_bytes()?)?;
-        let seq = {
-            let _lock = self.lock()?;
-            let current = self.read(&path)?;
-            let ours = match &current {
-                Some(bytes) => Record::parse(&path, bytes)
-                    .is_ok_and(|r| r.state == State::InProgress && r.owner == ticket.owner),
-                None => false,
-            };
-            if !ours {
-                return Err(EffectError::LostOwnership {
-                    key_digest: ticket.name,
-                });
-            }
-            self.storage
-                .rename(&temp.path, &path)
-                .map_err(io_err("rename temporary file into place at", &path))?;
-            temp.disarm();
-            self.sequence()
-        };
-        // The outcome is visible now; if the fsync fails a retry of `begin` replays it (after
-        // fsyncing the directory itself), so the ticket is done either way.
-        self.wait_durable(seq)?;
-        self.mark_durable(ticket.name);
+        // On an error the ticket is dropped: its record then has a dead owner, unless the outcome
+        // line reached the journal (a failed fdatasync), in which case a retry replays it after
+        // the next successful fdatasync.
+        self.submit(Job::Finish {
+            name: ticket.name,
+            owner: ticket.owner,
+            record,
+        })?;
         if is_failure {
             self.count(&ticket.scope.tool, |c| c.failed += 1);
         } else {
@@ -834,59 +778,351 @@ impl EffectStore {
         Ok(())
     }
 
-    /// Writes `bytes` to a fresh temporary file and fsyncs it.
-    fn prepare(&self, name: &Sha256Digest, bytes: &[u8]) -> Result<Temp<'_>, EffectError> {
-        let pid = std::process::id();
-        let hex = name.to_hex();
-        let mut last = self.dir.clone();
-        for _ in 0..TEMP_NAME_ATTEMPTS {
-            let counter = TEMP_COUNTER.fetch_add(1, Ordering::Relaxed);
-            let path = self.dir.join(format!(".{hex}.{pid}.{counter}.tmp"));
-            active_temps().push(path.clone());
-            match self.storage.write_new(&path, bytes) {
-                Ok(()) => {
-                    let temp = Temp {
-                        storage: self.storage.as_ref(),
-                        path,
-                        armed: true,
-                    };
-                    self.storage
-                        .fsync_file(&temp.path)
-                        .map_err(io_err("fsync temporary file", &temp.path))?;
-                    return Ok(temp);
-                }
-                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
-                    active_temps().retain(|p| p != &path);
-                    last = path;
-                }
-                Err(e) => {
-                    // A partial file may exist; remove it (best effort, open() removes leftovers).
-                    let _ = self.storage.remove(&path);
-                    active_temps().retain(|p| p != &path);
-                    return Err(io_err("write temporary file", &path)(e));
+    fn queue(&self) -> MutexGuard<'_, Queue> {
+        self.queue.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn journal(&self) -> MutexGuard<'_, Journal> {
+        self.journal.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Queues `job` and returns its answer: either another caller's batch carries it, or this
+    /// caller becomes the leader and runs every queued job in one batch.
+    fn submit(&self, job: Job) -> Result<Answer, EffectError> {
+        let mut queue = self.queue();
+        let id = queue.next_id;
+        queue.next_id += 1;
+        queue.pending.push((id, job));
+        loop {
+            if let Some(answer) = queue.done.remove(&id) {
+                return answer;
+            }
+            if queue.leading {
+                queue = self
+                    .queue_cond
+                    .wait(queue)
+                    .unwrap_or_else(PoisonError::into_inner);
+                continue;
+            }
+            queue.leading = true;
+            let jobs = std::mem::take(&mut queue.pending);
+            drop(queue);
+            let answers = self.run_batch(jobs);
+            queue = self.queue();
+            queue.done.extend(answers);
+            queue.leading = false;
+            self.queue_cond.notify_all();
+        }
+    }
+
+    /// Under the lock: reads what other processes appended, decides every job in order against
+    /// the index (each seeing the ones before it), appends all new lines with one write and makes
+    /// them durable with one `fdatasync`. If that fails, every job of the batch fails.
+    fn run_batch(&self, jobs: Vec<(u64, Job)>) -> Vec<(u64, Result<Answer, EffectError>)> {
+        let mut journal = self.journal();
+        let lock = match self.lock() {
+            Ok(lock) => lock,
+            Err(e) => return jobs.into_iter().map(|(id, _)| (id, Err(dup(&e)))).collect(),
+        };
+        if let Err(e) = self.refresh(&mut journal) {
+            return jobs.into_iter().map(|(id, _)| (id, Err(dup(&e)))).collect();
+        }
+        let now = now_ns(SystemTime::now());
+        let mut lines = Vec::new();
+        let mut takers = Vec::new();
+        let mut answers: Vec<(u64, Result<Answer, EffectError>)> = jobs
+            .into_iter()
+            .map(|(id, job)| {
+                let answer = self.apply(&mut journal, job, now, &mut lines, &mut takers);
+                (id, answer)
+            })
+            .collect();
+        let durable = self
+            .append(&mut journal, &lines)
+            .and_then(|()| self.sync(&mut journal));
+        drop(lock);
+        if let Err(e) = durable {
+            for owner in takers {
+                // Its record may be visible, but the effect certainly never started.
+                owner.mark_aborted();
+            }
+            for (_, answer) in &mut answers {
+                if answer.is_ok() {
+                    *answer = Err(dup(&e));
                 }
             }
         }
-        Err(EffectError::Io {
-            op: "create temporary file (every candidate name was taken)",
-            path: last,
-            source: io::Error::from(io::ErrorKind::AlreadyExists),
-        })
+        answers
     }
 
-    fn record_path(&self, name: &Sha256Digest) -> PathBuf {
-        self.dir.join(format!("{}.json", name.to_hex()))
-    }
-
-    fn read(&self, path: &Path) -> Result<Option<Vec<u8>>, EffectError> {
-        match self.storage.read(path) {
-            Ok(bytes) => Ok(bytes),
-            Err(e) if e.kind() == io::ErrorKind::IsADirectory => Err(EffectError::Corrupt {
-                path: path.to_path_buf(),
-                reason: "it is a directory, not a record file".to_owned(),
-            }),
-            Err(e) => Err(io_err("read effect record", path)(e)),
+    /// Decides one job against the index, appending its line (if any) to `lines`.
+    fn apply(
+        &self,
+        journal: &mut Journal,
+        job: Job,
+        now: u64,
+        lines: &mut Vec<u8>,
+        takers: &mut Vec<Owner>,
+    ) -> Result<Answer, EffectError> {
+        match job {
+            Job::Begin { req, name, kind } => {
+                let decision = match journal.index.get(&name) {
+                    None => Decision::Take,
+                    Some(record) => decide(record, &self.journal_path, &req, kind, now)?,
+                };
+                if !matches!(decision, Decision::Take) {
+                    return Ok(Answer::Begin(decision));
+                }
+                let owner = Owner::fresh();
+                let lease = u64::try_from(self.config.lease.as_nanos()).unwrap_or(u64::MAX);
+                let record = Record {
+                    state: State::InProgress,
+                    fingerprint: req.fingerprint,
+                    owner,
+                    lease_until_ns: now.saturating_add(lease),
+                    created_ns: now,
+                    finished_ns: None,
+                    principal: req.scope.principal,
+                    tool: req.scope.tool,
+                };
+                lines.extend(encode_line(&name, Some(&record))?);
+                // Live before the lock is released: no one may see the record with an
+                // unregistered nonce and take it for a dead owner's.
+                owner.register_live();
+                takers.push(owner);
+                let answer = Answer::Execute {
+                    owner,
+                    created_ns: record.created_ns,
+                    lease_until_ns: record.lease_until_ns,
+                };
+                journal.index.insert(name, record);
+                Ok(answer)
+            }
+            Job::Finish {
+                name,
+                owner,
+                record,
+            } => {
+                let ours = journal
+                    .index
+                    .get(&name)
+                    .is_some_and(|r| r.state == State::InProgress && r.owner == owner);
+                if !ours {
+                    return Err(EffectError::LostOwnership { key_digest: name });
+                }
+                lines.extend(encode_line(&name, Some(&record))?);
+                journal.index.insert(name, record);
+                Ok(Answer::Done)
+            }
+            Job::Resolve { name, resolution } => {
+                let not = |state| EffectError::NotIndeterminate {
+                    key_digest: name,
+                    state,
+                };
+                let record = journal.index.get(&name).ok_or_else(|| not("absent"))?;
+                match record.state {
+                    State::Completed(_) => return Err(not("completed")),
+                    State::Failed { .. } => return Err(not("failed")),
+                    State::InProgress => {}
+                }
+                if liveness(&record.owner, record.lease_until_ns, now) == Liveness::Live {
+                    return Err(not("in_progress (owner alive)"));
+                }
+                match resolution {
+                    Resolution::Forget => {
+                        lines.extend(encode_line(&name, None)?);
+                        journal.index.remove(&name);
+                    }
+                    Resolution::Completed(result) => {
+                        let completed = Record {
+                            state: State::Completed(result),
+                            finished_ns: Some(now),
+                            ..record.clone()
+                        };
+                        lines.extend(encode_line(&name, Some(&completed))?);
+                        journal.index.insert(name, completed);
+                    }
+                }
+                Ok(Answer::Done)
+            }
+            Job::Prune { now, ttl } => {
+                let expired: Vec<Sha256Digest> = journal
+                    .index
+                    .iter()
+                    .filter(|(_, r)| r.finished_ns.is_some_and(|f| now.saturating_sub(f) > ttl))
+                    .map(|(name, _)| *name)
+                    .collect();
+                for name in &expired {
+                    lines.extend(encode_line(name, None)?);
+                    journal.index.remove(name);
+                }
+                Ok(Answer::Pruned(expired.len() as u64))
+            }
         }
+    }
+
+    /// Writes `lines` at the logical end with one write (adding a zero-filled chunk first when the
+    /// file is too short). A failed write leaves unknown bytes, so the index is rebuilt next time.
+    fn append(&self, journal: &mut Journal, lines: &[u8]) -> Result<(), EffectError> {
+        if lines.is_empty() {
+            return Ok(());
+        }
+        let offset = journal.end;
+        let new_end = offset + lines.len() as u64;
+        let mut bytes = lines.to_vec();
+        if new_end > journal.size {
+            let new_size = (new_end / CHUNK + 1) * CHUNK;
+            bytes.resize(usize::try_from(new_size - offset).unwrap_or(bytes.len()), 0);
+        }
+        journal.synced = false;
+        if let Err(e) = self.storage.write_at(&self.journal_file, offset, &bytes) {
+            journal.reload = true;
+            return Err(io_err("append to journal", &self.journal_path)(e));
+        }
+        journal.size = journal.size.max(offset + bytes.len() as u64);
+        journal.end = new_end;
+        journal.lines += lines.iter().filter(|&&b| b == b'\n').count() as u64;
+        Ok(())
+    }
+
+    /// One `fdatasync` of the journal, unless everything known is durable already.
+    fn sync(&self, journal: &mut Journal) -> Result<(), EffectError> {
+        if journal.synced {
+            return Ok(());
+        }
+        self.storage
+            .sync_data(&self.journal_file)
+            .map_err(io_err("fdatasync journal", &self.journal_path))?;
+        journal.synced = true;
+        Ok(())
+    }
+
+    /// Under the lock: applies the complete lines after `journal.end` (appended by other processes
+    /// or store instances) to the index. A torn last line (no newline before the zero padding or
+    /// the end of the file) is a write that never finished: it is zeroed out. A complete line
+    /// that does not parse is `Corrupt`, naming its line number.
+    fn refresh(&self, journal: &mut Journal) -> Result<(), EffectError> {
+        if journal.reload {
+            *journal = Journal::default();
+        }
+        let path = &self.journal_path;
+        let mut buf: Vec<u8> = Vec::new();
+        let mut buf_start = journal.end;
+        loop {
+            let rel = usize::try_from(journal.end - buf_start).unwrap_or(usize::MAX);
+            let rest = buf.get(rel..).unwrap_or_default();
+            match rest.iter().position(|&b| b == b'\n' || b == 0) {
+                Some(i) if rest[i] == b'\n' => {
+                    let line_no = journal.lines + 1;
+                    let (name, record) = parse_line(path, line_no, &rest[..i])?;
+                    match record {
+                        Some(record) => journal.index.insert(name, record),
+                        None => journal.index.remove(&name),
+                    };
+                    journal.lines = line_no;
+                    journal.end += i as u64 + 1;
+                    // Bytes appended by someone else: their writer may have died before its
+                    // fdatasync, so they are made durable before anything relies on them.
+                    journal.synced = false;
+                }
+                Some(0) => return Ok(()),
+                Some(_) => return self.zero_torn_tail(journal),
+                None => {
+                    if rel > READ_STEP {
+                        buf.drain(..rel);
+                        buf_start = journal.end;
+                    }
+                    let rel = usize::try_from(journal.end - buf_start).unwrap_or(usize::MAX);
+                    let read_to = buf_start + buf.len() as u64;
+                    // Small first: usually nothing was appended and the padding starts here.
+                    let step = if buf.is_empty() { 1024 } else { READ_STEP };
+                    let more = self
+                        .storage
+                        .read_at(&self.journal_file, read_to, step)
+                        .map_err(io_err("read journal", path))?;
+                    if more.is_empty() {
+                        // The end of the file.
+                        let rest_len = buf.len() - rel.min(buf.len());
+                        return if rest_len == 0 {
+                            Ok(())
+                        } else {
+                            self.zero_torn_tail(journal)
+                        };
+                    }
+                    journal.size = journal.size.max(read_to + more.len() as u64);
+                    buf.extend(more);
+                }
+            }
+        }
+    }
+
+    /// Zeroes every non-zero byte from `journal.end` to the end of the file (a torn last line, and
+    /// whatever a power loss left after it), so the next append starts on clean ground.
+    fn zero_torn_tail(&self, journal: &mut Journal) -> Result<(), EffectError> {
+        let path = &self.journal_path;
+        let mut last_nonzero = None;
+        let mut offset = journal.end;
+        loop {
+            let chunk = self
+                .storage
+                .read_at(&self.journal_file, offset, READ_STEP)
+                .map_err(io_err("read journal", path))?;
+            if chunk.is_empty() {
+                break;
+            }
+            if chunk.contains(&b'\n') {
+                // Not one unfinished write: something damaged a line that later lines follow.
+                // Discarding those could lose durable records, so the operator decides.
+                return Err(EffectError::Corrupt {
+                    path: path.clone(),
+                    reason: format!(
+                        "line {}: a zero byte or the end of the file before its newline, yet more \
+                         lines follow (not a torn last write)",
+                        journal.lines + 1
+                    ),
+                });
+            }
+            if let Some(i) = chunk.iter().rposition(|&b| b != 0) {
+                last_nonzero = Some(offset + i as u64);
+            }
+            offset += chunk.len() as u64;
+        }
+        let Some(last) = last_nonzero else {
+            return Ok(());
+        };
+        let zeros = vec![0; usize::try_from(last + 1 - journal.end).unwrap_or(0)];
+        journal.synced = false;
+        self.storage
+            .write_at(&self.journal_file, journal.end, &zeros)
+            .map_err(io_err("zero the torn last line of", path))?;
+        self.sync(journal)
+    }
+
+    /// Moves `<hex>.json` record files of the previous layout into the journal (for names the
+    /// journal does not know yet). Returns the files to remove once the journal is durable.
+    fn migrate(&self, journal: &mut Journal) -> Result<Vec<PathBuf>, EffectError> {
+        let mut lines = Vec::new();
+        let mut migrated = Vec::new();
+        for path in self.list()? {
+            let Some(name) = record_file_name(&path) else {
+                continue;
+            };
+            let Some(bytes) = self
+                .storage
+                .read(&path)
+                .map_err(io_err("read effect record", &path))?
+            else {
+                continue;
+            };
+            let record = Record::parse(&path, &bytes)?;
+            if let std::collections::hash_map::Entry::Vacant(slot) = journal.index.entry(name) {
+                lines.extend(encode_line(&name, Some(&record))?);
+                slot.insert(record);
+            }
+            migrated.push(path);
+        }
+        self.append(journal, &lines)?;
+        Ok(migrated)
     }
 
     fn list(&self) -> Result<Vec<PathBuf>, EffectError> {
@@ -895,15 +1131,16 @@ impl EffectStore {
             .map_err(io_err("list directory", &self.dir))
     }
 
+    /// The `flock` of `dir/.lock`; callers hold the `journal` mutex.
     fn lock(&self) -> Result<DirLock<'_>, EffectError> {
-        let guard = self
-            .lock_file
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
         let path = self.dir.join(LOCK_FILE_NAME);
         loop {
-            match guard.lock() {
-                Ok(()) => return Ok(DirLock { guard }),
+            match self.lock_file.lock() {
+                Ok(()) => {
+                    return Ok(DirLock {
+                        file: &self.lock_file,
+                    });
+                }
                 // A signal interrupted the wait; waiting again is the only sane response.
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                 Err(e) => return Err(io_err("lock", &path)(e)),
@@ -911,119 +1148,25 @@ impl EffectStore {
         }
     }
 
-    /// Deletes `.<64 hex>.<pid>.<n>.tmp` files whose writer is gone. Callers hold the lock.
+    /// Deletes `.<64 hex>.<pid>.<n>.tmp` files whose writer is gone (left by the previous
+    /// one-file-per-record layout). Callers hold the lock.
     fn remove_orphaned_temps(&self) -> Result<(), EffectError> {
         let own_pid = std::process::id();
-        let mut removed = false;
         for path in self.list()? {
             let Some(pid) = temp_writer_pid(&path) else {
                 continue;
             };
-            let orphan = if pid == own_pid {
-                !active_temps().contains(&path)
-            } else {
-                // A live pid may be an unrelated process that reused it; its leftover stays as
-                // harmless garbage that readers ignore.
-                !pid_alive(pid)
-            };
-            if orphan {
+            // This process writes no temporary files; a live pid may be an unrelated process that
+            // reused it, so its leftover stays as harmless garbage.
+            if pid == own_pid || !pid_alive(pid) {
                 match self.storage.remove(&path) {
-                    Ok(()) => removed = true,
+                    Ok(()) => {}
                     Err(e) if e.kind() == io::ErrorKind::NotFound => {}
                     Err(e) => return Err(io_err("remove orphaned temporary file", &path)(e)),
                 }
             }
         }
-        let _ = removed; // the fsync in open() covers the removals
         Ok(())
-    }
-
-    /// A sequence number for a rename just made (call under the lock).
-    fn sequence(&self) -> u64 {
-        let mut state = self.sync_state();
-        state.renamed += 1;
-        state.renamed
-    }
-
-    fn sync_state(&self) -> MutexGuard<'_, SyncState> {
-        self.syncer
-            .state
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-    }
-
-    /// Returns once a directory fsync that started after rename `seq` has succeeded. One caller
-    /// at a time fsyncs (the leader) for every rename sequenced so far; the others wait for it.
-    fn wait_durable(&self, seq: u64) -> Result<(), EffectError> {
-        let mut state = self.sync_state();
-        loop {
-            if state.synced >= seq {
-                return Ok(());
-            }
-            if state.failed_through >= seq {
-                let (kind, msg) = state
-                    .failure
-                    .clone()
-                    .unwrap_or((io::ErrorKind::Other, "fsync failed".to_owned()));
-                return Err(EffectError::Io {
-                    op: "fsync directory",
-                    path: self.dir.clone(),
-                    source: io::Error::new(kind, msg),
-                });
-            }
-            if state.syncing {
-                state = self
-                    .syncer
-                    .cond
-                    .wait(state)
-                    .unwrap_or_else(PoisonError::into_inner);
-                continue;
-            }
-            state.syncing = true;
-            let target = state.renamed;
-            drop(state);
-            let result = self.storage.fsync_dir(&self.dir);
-            state = self.sync_state();
-            state.syncing = false;
-            match result {
-                Ok(()) => state.synced = state.synced.max(target),
-                Err(e) => {
-                    state.failed_through = state.failed_through.max(target);
-                    state.failure = Some((e.kind(), e.to_string()));
-                }
-            }
-            self.syncer.cond.notify_all();
-        }
-    }
-
-    /// Before replaying a record this process did not write, makes sure its directory entry is
-    /// durable: its writer may have died between its rename and its directory fsync.
-    fn ensure_durable(&self, name: Sha256Digest) -> Result<(), EffectError> {
-        if self.known().contains(&name) {
-            return Ok(());
-        }
-        let seq = self.sequence();
-        self.wait_durable(seq)?;
-        self.mark_durable(name);
-        Ok(())
-    }
-
-    fn known(&self) -> MutexGuard<'_, HashSet<Sha256Digest>> {
-        self.known_durable
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-    }
-
-    fn mark_durable(&self, name: Sha256Digest) {
-        let mut known = self.known();
-        if known.len() >= MAX_KNOWN_DURABLE {
-            known.clear();
-        }
-        known.insert(name);
-    }
-
-    fn forget_durable(&self, name: Sha256Digest) {
-        self.known().remove(&name);
     }
 
     fn count(&self, tool: &str, bump: impl FnOnce(&mut Counters)) {
@@ -1050,7 +1193,7 @@ fn decide(
     if record.principal != req.scope.principal || record.tool != req.scope.tool {
         return Err(EffectError::Corrupt {
             path: path.to_path_buf(),
-            reason: "the record's principal or tool does not match its file name".to_owned(),
+            reason: "a record's principal or tool does not match its name".to_owned(),
         });
     }
     if record.fingerprint != req.fingerprint {

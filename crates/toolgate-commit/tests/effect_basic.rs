@@ -39,10 +39,64 @@ fn execute(store: &EffectStore, r: &EffectRequest, kind: EffectKind, result: &Va
     }
 }
 
-fn record_path(dir: &Path, key: &str) -> std::path::PathBuf {
-    let name =
-        Sha256Digest::of_json(&json!({"key": key, "principal": "alice", "tool": "write_note"}));
-    dir.join(format!("{}.json", name.to_hex()))
+fn name_hex(key: &str) -> String {
+    Sha256Digest::of_json(&json!({"key": key, "principal": "alice", "tool": "write_note"})).to_hex()
+}
+
+/// The record file of the previous one-file-per-record layout (migrated at open).
+fn legacy_record_path(dir: &Path, key: &str) -> std::path::PathBuf {
+    dir.join(format!("{}.json", name_hex(key)))
+}
+
+fn journal_path(dir: &Path) -> std::path::PathBuf {
+    dir.join("effects.journal")
+}
+
+/// The journal's bytes up to its logical end (the zero padding after it excluded).
+fn journal_bytes(dir: &Path) -> Vec<u8> {
+    let mut bytes = std::fs::read(journal_path(dir)).unwrap_or_default();
+    let end = bytes.iter().position(|&b| b == 0).unwrap_or(bytes.len());
+    bytes.truncate(end);
+    bytes
+}
+
+/// Writes `bytes` at the journal's logical end, under the store's lock, as another writer would.
+fn append_raw(dir: &Path, bytes: &[u8]) {
+    use std::os::unix::fs::FileExt as _;
+    std::fs::create_dir_all(dir).unwrap();
+    let lock = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(dir.join(".lock"))
+        .unwrap();
+    lock.lock().unwrap();
+    let end = journal_bytes(dir).len() as u64;
+    let file = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(journal_path(dir))
+        .unwrap();
+    file.write_all_at(bytes, end).unwrap();
+    file.sync_all().unwrap();
+}
+
+/// The latest state of `key` in the journal (`None`: absent or removed).
+fn journal_record(dir: &Path, key: &str) -> Option<Value> {
+    let hex = name_hex(key);
+    let mut latest = None;
+    for line in journal_bytes(dir)
+        .split(|&b| b == b'\n')
+        .filter(|l| !l.is_empty())
+    {
+        let v: Value = serde_json::from_slice(line).unwrap();
+        if v["name"] == hex.as_str() {
+            latest = Some(v["record"].clone()).filter(|r| !r.is_null());
+        }
+    }
+    latest
 }
 
 fn ns(t: SystemTime) -> u64 {
@@ -148,13 +202,13 @@ fn dropped_ticket_is_indeterminate_for_unsafe_effects() {
     ));
 }
 
-/// Writes an in_progress record owned by a process that has exited.
-fn write_dead_owner_record(dir: &Path, key: &str) {
+/// An in_progress record owned by a process that has exited.
+fn dead_owner_record() -> Value {
     let mut child = Command::new("true").spawn().unwrap();
     let pid = child.id();
     child.wait().unwrap();
     let now = ns(SystemTime::now());
-    let record = json!({
+    json!({
         "state": "in_progress",
         "fingerprint": Sha256Digest::of(b"fp").to_hex(),
         "owner": {"pid": pid, "start_ticks": 1, "nonce": "00000000000000ff"},
@@ -162,8 +216,15 @@ fn write_dead_owner_record(dir: &Path, key: &str) {
         "created_ns": now.to_string(),
         "principal": "alice",
         "tool": "write_note",
-    });
-    std::fs::write(record_path(dir, key), canonical_value(&record)).unwrap();
+    })
+}
+
+/// Appends a journal line: an in_progress record owned by a process that has exited.
+fn write_dead_owner_record(dir: &Path, key: &str) {
+    let line = json!({"name": name_hex(key), "record": dead_owner_record()});
+    let mut bytes = canonical_value(&line);
+    bytes.push(b'\n');
+    append_raw(dir, &bytes);
 }
 
 #[test]
@@ -224,7 +285,7 @@ fn resolve_completed_and_forget() {
         })
     ));
     store.resolve(&scope(), "b", Resolution::Forget).unwrap();
-    assert!(!record_path(tmp.path(), "b").exists());
+    assert!(journal_record(tmp.path(), "b").is_none());
     assert!(matches!(
         store.begin(&req("b", "fp"), EffectKind::Unsafe).unwrap(),
         Begin::Execute(_)
@@ -247,8 +308,7 @@ fn prune_boundaries() {
     let store = EffectStore::open(EffectConfig::new(tmp.path()).completed_ttl(ttl)).unwrap();
     execute(&store, &req("done", "fp"), EffectKind::Unsafe, &json!(1));
     let finished = {
-        let bytes = std::fs::read(record_path(tmp.path(), "done")).unwrap();
-        let v: Value = serde_json::from_slice(&bytes).unwrap();
+        let v = journal_record(tmp.path(), "done").unwrap();
         v["finished_ns"].as_str().unwrap().parse::<u64>().unwrap()
     };
     let Begin::Execute(_running) = store.begin(&req("run", "fp"), EffectKind::Unsafe).unwrap()
@@ -265,13 +325,13 @@ fn prune_boundaries() {
         }
     };
     assert_eq!(store.prune(at(3599)).unwrap(), 0);
-    assert!(record_path(tmp.path(), "done").exists());
+    assert!(journal_record(tmp.path(), "done").is_some());
     assert_eq!(store.prune(at(3601)).unwrap(), 1);
-    assert!(!record_path(tmp.path(), "done").exists());
+    assert!(journal_record(tmp.path(), "done").is_none());
     // in_progress (live or dead owner) is never pruned, however old.
     assert_eq!(store.prune(at(10 * 365 * 24 * 3600)).unwrap(), 0);
-    assert!(record_path(tmp.path(), "run").exists());
-    assert!(record_path(tmp.path(), "dead").exists());
+    assert!(journal_record(tmp.path(), "run").is_some());
+    assert!(journal_record(tmp.path(), "dead").is_some());
     // Pruned: the key executes again.
     assert!(matches!(
         store.begin(&req("done", "fp"), EffectKind::Unsafe).unwrap(),
@@ -281,34 +341,46 @@ fn prune_boundaries() {
 
 #[test]
 fn garbage_on_disk_is_an_error_not_a_panic() {
-    let tmp = tempfile::tempdir().unwrap();
-    let path = record_path(tmp.path(), "g");
-    let garbage: [&[u8]; 6] = [
+    let garbage: [&[u8]; 9] = [
         b"",
         b"{",
         b"{\"state\":\"completed\"}",
         b"[1,2]",
-        b"{\"state\": \"in_progress\"}",
-        &[0xff, 0xfe, 0x00],
+        b"{\"name\": null}",
+        b"{\"name\":\"ABC\",\"record\":null}",
+        b"{\"name\":\"aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa\",\"record\":{\"state\":\"in_progress\"}}",
+        &[0xff, 0xfe, 0x01],
+        b"{\0}",
     ];
     for bytes in garbage {
-        std::fs::write(&path, bytes).unwrap();
-        let store = open(tmp.path());
-        for kind in [EffectKind::Unsafe, EffectKind::Idempotent] {
-            match store.begin(&req("g", "fp"), kind) {
-                Err(EffectError::Corrupt { reason, .. }) => assert!(!reason.is_empty()),
-                other => panic!("expected Corrupt for {bytes:?}, got {other:?}"),
-            }
-        }
-        assert_eq!(
-            store
-                .prune(SystemTime::now() + Duration::from_secs(1 << 40))
-                .unwrap(),
-            0
+        let tmp = tempfile::tempdir().unwrap();
+        execute(
+            &open(tmp.path()),
+            &req("k1", "fp"),
+            EffectKind::Unsafe,
+            &json!(1),
         );
-        assert!(path.exists());
+        let mut line = bytes.to_vec();
+        line.push(b'\n');
+        append_raw(tmp.path(), &line);
+        // A second valid line after the damaged one: never silently dropped.
+        write_dead_owner_record(tmp.path(), "after");
+        let before = std::fs::read(journal_path(tmp.path())).unwrap();
+        match EffectStore::open(EffectConfig::new(tmp.path())) {
+            Err(EffectError::Corrupt { path, reason }) => {
+                assert_eq!(path, journal_path(tmp.path()));
+                assert!(reason.starts_with("line 3"), "{bytes:?}: {reason}");
+            }
+            other => panic!("expected Corrupt for {bytes:?}, got {other:?}"),
+        }
+        // Nothing repaired or rewritten.
+        assert_eq!(std::fs::read(journal_path(tmp.path())).unwrap(), before);
     }
-    // Stray files and orphaned temporaries of dead writers are ignored or cleaned.
+}
+
+#[test]
+fn orphaned_temporaries_are_removed_and_stray_files_ignored() {
+    let tmp = tempfile::tempdir().unwrap();
     let orphan = tmp
         .path()
         .join(format!(".{}.{}.0.tmp", "a".repeat(64), u32::MAX - 1));
@@ -317,4 +389,98 @@ fn garbage_on_disk_is_an_error_not_a_panic() {
     let _store = open(tmp.path());
     assert!(!orphan.exists());
     assert!(tmp.path().join("notes.txt").exists());
+}
+
+#[test]
+fn torn_journal_tail_is_truncated_at_open() {
+    let tmp = tempfile::tempdir().unwrap();
+    execute(
+        &open(tmp.path()),
+        &req("k1", "fp"),
+        EffectKind::Unsafe,
+        &json!(1),
+    );
+    let good = journal_bytes(tmp.path());
+    // A write that never finished: part of a line, no newline.
+    append_raw(tmp.path(), b"{\"name\":\"0123");
+    let store = open(tmp.path());
+    assert_eq!(journal_bytes(tmp.path()), good, "torn tail removed");
+    let all = std::fs::read(journal_path(tmp.path())).unwrap();
+    assert!(all[good.len()..].iter().all(|&b| b == 0));
+    assert!(matches!(
+        store.begin(&req("k1", "fp"), EffectKind::Unsafe).unwrap(),
+        Begin::Replay(_)
+    ));
+    execute(&store, &req("k2", "fp"), EffectKind::Unsafe, &json!(2));
+    drop(store);
+
+    // The same without zero padding: the torn line is the end of the file.
+    let tmp2 = tempfile::tempdir().unwrap();
+    let mut bytes = good.clone();
+    bytes.extend_from_slice(b"{\"name\"");
+    std::fs::write(journal_path(tmp2.path()), &bytes).unwrap();
+    let store = open(tmp2.path());
+    assert_eq!(journal_bytes(tmp2.path()), good);
+    execute(&store, &req("k2", "fp"), EffectKind::Unsafe, &json!(2));
+    drop(store);
+    let store = open(tmp2.path());
+    for (key, want) in [("k1", json!(1)), ("k2", json!(2))] {
+        match store.begin(&req(key, "fp"), EffectKind::Unsafe).unwrap() {
+            Begin::Replay(v) => assert_eq!(v, want),
+            other => panic!("expected Replay, got {other:?}"),
+        }
+    }
+}
+
+#[test]
+fn record_files_of_the_previous_layout_are_migrated() {
+    let tmp = tempfile::tempdir().unwrap();
+    let legacy = legacy_record_path(tmp.path(), "old");
+    std::fs::write(&legacy, canonical_value(&dead_owner_record())).unwrap();
+    let store = open(tmp.path());
+    assert!(!legacy.exists(), "moved into the journal");
+    assert!(journal_record(tmp.path(), "old").is_some());
+    assert!(matches!(
+        store.begin(&req("old", "fp"), EffectKind::Unsafe),
+        Err(EffectError::Indeterminate { .. })
+    ));
+    // A corrupt legacy file is reported, not dropped.
+    let bad = legacy_record_path(tmp.path(), "bad");
+    std::fs::write(&bad, b"{").unwrap();
+    drop(store);
+    assert!(matches!(
+        EffectStore::open(EffectConfig::new(tmp.path())),
+        Err(EffectError::Corrupt { .. })
+    ));
+    assert!(bad.exists());
+}
+
+#[test]
+fn a_journal_larger_than_one_read_is_read_back_whole() {
+    let tmp = tempfile::tempdir().unwrap();
+    {
+        let store = open(tmp.path());
+        for i in 0..150 {
+            execute(
+                &store,
+                &req(&format!("k{i}"), "fp"),
+                EffectKind::Unsafe,
+                &json!(i),
+            );
+        }
+    }
+    assert!(journal_bytes(tmp.path()).len() > 64 * 1024);
+    // A torn tail after many lines as well.
+    append_raw(tmp.path(), b"{\"name\":");
+    let store = open(tmp.path());
+    for i in 0..150 {
+        match store
+            .begin(&req(&format!("k{i}"), "fp"), EffectKind::Unsafe)
+            .unwrap()
+        {
+            Begin::Replay(v) => assert_eq!(v, json!(i)),
+            other => panic!("k{i}: expected Replay, got {other:?}"),
+        }
+    }
+    assert!(journal_bytes(tmp.path()).ends_with(b"\n"));
 }

@@ -148,13 +148,13 @@ fn every_injected_failure_is_clean_and_recoverable() {
             total += check_op(op, kind);
         }
     }
-    // begin and complete each write, fsync and rename once; open and the cycle fsync the directory
-    // three times after the fault is armed; removals only happen on error paths.
-    assert_eq!(total, 2 * 8, "faults injected");
+    // begin and complete each append one journal line (one write) and fdatasync it once; renames,
+    // directory fsyncs and removals only happen at open (see `open_fails_cleanly_...`).
+    assert_eq!(total, 2 * 4, "faults injected");
 }
 
 #[test]
-fn failed_fsync_of_the_directory_after_complete_still_replays() {
+fn failed_fdatasync_after_complete_fails_the_call_and_the_retry_replays() {
     let tmp = tempfile::tempdir().unwrap();
     let faulty = Arc::new(FaultyStorage::new(Arc::new(FsStorage)));
     let store =
@@ -162,46 +162,124 @@ fn failed_fsync_of_the_directory_after_complete_still_replays() {
     let Begin::Execute(ticket) = store.begin(&req(), EffectKind::Unsafe).unwrap() else {
         panic!()
     };
-    faulty.fail_nth(Op::FsyncDir, 1);
+    faulty.fail_nth(Op::FsyncFile, 1);
     let err = store.complete(ticket, &result()).unwrap_err();
     assert!(
         matches!(
             err,
             EffectError::Io {
-                op: "fsync directory",
+                op: "fdatasync journal",
                 ..
             }
         ),
         "{err}"
     );
-    // Same store, storage healthy again: the retry replays (after fsyncing the directory).
+    assert_eq!(faulty.triggered(), 1);
+    // Same store, storage healthy again: the retry replays, after an fdatasync of its own.
     match store.begin(&req(), EffectKind::Unsafe).unwrap() {
         Begin::Replay(v) => assert_eq!(v, result()),
         other => panic!("expected Replay, got {other:?}"),
     }
+    assert_eq!(faulty.calls(Op::FsyncFile), 2);
+    drop(store);
+    let store = EffectStore::open(EffectConfig::new(tmp.path())).unwrap();
+    assert!(matches!(
+        store.begin(&req(), EffectKind::Unsafe).unwrap(),
+        Begin::Replay(_)
+    ));
 }
 
 #[test]
-fn failed_rename_and_failed_cleanup_leave_an_orphan_that_open_removes() {
-    let tmp = tempfile::tempdir().unwrap();
-    let faulty = Arc::new(FaultyStorage::new(Arc::new(FsStorage)));
-    let store =
-        EffectStore::open_with_storage(EffectConfig::new(tmp.path()), faulty.clone()).unwrap();
-    faulty.fail_nth(Op::Rename, 1);
-    faulty.fail_nth(Op::Remove, 1);
-    let err = store.begin(&req(), EffectKind::Unsafe).unwrap_err();
-    assert!(matches!(err, EffectError::Io { .. }), "{err}");
-    assert_eq!(faulty.triggered(), 2);
-    assert!(
-        !no_temp_files(tmp.path()),
-        "the failed removal left the temporary file"
-    );
-    drop(store);
-    let store = EffectStore::open(EffectConfig::new(tmp.path())).unwrap();
-    assert!(no_temp_files(tmp.path()));
-    // Nothing was written: the retry executes.
-    assert!(matches!(
-        store.begin(&req(), EffectKind::Unsafe).unwrap(),
-        Begin::Execute(_)
-    ));
+fn failed_fdatasync_or_append_of_begin_fails_the_call_and_a_retry_executes_once() {
+    for op in [Op::FsyncFile, Op::Write] {
+        let tmp = tempfile::tempdir().unwrap();
+        let faulty = Arc::new(FaultyStorage::new(Arc::new(FsStorage)));
+        let store =
+            EffectStore::open_with_storage(EffectConfig::new(tmp.path()), faulty.clone()).unwrap();
+        faulty.fail_nth(op, 1);
+        let err = store.begin(&req(), EffectKind::Unsafe).unwrap_err();
+        assert!(matches!(err, EffectError::Io { .. }), "{op:?}: {err}");
+        assert!(err.to_string().contains("injected fault"), "{err}");
+        // The effect never started, so even an unsafe effect executes on retry (once).
+        let Begin::Execute(ticket) = store.begin(&req(), EffectKind::Unsafe).unwrap() else {
+            panic!("{op:?}: expected Execute")
+        };
+        assert!(matches!(
+            store.begin(&req(), EffectKind::Unsafe),
+            Err(EffectError::InProgress { .. })
+        ));
+        store.complete(ticket, &result()).unwrap();
+        drop(store);
+        let store = EffectStore::open(EffectConfig::new(tmp.path())).unwrap();
+        assert!(matches!(
+            store.begin(&req(), EffectKind::Unsafe).unwrap(),
+            Begin::Replay(_)
+        ));
+    }
+}
+
+/// A directory for `open` to recover: a journal with a torn tail and a record file of the previous
+/// layout to migrate (so open writes, fdatasyncs, removes and fsyncs the directory).
+fn recovery_dir(dir: &Path) {
+    {
+        let store = EffectStore::open(EffectConfig::new(dir)).unwrap();
+        let Begin::Execute(ticket) = store.begin(&req(), EffectKind::Unsafe).unwrap() else {
+            panic!()
+        };
+        store.complete(ticket, &result()).unwrap();
+    }
+    let journal = dir.join("effects.journal");
+    let mut bytes = std::fs::read(&journal).unwrap();
+    let end = bytes.iter().position(|&b| b == 0).unwrap();
+    bytes[end..end + 5].copy_from_slice(b"{\"nam");
+    std::fs::write(&journal, bytes).unwrap();
+    let other =
+        Sha256Digest::of_json(&json!({"key": "k2", "principal": "alice", "tool": "transfer"}));
+    let record = json!({
+        "created_ns": "1", "finished_ns": "2", "fingerprint": Sha256Digest::of(b"amount=10").to_hex(),
+        "lease_until_ns": "3", "owner": {"nonce": "00000000000000aa", "pid": 1, "start_ticks": 1},
+        "principal": "alice", "result": {"legacy": true}, "state": "completed", "tool": "transfer",
+    });
+    std::fs::write(
+        dir.join(format!("{}.json", other.to_hex())),
+        canonical_value(&record),
+    )
+    .unwrap();
+}
+
+#[test]
+fn open_fails_cleanly_on_every_injected_failure_and_a_retry_recovers() {
+    let mut injected = 0;
+    for op in Op::ALL {
+        for n in 1.. {
+            let tmp = tempfile::tempdir().unwrap();
+            recovery_dir(tmp.path());
+            let faulty = Arc::new(FaultyStorage::new(Arc::new(FsStorage)));
+            faulty.fail_nth(op, n);
+            let opened =
+                EffectStore::open_with_storage(EffectConfig::new(tmp.path()), faulty.clone());
+            if faulty.triggered() == 0 {
+                opened.unwrap();
+                break;
+            }
+            injected += 1;
+            let err = opened.unwrap_err();
+            assert!(
+                err.to_string().contains("injected fault"),
+                "{op:?} #{n}: {err}"
+            );
+            let store = EffectStore::open(EffectConfig::new(tmp.path())).unwrap();
+            let mut k2 = req();
+            k2.key = "k2".into();
+            for (r, want) in [(req(), result()), (k2, json!({"legacy": true}))] {
+                match store.begin(&r, EffectKind::Unsafe).unwrap() {
+                    Begin::Replay(v) => assert_eq!(v, want, "{op:?} #{n}"),
+                    other => panic!("{op:?} #{n}: expected Replay, got {other:?}"),
+                }
+            }
+        }
+    }
+    // Write (zeroing the torn tail, appending the migrated record), FsyncFile (after each), Remove
+    // (the migrated file), FsyncDir (parent and store directory); open renames nothing.
+    assert_eq!(injected, 7, "faults injected");
 }

@@ -209,9 +209,86 @@ struct RecordFile {
     tool: String,
 }
 
+/// One journal line: the full new state of the record `name`, or `null` once it was removed
+/// (pruned or forgotten).
+#[derive(Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct LineFile {
+    name: String,
+    record: Option<RecordFile>,
+}
+
+/// The canonical JSON line (with its trailing newline) recording that `name` now is `record`
+/// (`None`: removed).
+pub(crate) fn encode_line(
+    name: &Sha256Digest,
+    record: Option<&Record>,
+) -> Result<Vec<u8>, EffectError> {
+    let line = LineFile {
+        name: name.to_hex(),
+        record: record.map(Record::to_file),
+    };
+    let mut bytes = canonical(&line)?;
+    bytes.push(b'\n');
+    Ok(bytes)
+}
+
+/// Parses one complete journal line (without its newline), requiring exactly the canonical bytes
+/// the store writes. `line_no` (1-based) names the line in errors. Never panics.
+pub(crate) fn parse_line(
+    path: &Path,
+    line_no: u64,
+    bytes: &[u8],
+) -> Result<(Sha256Digest, Option<Record>), EffectError> {
+    let corrupt = |reason: String| EffectError::Corrupt {
+        path: path.to_path_buf(),
+        reason: format!("line {line_no}: {reason}"),
+    };
+    if bytes.is_empty() {
+        return Err(corrupt("the line is empty".to_owned()));
+    }
+    let line: LineFile = serde_json::from_slice(bytes).map_err(|e| {
+        corrupt(format!(
+            "not a valid journal line ({:?} error at column {})",
+            e.classify(),
+            e.column()
+        ))
+    })?;
+    if !is_canonical(bytes) {
+        return Err(corrupt(
+            "valid JSON but not in canonical (RFC 8785) form, so the store did not write it"
+                .to_owned(),
+        ));
+    }
+    let name_ok = line.name.len() == 64
+        && line
+            .name
+            .bytes()
+            .all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'));
+    let name: Sha256Digest = if name_ok {
+        line.name.parse().ok()
+    } else {
+        None
+    }
+    .ok_or_else(|| corrupt("name is not a lowercase SHA-256 hex digest".to_owned()))?;
+    let record = match line.record {
+        Some(file) => Some(Record::from_file(file, &corrupt)?),
+        None => None,
+    };
+    Ok((name, record))
+}
+
+fn canonical<T: Serialize>(value: &T) -> Result<Vec<u8>, EffectError> {
+    // Cannot fail: records hold only strings, small integers and a `serde_json::Value` (finite
+    // numbers, string keys), all of which RFC 8785 represents. The error is kept rather than
+    // unwrapped so that a future field cannot turn into a panic.
+    to_canonical_vec(value).map_err(|e| EffectError::InvalidKey {
+        reason: format!("the result cannot be stored as canonical JSON: {e}"),
+    })
+}
+
 impl Record {
-    /// The canonical JSON bytes of this record.
-    pub(crate) fn to_bytes(&self) -> Result<Vec<u8>, EffectError> {
+    fn to_file(&self) -> RecordFile {
         let (state, result, error, retryable) = match &self.state {
             State::InProgress => ("in_progress", None, None, None),
             State::Completed(v) => ("completed", Some(v.clone()), None, None),
@@ -219,7 +296,7 @@ impl Record {
                 ("failed", None, Some(error.clone()), Some(*retryable))
             }
         };
-        let file = RecordFile {
+        RecordFile {
             state: state.to_owned(),
             fingerprint: self.fingerprint.to_hex(),
             owner: OwnerFile {
@@ -235,16 +312,11 @@ impl Record {
             retryable,
             principal: self.principal.clone(),
             tool: self.tool.clone(),
-        };
-        // Cannot fail: the record holds only strings, small integers and a `serde_json::Value`
-        // (finite numbers, string keys), all of which RFC 8785 represents. The error is kept
-        // rather than unwrapped so that a future field cannot turn into a panic.
-        to_canonical_vec(&file).map_err(|e| EffectError::InvalidKey {
-            reason: format!("the result cannot be stored as canonical JSON: {e}"),
-        })
+        }
     }
 
-    /// Parses a record, requiring exactly the canonical bytes the store writes. Never panics.
+    /// Parses a record file of the previous layout (one file per record), requiring exactly the
+    /// canonical bytes the store wrote. Never panics.
     pub(crate) fn parse(path: &Path, bytes: &[u8]) -> Result<Record, EffectError> {
         let corrupt = |reason: String| EffectError::Corrupt {
             path: path.to_path_buf(),
@@ -268,6 +340,13 @@ impl Record {
                     .to_owned(),
             ));
         }
+        Record::from_file(file, &corrupt)
+    }
+
+    fn from_file(
+        file: RecordFile,
+        corrupt: &dyn Fn(String) -> EffectError,
+    ) -> Result<Record, EffectError> {
         let num = |what: &str, s: &str| -> Result<u64, EffectError> {
             s.parse()
                 .map_err(|_| corrupt(format!("{what} is not a decimal integer")))

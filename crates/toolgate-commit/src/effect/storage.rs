@@ -4,17 +4,27 @@ use std::collections::HashMap;
 use std::fmt;
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Write as _};
+use std::os::unix::fs::FileExt as _;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
 /// The file operations [`crate::effect::EffectStore`] performs, so that tests can fail the Nth
-/// write, fsync, rename or removal (in the manner of redb's `StorageBackend`).
+/// write, fsync, rename or removal (in the manner of redb's `StorageBackend`). Appends to the
+/// journal are [`Storage::write_at`] (counted as [`Op::Write`]) made durable by
+/// [`Storage::fsync_file`] (`fdatasync`, [`Op::FsyncFile`]); renames and directory fsyncs happen when
+/// the journal is created and when files of the previous one-file-per-record layout are migrated.
 ///
 /// The writer lock (`dir/.lock`) is deliberately not part of the trait: it is a kernel `flock` whose
 /// release on process death is what makes recovery sound, and a test double could not honour that.
 pub trait Storage: Send + Sync + fmt::Debug {
     /// The bytes of `path`, or `None` if it does not exist.
     fn read(&self, path: &Path) -> io::Result<Option<Vec<u8>>>;
+    /// Up to `len` bytes of the open `file` from `offset` (fewer only at its end).
+    fn read_at(&self, file: &File, offset: u64, len: usize) -> io::Result<Vec<u8>>;
+    /// Writes all of `bytes` into the open `file` at `offset` (extending it if needed).
+    fn write_at(&self, file: &File, offset: u64, bytes: &[u8]) -> io::Result<()>;
+    /// Makes the contents of the open `file` durable (`fdatasync`; counted as [`Op::FsyncFile`]).
+    fn sync_data(&self, file: &File) -> io::Result<()>;
     /// Creates `path` exclusively (`O_CREAT | O_EXCL`) and writes `bytes` to it.
     fn write_new(&self, path: &Path, bytes: &[u8]) -> io::Result<()>;
     /// Makes the contents of `path` durable (`fdatasync`).
@@ -40,6 +50,30 @@ impl Storage for FsStorage {
             Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
             Err(e) => Err(e),
         }
+    }
+
+    fn read_at(&self, file: &File, offset: u64, len: usize) -> io::Result<Vec<u8>> {
+        let mut buf = vec![0; len];
+        let mut filled = 0;
+        while filled < len {
+            let pos = offset.saturating_add(filled as u64);
+            match file.read_at(&mut buf[filled..], pos) {
+                Ok(0) => break,
+                Ok(n) => filled += n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        }
+        buf.truncate(filled);
+        Ok(buf)
+    }
+
+    fn write_at(&self, file: &File, offset: u64, bytes: &[u8]) -> io::Result<()> {
+        file.write_all_at(bytes, offset)
+    }
+
+    fn sync_data(&self, file: &File) -> io::Result<()> {
+        file.sync_data()
     }
 
     fn write_new(&self, path: &Path, bytes: &[u8]) -> io::Result<()> {
@@ -80,9 +114,9 @@ impl Storage for FsStorage {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 #[non_exhaustive]
 pub enum Op {
-    /// [`Storage::write_new`].
+    /// [`Storage::write_new`] and [`Storage::write_at`] (journal appends).
     Write,
-    /// [`Storage::fsync_file`].
+    /// [`Storage::fsync_file`] and [`Storage::sync_data`] (the journal's `fdatasync`).
     FsyncFile,
     /// [`Storage::rename`].
     Rename,
@@ -178,6 +212,20 @@ impl FaultyStorage {
 impl Storage for FaultyStorage {
     fn read(&self, path: &Path) -> io::Result<Option<Vec<u8>>> {
         self.inner.read(path)
+    }
+
+    fn read_at(&self, file: &File, offset: u64, len: usize) -> io::Result<Vec<u8>> {
+        self.inner.read_at(file, offset, len)
+    }
+
+    fn write_at(&self, file: &File, offset: u64, bytes: &[u8]) -> io::Result<()> {
+        self.check(Op::Write)?;
+        self.inner.write_at(file, offset, bytes)
+    }
+
+    fn sync_data(&self, file: &File) -> io::Result<()> {
+        self.check(Op::FsyncFile)?;
+        self.inner.sync_data(file)
     }
 
     fn write_new(&self, path: &Path, bytes: &[u8]) -> io::Result<()> {
