@@ -40,13 +40,12 @@ pub(crate) fn key_for(
     }
 }
 
-/// The fingerprint of a call: its canonical arguments under the tool's input schema.
-pub(crate) fn fingerprint(
-    arguments: Option<&JsonObject>,
-    input_schema: &JsonObject,
-) -> Sha256Digest {
+/// The fingerprint of a call: the digest of its canonical arguments (the `args_digest` the gate
+/// already computed for the audit line, so the arguments are canonicalized once per call) under
+/// the tool's input schema.
+pub(crate) fn fingerprint(args_digest: Sha256Digest, input_schema: &JsonObject) -> Sha256Digest {
     Sha256Digest::of_json(&json!({
-        "arguments": Value::Object(arguments.cloned().unwrap_or_default()),
+        "arguments_digest": args_digest.to_hex(),
         "input_schema_digest": Sha256Digest::of_json(&Value::Object(input_schema.clone())).to_hex(),
     }))
 }
@@ -123,6 +122,10 @@ mod tests {
 
     #[test]
     fn fingerprints_cover_arguments_and_schema() {
+        let fingerprint = |args: Option<&JsonObject>, schema: &JsonObject| {
+            let digest = Sha256Digest::of_json(&Value::Object(args.cloned().unwrap_or_default()));
+            super::fingerprint(digest, schema)
+        };
         let schema = object(json!({"type": "object"}));
         let other_schema = object(json!({"type": "object", "required": ["a"]}));
         let a = object(json!({"a": 1, "b": 2}));

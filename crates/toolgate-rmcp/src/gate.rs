@@ -434,7 +434,7 @@ impl<H: ServerHandler> Gated<H> {
                     tool: name.clone(),
                 },
                 key: exactly_once::key_for(settings, arguments, &context.meta, args_digest),
-                fingerprint: exactly_once::fingerprint(arguments, &tool.input_schema),
+                fingerprint: exactly_once::fingerprint(args_digest, &tool.input_schema),
             };
             let kind = exactly_once::kind(settings);
             let store = Arc::clone(effects);
