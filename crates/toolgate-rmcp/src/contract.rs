@@ -131,7 +131,7 @@ pub enum ContractBuildError {
 impl<H: ServerHandler> Gated<H> {
     /// The gate stages of `tool` under this gate (see [`gate_stages`]).
     pub fn gate_stages(&self, tool: &str) -> Vec<String> {
-        gate_stages(self.policy(), tool, self.has_commit_store())
+        gate_stages(&self.policy(), tool, self.has_commit_store())
     }
 }
 

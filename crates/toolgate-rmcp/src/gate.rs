@@ -39,6 +39,9 @@ use toolgate_policy::{Decision, Policy, ToolName};
 use crate::exactly_once;
 use crate::input::InputShape;
 use crate::permit::Permit;
+use crate::refusal::Refusal;
+use crate::schema::SchemaCache;
+use crate::state::{GateState, PolicyHandle};
 
 /// The message of the JSON-RPC error (-32602) for a tool that is denied or does not exist. The two
 /// cases are deliberately identical so a caller cannot probe which hidden tools exist.
@@ -82,16 +85,15 @@ pub enum GateError {
 /// so a handler without it fails closed.
 pub struct Gated<H> {
     inner: H,
-    policy: Arc<Policy>,
+    state: PolicyHandle,
     audit: Arc<dyn AuditSink>,
     store: Option<Arc<dyn CommitStore>>,
     request_id_field: String,
-    contract_digest: Option<Sha256Digest>,
     contract_changes: BTreeMap<String, Vec<Change>>,
-    tool_contract_digests: BTreeMap<String, Sha256Digest>,
     effects: Option<Arc<EffectStore>>,
     principal: String,
     probes: BTreeMap<String, EffectProbe>,
+    schemas: SchemaCache,
 }
 
 /// What a probe found out about an effect whose caller died mid-call.
@@ -128,7 +130,7 @@ fn add_contract_meta(meta: &mut Option<rmcp::model::MetaObject>, digest: Option<
 impl<H> std::fmt::Debug for Gated<H> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Gated")
-            .field("policy_digest", &self.policy.digest())
+            .field("policy_digest", &self.state.snapshot().policy.digest())
             .field("audit", &self.audit)
             .field("store", &self.store)
             .finish_non_exhaustive()
@@ -214,18 +216,23 @@ impl<H: ServerHandler> GatedBuilder<H> {
                 tool: tool.to_owned(),
             });
         }
+        let audit = self.audit.ok_or(GateError::MissingAudit)?;
+        let state = GateState {
+            policy,
+            contract_digest: None,
+            tool_contract_digests: BTreeMap::new(),
+        };
         Ok(Gated {
             inner: self.inner,
-            policy,
-            audit: self.audit.ok_or(GateError::MissingAudit)?,
+            state: PolicyHandle::new(state, Arc::clone(&audit), self.effects.is_some()),
+            audit,
             store: self.store,
             request_id_field: self.request_id_field,
-            contract_digest: None,
             contract_changes: BTreeMap::new(),
-            tool_contract_digests: BTreeMap::new(),
             effects: self.effects,
             principal: self.principal,
             probes: self.probes,
+            schemas: SchemaCache::default(),
         })
     }
 }
@@ -250,15 +257,21 @@ impl<H: ServerHandler> Gated<H> {
         &self.inner
     }
 
-    /// The policy in force.
-    pub fn policy(&self) -> &Policy {
-        &self.policy
+    /// The policy in force now (a reload through [`Gated::policy_handle`] replaces it).
+    pub fn policy(&self) -> Arc<Policy> {
+        self.state.policy()
+    }
+
+    /// A handle that reads or replaces the policy while the gate serves (for SIGHUP reloads).
+    pub fn policy_handle(&self) -> PolicyHandle {
+        self.state.clone()
     }
 
     /// Publishes `digest` (the server's contract digest, see toolgate-contract) in the `_meta` of
     /// the `initialize` and `server/discover` results under [`CONTRACT_DIGEST_META_KEY`].
-    pub fn with_contract_digest(mut self, digest: Sha256Digest) -> Self {
-        self.contract_digest = Some(digest);
+    pub fn with_contract_digest(self, digest: Sha256Digest) -> Self {
+        self.state
+            .update(|state| state.contract_digest = Some(digest));
         self
     }
 
@@ -293,8 +306,9 @@ impl<H: ServerHandler> Gated<H> {
 
     /// Records, in every audit line of a tool, that tool's contract digest (from toolgate.lock or
     /// the live contract), so a verifier can show which contract produced each decision.
-    pub fn with_tool_contract_digests(mut self, digests: BTreeMap<String, Sha256Digest>) -> Self {
-        self.tool_contract_digests = digests;
+    pub fn with_tool_contract_digests(self, digests: BTreeMap<String, Sha256Digest>) -> Self {
+        self.state
+            .update(|state| state.tool_contract_digests = digests);
         self
     }
 
@@ -302,6 +316,7 @@ impl<H: ServerHandler> Gated<H> {
     /// tool's contract (when known).
     fn entry(
         &self,
+        state: &GateState,
         request_id: String,
         name: &str,
         decision: AuditDecision,
@@ -309,8 +324,8 @@ impl<H: ServerHandler> Gated<H> {
         args_digest: Sha256Digest,
     ) -> AuditEntry {
         let entry = AuditEntry::tool_call(request_id, name, decision, outcome, args_digest)
-            .with_policy_digest(self.policy.digest());
-        match self.tool_contract_digests.get(name) {
+            .with_policy_digest(state.policy.digest());
+        match state.tool_contract_digests.get(name) {
             Some(digest) => entry.with_contract_digest(*digest),
             None => entry,
         }
@@ -318,7 +333,7 @@ impl<H: ServerHandler> Gated<H> {
 
     /// The contract digest published to clients, if any.
     pub fn contract_digest(&self) -> Option<Sha256Digest> {
-        self.contract_digest
+        self.state.snapshot().contract_digest
     }
 
     /// Whether permits give access to a commit store.
@@ -373,11 +388,14 @@ impl<H: ServerHandler> Gated<H> {
             Ok(_) => name.clone(),
             Err(_) => format!("sha256:{}", Sha256Digest::of(name.as_bytes())),
         };
+        let state = self.state.snapshot();
+        let policy = Arc::clone(&state.policy);
         let arguments = request.arguments.as_ref();
         let args_digest =
             Sha256Digest::of_json(&Value::Object(arguments.cloned().unwrap_or_default()));
         let deny = |request_id: String, reason: String| {
             self.entry(
+                &state,
                 request_id,
                 &recorded_name,
                 AuditDecision::Deny,
@@ -387,7 +405,7 @@ impl<H: ServerHandler> Gated<H> {
             .with_reason(reason)
         };
 
-        let decision = self.policy.decide(&name, arguments);
+        let decision = policy.decide(&name, arguments);
         let tool = self.inner.get_tool(&name);
         // A tool the inner handler does not have is recorded as unknown whatever the policy says;
         // the caller sees the same error either way.
@@ -411,23 +429,32 @@ impl<H: ServerHandler> Gated<H> {
         // validation there, and the model can correct its call in the same turn.
         let request_id = self.request_id(arguments, &tool, &context.id);
         let input = InputShape::of_schema(&tool.input_schema);
-        let refusal = match (input.problem(&name, arguments), &decision) {
-            (Some((rule, message)), _) => Some((rule, message)),
-            (None, Decision::DenyArgs(violation)) => Some((violation.rule(), violation.message())),
-            (None, _) => None,
-        };
-        if let Some((rule, message)) = refusal {
-            if let Err(error) = self.record(deny(request_id.clone(), rule)).await {
+        let refusal = input
+            .problem(&name, arguments)
+            .or_else(|| match &decision {
+                Decision::DenyArgs(violation) => Some(policy_refusal(violation)),
+                _ => None,
+            })
+            .or_else(|| {
+                self.schemas
+                    .check(&name, &tool.input_schema, arguments)
+                    .err()
+            });
+        if let Some(refusal) = refusal {
+            if let Err(error) = self
+                .record(deny(request_id.clone(), refusal.rule.clone()))
+                .await
+            {
                 tracing::error!(tool = %recorded_name, %error, "could not audit a refused call");
             }
-            let text = format!("{message}\n\n{}", self.contract_note(&name, &input));
-            return Ok(CallToolResult::error(vec![ContentBlock::text(text)]).into());
+            let note = self.contract_note(&name, &input);
+            return Ok(refusal.into_result(&note).into());
         }
 
         // Exactly-once: a tool the policy opts in runs at most once per key; replays, conflicts
         // and calls still in progress are answered here without running the handler.
         let mut ticket = None;
-        if let (Some(settings), Some(effects)) = (self.policy.idempotency(&name), &self.effects) {
+        if let (Some(settings), Some(effects)) = (policy.idempotency(&name), &self.effects) {
             let request = EffectRequest {
                 scope: Scope {
                     principal: self.principal.clone(),
@@ -516,6 +543,7 @@ impl<H: ServerHandler> Gated<H> {
             if let Some((outcome, response)) = answer {
                 let entry = self
                     .entry(
+                        &state,
                         request_id.clone(),
                         &name,
                         AuditDecision::Allow,
@@ -543,6 +571,7 @@ impl<H: ServerHandler> Gated<H> {
             audit: Some(Arc::clone(&self.audit)),
             entry: self
                 .entry(
+                    &state,
                     request_id.clone(),
                     &name,
                     AuditDecision::Allow,
@@ -559,11 +588,20 @@ impl<H: ServerHandler> Gated<H> {
         // with the tool's current contract, as for the gate's own argument refusals.
         let (response, invalid_arguments) = match response {
             Err(error) if error.code == ErrorCode::INVALID_PARAMS && recorded.is_none() => {
-                let text = format!(
-                    "Error: the arguments of `{name}` do not match its input schema (an argument has the wrong type or an unexpected value); check each argument against the schema and retry\n\n{}",
-                    self.contract_note(&name, &input)
-                );
-                let result = CallToolResult::error(vec![ContentBlock::text(text)]);
+                let fix = "check each argument against the input schema and retry";
+                let refusal = Refusal {
+                    rule: "handler.invalid_arguments".to_owned(),
+                    message: format!(
+                        "Error: the arguments of `{name}` do not match what its handler accepts (an argument has the wrong type or an unexpected value); {fix}"
+                    ),
+                    details: serde_json::json!({
+                        "error": "argument_rejected",
+                        "tool": name,
+                        "rule": "handler.invalid_arguments",
+                        "fix": fix,
+                    }),
+                };
+                let result = refusal.into_result(&self.contract_note(&name, &input));
                 (Ok(result.into()), true)
             }
             other => (other, false),
@@ -609,6 +647,7 @@ impl<H: ServerHandler> Gated<H> {
         }
         let entry = self
             .entry(
+                &state,
                 request_id,
                 &name,
                 AuditDecision::Allow,
@@ -625,6 +664,22 @@ impl<H: ServerHandler> Gated<H> {
         }
         tracing::info!(tool = %name, decision = "allow", outcome, "tools/call");
         response
+    }
+}
+
+/// The refusal of a call whose arguments break a policy rule.
+fn policy_refusal(violation: &toolgate_policy::ArgViolation) -> Refusal {
+    let details = serde_json::json!({
+        "error": "argument_rejected",
+        "tool": violation.tool,
+        "field": violation.field,
+        "rule": violation.rule(),
+        "fix": violation.message(),
+    });
+    Refusal {
+        rule: violation.rule(),
+        message: violation.message(),
+        details,
     }
 }
 
@@ -673,7 +728,7 @@ impl<H: ServerHandler> ServerHandler for Gated<H> {
         context: RequestContext<RoleServer>,
     ) -> Result<InitializeResult, McpError> {
         let mut result = self.inner.initialize(request, context).await?;
-        add_contract_meta(&mut result.meta, self.contract_digest);
+        add_contract_meta(&mut result.meta, self.contract_digest());
         Ok(result)
     }
 
@@ -682,7 +737,7 @@ impl<H: ServerHandler> ServerHandler for Gated<H> {
         request: &InitializeRequestParams,
     ) -> Result<InitializeResult, McpError> {
         let mut result = self.inner.negotiate_initialize(request)?;
-        add_contract_meta(&mut result.meta, self.contract_digest);
+        add_contract_meta(&mut result.meta, self.contract_digest());
         Ok(result)
     }
 
@@ -695,7 +750,7 @@ impl<H: ServerHandler> ServerHandler for Gated<H> {
         context: RequestContext<RoleServer>,
     ) -> Result<DiscoverResult, McpError> {
         let mut result = self.inner.discover(context).await?;
-        add_contract_meta(&mut result.meta, self.contract_digest);
+        add_contract_meta(&mut result.meta, self.contract_digest());
         Ok(result)
     }
 
@@ -803,17 +858,18 @@ impl<H: ServerHandler> ServerHandler for Gated<H> {
         context: RequestContext<RoleServer>,
     ) -> Result<ListToolsResult, McpError> {
         let mut result = self.inner.list_tools(request, context).await?;
+        let policy = self.state.policy();
         // Listed exactly when callable: the policy shows it and the inner handler resolves it.
-        result.tools.retain(|tool| {
-            self.policy.visible(&tool.name) && self.inner.get_tool(&tool.name).is_some()
-        });
+        result
+            .tools
+            .retain(|tool| policy.visible(&tool.name) && self.inner.get_tool(&tool.name).is_some());
         Ok(result)
     }
 
     fn get_tool(&self, name: &str) -> Option<Tool> {
         self.inner
             .get_tool(name)
-            .filter(|_| self.policy.visible(name))
+            .filter(|_| self.state.policy().visible(name))
     }
 
     fn on_custom_request(
@@ -864,7 +920,7 @@ impl<H: ServerHandler> ServerHandler for Gated<H> {
 
     fn get_info(&self) -> ServerConfig {
         let mut info = self.inner.get_info();
-        add_contract_meta(&mut info.meta, self.contract_digest);
+        add_contract_meta(&mut info.meta, self.contract_digest());
         info
     }
 

@@ -1,18 +1,22 @@
 //! The top-level shape of a tool's input schema (required and allowed argument names), checked by
 //! the gate before dispatch so a malformed call is refused, audited and explained in one place.
 //!
-//! Deeper validation (types, formats) stays with the handler's deserialization: this check covers
-//! the mistakes a model working from a stale contract makes most (a missing or renamed argument).
+//! Unknown arguments are refused unless the schema explicitly admits them (`additionalProperties`
+//! `true` or a schema): a misspelt optional argument would otherwise be silently ignored. Deeper
+//! validation (types, bounds, nested shapes) is the full JSON Schema check in `schema.rs`.
 
 use rmcp::model::JsonObject;
-use serde_json::{Map, Value};
+use serde_json::{Map, Value, json};
+
+use crate::refusal::{Refusal, quotable};
 
 /// Required and allowed top-level arguments of one tool.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct InputShape {
     pub(crate) required: Vec<String>,
     pub(crate) allowed: Vec<String>,
-    /// Whether arguments outside `allowed` are refused (`additionalProperties: false`).
+    /// Whether arguments outside `allowed` are refused: unless the schema admits them
+    /// explicitly (`additionalProperties: true` or a schema object).
     pub(crate) closed: bool,
 }
 
@@ -34,26 +38,33 @@ impl InputShape {
         InputShape {
             required: names(schema.get("required")),
             allowed: names(schema.get("properties")),
-            closed: schema.get("additionalProperties") == Some(&Value::Bool(false)),
+            closed: !matches!(
+                schema.get("additionalProperties"),
+                Some(Value::Bool(true) | Value::Object(_))
+            ),
         }
     }
 
-    /// The first problem of `arguments` against this shape: the rule that decided and a message
-    /// that starts with `Error:`, names the argument and the fix, and never echoes a value.
+    /// The first problem of `arguments` against this shape, as a refusal that names the
+    /// argument and the fix and never echoes a value.
     pub(crate) fn problem(
         &self,
         tool: &str,
         arguments: Option<&Map<String, Value>>,
-    ) -> Option<(String, String)> {
+    ) -> Option<Refusal> {
         let empty = Map::new();
         let arguments = arguments.unwrap_or(&empty);
         if let Some(missing) = self.required.iter().find(|f| !arguments.contains_key(*f)) {
-            return Some((
+            let fix = format!("add `{missing}` (required: {})", self.required.join(", "));
+            return Some(Refusal::argument(
+                tool,
+                missing,
                 "input_schema.required".to_owned(),
+                json!({"required": self.required}),
                 format!(
-                    "Error: `{tool}` requires the argument `{missing}`, which the call did not pass; add it (required: {})",
-                    self.required.join(", ")
+                    "Error: `{tool}` requires the argument `{missing}`, which the call did not pass (rule input_schema.required); {fix}"
                 ),
+                &fix,
             ));
         }
         if self.closed
@@ -61,21 +72,20 @@ impl InputShape {
         {
             // The unknown name is the caller's own input; quote it only when it is short and
             // plain, so the message cannot be used to reflect arbitrary text back to the model.
-            let shown = if unknown.len() <= 64
-                && unknown
-                    .chars()
-                    .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
-            {
-                format!("`{unknown}`")
-            } else {
-                "an argument".to_owned()
+            let (shown, field) = match quotable(unknown) {
+                Some(name) => (format!("`{name}`"), name.to_owned()),
+                None => ("an argument".to_owned(), "(unknown argument)".to_owned()),
             };
-            return Some((
+            let fix = format!("remove it (allowed: {})", self.allowed.join(", "));
+            return Some(Refusal::argument(
+                tool,
+                &field,
                 "input_schema.unknown_argument".to_owned(),
+                json!({"allowed": self.allowed}),
                 format!(
-                    "Error: `{tool}` does not accept {shown}; remove it (allowed: {})",
-                    self.allowed.join(", ")
+                    "Error: `{tool}` does not accept {shown} (rule input_schema.unknown_argument); {fix}"
                 ),
+                &fix,
             ));
         }
         None
@@ -113,42 +123,63 @@ mod tests {
             s.problem("w", Some(&args(json!({"request_id": "a", "text": "b"})))),
             None
         );
-        let (rule, message) = s
+        let refusal = s
             .problem("w", Some(&args(json!({"request_id": "a"}))))
             .expect("missing text");
+        let (rule, message) = (refusal.rule, refusal.message);
         assert_eq!(rule, "input_schema.required");
         assert!(
             message.starts_with("Error:") && message.contains("`text`"),
             "{message}"
         );
-        let (rule, message) = s
+        let refusal = s
             .problem(
                 "w",
                 Some(&args(json!({"request_id": "a", "text": "b", "txt": "c"}))),
             )
             .expect("unknown txt");
+        assert_eq!(
+            refusal.details["constraint"]["allowed"],
+            json!(["request_id", "text"])
+        );
+        let (rule, message) = (refusal.rule, refusal.message);
         assert_eq!(rule, "input_schema.unknown_argument");
         assert!(
             message.contains("`txt`") && message.contains("request_id, text"),
             "{message}"
         );
         let weird = "x".repeat(100);
-        let (_, message) = s
+        let message = s
             .problem(
                 "w",
                 Some(&args(
                     json!({"request_id": "a", "text": "b", weird.clone(): 1}),
                 )),
             )
-            .expect("unknown long name");
+            .expect("unknown long name")
+            .message;
         assert!(!message.contains(&weird));
         assert!(s.problem("w", None).is_some());
     }
 
     #[test]
-    fn open_schemas_accept_extra_arguments() {
-        let s = shape(json!({"type": "object", "properties": {"a": {}}}));
-        assert_eq!(s.problem("t", Some(&args(json!({"a": 1, "b": 2})))), None);
-        assert_eq!(s.problem("t", None), None);
+    fn unknown_arguments_are_refused_unless_the_schema_admits_them() {
+        let silent = shape(json!({"type": "object", "properties": {"a": {}}}));
+        assert!(
+            silent
+                .problem("t", Some(&args(json!({"a": 1, "b": 2}))))
+                .is_some()
+        );
+        assert_eq!(silent.problem("t", Some(&args(json!({"a": 1})))), None);
+        assert_eq!(silent.problem("t", None), None);
+        for admitted in [json!(true), json!({"type": "integer"})] {
+            let open = shape(
+                json!({"type": "object", "properties": {"a": {}}, "additionalProperties": admitted}),
+            );
+            assert_eq!(
+                open.problem("t", Some(&args(json!({"a": 1, "b": 2})))),
+                None
+            );
+        }
     }
 }

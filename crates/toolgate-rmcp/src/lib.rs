@@ -16,6 +16,9 @@ mod gate;
 pub mod harness;
 mod input;
 mod permit;
+mod refusal;
+mod schema;
+mod state;
 
 pub use exactly_once::IDEMPOTENCY_KEY_META;
 pub use gate::{
@@ -23,6 +26,7 @@ pub use gate::{
     TOOL_NOT_FOUND,
 };
 pub use permit::{Permit, PermitError};
+pub use state::{GateState, PolicyHandle, Reload, ReloadError, Reloaded};
 
 /// The README's example is compiled as a doc test so that it cannot rot.
 #[doc = include_str!("../../../README.md")]

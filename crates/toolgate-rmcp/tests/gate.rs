@@ -247,13 +247,7 @@ async fn an_allowed_call_is_audited_after_its_handler_returns() {
     let before = audit_lines(&setup.audit_path).len();
     assert_eq!(before, 1);
 
-    let result = call(
-        &client,
-        "echo",
-        json!({"text": "hi", "request_id": "req-0001"}),
-    )
-    .await
-    .unwrap();
+    let result = call(&client, "echo", json!({"text": "hi"})).await.unwrap();
     assert_eq!(result.is_error, Some(false));
     assert_eq!(first_text(&result), "echo: hi");
     assert!(setup.observed.echo_ran.load(Ordering::SeqCst));
@@ -270,10 +264,28 @@ async fn an_allowed_call_is_audited_after_its_handler_returns() {
     assert_eq!(allow["decision"], "allow");
     assert_eq!(allow["outcome"], "executed");
     assert_eq!(allow["reason"], "allow");
-    // `echo` does not declare `request_id`, so a caller cannot choose the recorded id.
     assert!(
         allow["request_id"].as_str().unwrap().starts_with("rpc:"),
         "{allow}"
+    );
+
+    // `echo` does not declare `request_id`: passing one is refused as an unknown argument, and the
+    // caller cannot choose the recorded id.
+    let refused = call(
+        &client,
+        "echo",
+        json!({"text": "hi", "request_id": "req-0001"}),
+    )
+    .await
+    .unwrap();
+    assert_eq!(refused.is_error, Some(true));
+    assert!(first_text(&refused).contains("`request_id`"));
+    let lines = audit_lines(&setup.audit_path);
+    let deny = lines.last().unwrap();
+    assert_eq!(deny["reason"], "input_schema.unknown_argument");
+    assert!(
+        deny["request_id"].as_str().unwrap().starts_with("rpc:"),
+        "{deny}"
     );
     client.cancel().await.unwrap();
 }
