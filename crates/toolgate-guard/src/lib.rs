@@ -1,3 +1,36 @@
-//! Runtime guards that the gate consults on every call (no MCP knowledge).
+//! Runtime guards that the gate consults on every tool call.
+//!
+//! The policy (`toolgate-policy`) says what a call *may* do; these guards hold the state that
+//! changes while the server runs, and the gate asks them again on every call, so that an
+//! operator's decision takes effect on the very next call without a restart:
+//!
+//! - [`kill_switch`]: `<ledger_dir>/halt.json`. While it exists every call is refused. Read fresh
+//!   on each call (one failed `open` when running), and fail-closed: an unreadable halt file halts.
+//! - [`rights`]: the rights file mapping principals to the tools they may call. Re-read when it
+//!   changes, so a revocation applies to the next call; an invalid file refuses every call.
+//! - [`rate`]: token buckets (per principal, per tool, ...), taken all-or-nothing per call.
+//! - [`confirm`]: pending two-step actions. A preview issues a one-time token; the confirming call
+//!   must present it with the preview's exact summary. In memory, per process.
+//! - [`paths`]: whether a path argument, with symbolic links followed, stays inside the allowed
+//!   roots.
+//!
+//! This crate knows nothing about MCP or JSON-RPC; it deals in principals, tool names, keys,
+//! tokens and paths. File formats, caching rules and durability assumptions are in
+//! `docs/guard.md`.
 
 #![forbid(unsafe_code)]
+
+pub mod confirm;
+mod error;
+mod fsutil;
+pub mod kill_switch;
+pub mod paths;
+pub mod rate;
+pub mod rights;
+
+pub use confirm::{ConfirmError, ConfirmToken, Issued, PendingAction, PendingActions};
+pub use error::GuardError;
+pub use kill_switch::{Halt, KillSwitch, Status};
+pub use paths::{PathError, resolve_within};
+pub use rate::{Limit, Limited, RateLimiter};
+pub use rights::{Rights, RightsFile};

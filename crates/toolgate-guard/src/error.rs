@@ -1,0 +1,81 @@
+//! The error type of the file-backed guards (kill switch and rights file).
+//!
+//! Every message names the cause and the fix. Messages carry paths of configuration files (which
+//! the operator chose) but never caller input such as tool arguments.
+
+use std::path::PathBuf;
+
+/// Why a kill switch or rights file operation failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum GuardError {
+    /// The halt reason given to [`crate::KillSwitch::halt`] is not acceptable; nothing was written.
+    #[error(
+        "invalid halt reason: {problem}; give a non-empty reason of at most 1000 characters \
+         without control characters (nothing was written)"
+    )]
+    InvalidReason {
+        /// What is wrong, without quoting the reason.
+        problem: String,
+    },
+
+    /// The `by` field given to [`crate::KillSwitch::halt`] is not acceptable; nothing was written.
+    #[error(
+        "invalid halt author: {problem}; identify who halts with at most 256 characters without \
+         control characters (nothing was written)"
+    )]
+    InvalidBy {
+        /// What is wrong, without quoting the value.
+        problem: String,
+    },
+
+    /// An operating system call on the ledger directory failed.
+    #[error(
+        "could not {op} {path}: {source}; check that the directory is on a local filesystem, \
+         writable by this process and not full, then retry"
+    )]
+    Io {
+        /// The operation that failed, e.g. `"fsync directory"`.
+        op: &'static str,
+        /// The path it was applied to.
+        path: PathBuf,
+        /// The operating system's error.
+        source: std::io::Error,
+    },
+
+    /// The rights file could not be opened or read. The gate refuses every call until it can.
+    #[error(
+        "the rights file {path} could not be read: {source}; create it or make it readable by \
+         this process (format: docs/guard.md); until then every call is refused"
+    )]
+    RightsUnreadable {
+        /// The rights file.
+        path: PathBuf,
+        /// The operating system's error.
+        source: std::io::Error,
+    },
+
+    /// The rights file was read but is not a valid rights file. The gate refuses every call until
+    /// it is fixed; the next call reads it again.
+    #[error(
+        "the rights file {path} is invalid: {problem}; fix the file (format: docs/guard.md); \
+         until then every call is refused"
+    )]
+    RightsInvalid {
+        /// The rights file.
+        path: PathBuf,
+        /// What is wrong with it.
+        problem: String,
+    },
+}
+
+impl GuardError {
+    /// Shorthand for building [`GuardError::Io`].
+    pub(crate) fn io(op: &'static str, path: impl Into<PathBuf>, source: std::io::Error) -> Self {
+        GuardError::Io {
+            op,
+            path: path.into(),
+            source,
+        }
+    }
+}
