@@ -61,6 +61,8 @@ pub struct ServerOptions {
     pub segment_bytes: Option<u64>,
     /// Who is calling (keys of exactly-once tools are scoped to it). Default `local`.
     pub principal: Option<String>,
+    /// The rights file (`--rights`, `TOOLGATE_RIGHTS_FILE`); without it only the policy decides.
+    pub rights: Option<PathBuf>,
 }
 
 /// The exactly-once effect store's directory inside the ledger.
@@ -92,6 +94,9 @@ pub struct BuiltServer {
     pub gated: GatedServer,
     /// The audit log behind the gate.
     pub audit: Arc<FileAuditLog>,
+    /// What the server was started with (a SIGHUP reload re-reads `policy` and re-checks the
+    /// contract against `expect_digest` / `attestation`).
+    pub options: ServerOptions,
 }
 
 /// Reads an HMAC key file (one trailing newline ignored); the error names the file.
@@ -222,12 +227,83 @@ pub fn build(options: &ServerOptions) -> anyhow::Result<BuiltServer> {
         .with_contract_digest(live.integrity_digest())
         .with_tool_contract_digests(tool_digests)
         .with_contract_changes(changes);
-    Ok(BuiltServer { gated, audit })
+    Ok(BuiltServer {
+        gated,
+        audit,
+        options: options.clone(),
+    })
 }
 
-/// Serves MCP over stdin/stdout until the client closes the connection.
+/// Re-reads the policy file and installs it in the running gate: the file is parsed completely
+/// first, and the new live contract must still satisfy `--expect-digest` / `--attestation` when
+/// those were given. On any error the old policy stays in force and the refusal is audited; on
+/// success both digests are audited.
+pub fn reload_policy(
+    options: &ServerOptions,
+    handle: &toolgate_rmcp::PolicyHandle,
+) -> anyhow::Result<toolgate_rmcp::Reloaded> {
+    let prepared = (|| -> anyhow::Result<toolgate_rmcp::Reload> {
+        let policy = load_policy(&options.policy)?;
+        let live = contract::live_lockfile(&policy)?;
+        check_contract(options, &live)
+            .context("the new policy changes the attested tool contract")?;
+        Ok(toolgate_rmcp::Reload {
+            policy,
+            contract_digest: Some(live.integrity_digest()),
+            tool_contract_digests: Some(
+                live.contract()
+                    .tools
+                    .iter()
+                    .map(|(name, contract)| (name.clone(), contract.digest()))
+                    .collect(),
+            ),
+        })
+    })();
+    match prepared {
+        Ok(reload) => Ok(handle.install(reload)?),
+        Err(error) => {
+            handle.record_rejected(&format!("{error:#}"));
+            Err(error)
+        }
+    }
+}
+
+/// Reloads the policy on every SIGHUP until the process ends.
+fn spawn_reload_on_sighup(
+    options: ServerOptions,
+    handle: toolgate_rmcp::PolicyHandle,
+) -> anyhow::Result<()> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut hangups = signal(SignalKind::hangup()).context("cannot listen for SIGHUP")?;
+    tokio::spawn(async move {
+        while hangups.recv().await.is_some() {
+            let options = options.clone();
+            let handle = handle.clone();
+            let outcome =
+                tokio::task::spawn_blocking(move || reload_policy(&options, &handle)).await;
+            match outcome {
+                Ok(Ok(reloaded)) => {
+                    tracing::info!(old = %reloaded.old, new = %reloaded.new, "policy reloaded on SIGHUP");
+                }
+                Ok(Err(error)) => {
+                    tracing::error!("policy reload refused, the old policy stays in force: {error:#}");
+                }
+                Err(error) => tracing::error!(%error, "the policy reload task failed"),
+            }
+        }
+    });
+    Ok(())
+}
+
+/// Serves MCP over stdin/stdout until the client closes the connection; SIGHUP reloads the
+/// policy.
 pub async fn serve_stdio(server: BuiltServer) -> anyhow::Result<()> {
-    let BuiltServer { gated, audit } = server;
+    let BuiltServer {
+        gated,
+        audit,
+        options,
+    } = server;
+    spawn_reload_on_sighup(options, gated.policy_handle())?;
     let (stdin, stdout) = rmcp::transport::stdio();
     let session = match gated.serve((stdin, stdout)).await {
         Ok(running) => running
@@ -265,27 +341,91 @@ pub fn verify_ledger(ledger: &Path, key_file: Option<&Path>) -> anyhow::Result<V
     Ok(toolgate_audit::verify(&options)?)
 }
 
+/// Opens the ledger's audit log for an operator command, with the configured checkpoint key.
+fn operator_audit(options: &ServerOptions) -> anyhow::Result<FileAuditLog> {
+    let mut audit_config = AuditConfig::new(options.ledger.join(AUDIT_FILE));
+    if let Some(path) = &options.audit_key_file {
+        audit_config = audit_config.checkpoint_key(load_key(path)?);
+    }
+    FileAuditLog::open_with(audit_config)
+        .with_context(|| format!("cannot open the audit log in {}", options.ledger.display()))
+}
+
+/// An operator's record (`method` e.g. `admin/halt`), not a tool call.
+fn operator_entry(
+    method: &str,
+    name: &str,
+    outcome: &str,
+    reason: String,
+    subject: &serde_json::Value,
+) -> toolgate_audit::AuditEntry {
+    let mut entry = toolgate_audit::AuditEntry::tool_call(
+        "operator",
+        name,
+        toolgate_audit::Decision::Allow,
+        outcome,
+        toolgate_canon::Sha256Digest::of_json(subject),
+    )
+    .with_reason(reason);
+    entry.method = method.to_owned();
+    entry
+}
+
+/// Sets the kill switch of the ledger (every tools/call of every server on it is refused from its
+/// next call on) and records it in the audit log. Returns the halt it replaced, if any.
+pub fn halt(
+    options: &ServerOptions,
+    reason: &str,
+    by: &str,
+) -> anyhow::Result<Option<toolgate_guard::Halt>> {
+    let switch = toolgate_guard::KillSwitch::new(&options.ledger);
+    let (halt, previous) = switch.halt_at(reason, by, std::time::SystemTime::now())?;
+    let audit = operator_audit(options)?;
+    audit.append(&operator_entry(
+        "admin/halt",
+        "kill_switch",
+        "halted",
+        format!("halted by {}: {}", halt.by, halt.reason),
+        &serde_json::json!({"by": halt.by, "reason": halt.reason, "since_ns": halt.since_ns.to_string()}),
+    ))?;
+    audit.checkpoint()?;
+    Ok(previous)
+}
+
+/// Lifts the kill switch and records it. Returns the halt that was in force, if any.
+pub fn resume(options: &ServerOptions) -> anyhow::Result<Option<toolgate_guard::Halt>> {
+    let switch = toolgate_guard::KillSwitch::new(&options.ledger);
+    let lifted = switch.resume()?;
+    let audit = operator_audit(options)?;
+    let reason = match &lifted {
+        Some(halt) => format!("lifted the halt by {}: {}", halt.by, halt.reason),
+        None => "no halt was in force".to_owned(),
+    };
+    audit.append(&operator_entry(
+        "admin/resume",
+        "kill_switch",
+        if lifted.is_some() { "resumed" } else { "not_halted" },
+        reason,
+        &serde_json::json!({"lifted": lifted.as_ref().map(|h| h.since_ns.to_string())}),
+    ))?;
+    audit.checkpoint()?;
+    Ok(lifted)
+}
+
 /// Removes completed exactly-once records older than their retention window, and records the
 /// pruning in the audit log (pruning is explicit and audited). Returns how many were removed.
 pub fn prune_effects(options: &ServerOptions) -> anyhow::Result<u64> {
     let policy = load_policy(&options.policy)?;
     let effects = open_effects(&options.ledger, &policy)?;
     let removed = effects.prune(std::time::SystemTime::now())?;
-    let mut audit_config = AuditConfig::new(options.ledger.join(AUDIT_FILE));
-    if let Some(path) = &options.audit_key_file {
-        audit_config = audit_config.checkpoint_key(load_key(path)?);
-    }
-    let audit = FileAuditLog::open_with(audit_config)?;
-    let mut entry = toolgate_audit::AuditEntry::tool_call(
-        "operator",
+    let audit = operator_audit(options)?;
+    audit.append(&operator_entry(
+        "effects/prune",
         "effects",
-        toolgate_audit::Decision::Allow,
         "pruned",
-        toolgate_canon::Sha256Digest::of_json(&serde_json::json!({"removed": removed})),
-    )
-    .with_reason(format!("removed {removed} completed records"));
-    entry.method = "effects/prune".to_owned();
-    audit.append(&entry)?;
+        format!("removed {removed} completed records"),
+        &serde_json::json!({"removed": removed}),
+    ))?;
     audit.checkpoint()?;
     Ok(removed)
 }

@@ -51,6 +51,10 @@ struct Cli {
     /// Who is calling: exactly-once keys are scoped to it (default `local`).
     #[arg(long, env = "TOOLGATE_PRINCIPAL", global = true)]
     principal: Option<String>,
+    /// The rights file: which tools each principal may call, re-read so that a revocation takes
+    /// effect on the next call. Without it only the policy decides.
+    #[arg(long, env = "TOOLGATE_RIGHTS_FILE", global = true)]
+    rights: Option<PathBuf>,
     #[command(subcommand)]
     command: Option<Command>,
 }
@@ -66,6 +70,18 @@ enum Command {
     },
     /// Run the gated server end to end against a child process and print a transcript.
     Demo,
+    /// Stop every tools/call of every server on this ledger (the kill switch), audited. Takes
+    /// effect on each server's next call, without a restart; tools/list keeps working.
+    Halt {
+        /// Why, shown to refused callers and recorded in the audit log.
+        #[arg(long)]
+        reason: String,
+        /// Who halts (recorded); default $USER, else `operator`.
+        #[arg(long, env = "USER", default_value = "operator")]
+        by: String,
+    },
+    /// Lift the kill switch (audited).
+    Resume,
     /// The exactly-once effect store under the ledger.
     Effects {
         #[command(subcommand)]
@@ -196,6 +212,7 @@ fn main() -> ExitCode {
         checkpoint_mirror: cli.checkpoint_mirror,
         segment_bytes: cli.segment_bytes,
         principal: cli.principal,
+        rights: cli.rights,
     };
     match cli.command.unwrap_or(Command::Serve) {
         Command::Serve => {
@@ -246,6 +263,35 @@ fn main() -> ExitCode {
                     Format::Json => println!("{}", stats.render_json()),
                     Format::Text => print!("{}", stats.render_text()),
                 }
+                ExitCode::SUCCESS
+            }
+            Err(error) => fail(&error),
+        },
+        Command::Halt { reason, by } => match toolgate_server::halt(&paths, &reason, &by) {
+            Ok(previous) => {
+                match previous {
+                    Some(previous) => println!(
+                        "halt: every tools/call on {} is refused (replacing the halt of {} by {})",
+                        paths.ledger.display(),
+                        previous.since_ns,
+                        previous.by
+                    ),
+                    None => println!(
+                        "halt: every tools/call on {} is refused; lift with `toolgate-server resume`",
+                        paths.ledger.display()
+                    ),
+                }
+                ExitCode::SUCCESS
+            }
+            Err(error) => fail(&error),
+        },
+        Command::Resume => match toolgate_server::resume(&paths) {
+            Ok(Some(lifted)) => {
+                println!("resume: lifted the halt by {} ({})", lifted.by, lifted.reason);
+                ExitCode::SUCCESS
+            }
+            Ok(None) => {
+                println!("resume: no halt was in force");
                 ExitCode::SUCCESS
             }
             Err(error) => fail(&error),
