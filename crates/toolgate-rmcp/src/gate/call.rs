@@ -1,0 +1,658 @@
+//! The tools/call pipeline: every check that can refuse a call runs before any handler code, in
+//! this order (the first that refuses decides, and is audited with its rule):
+//!
+//! 1. the gate's own `confirm_action` / `reject_action` (two-step confirmation, `confirm.rs`);
+//! 2. unknown tool, policy deny (for this principal), rights file: the same -32602 error;
+//! 3. kill switch (a JSON-RPC error; tools the policy exempts keep working);
+//! 4. input shape (required, unknown arguments), policy argument rules, JSON Schema, path
+//!    containment through symbolic links: an `isError` refusal;
+//! 5. batch guard (explicit ids, or a filter whose match count must equal `expected_count`);
+//! 6. rate limits (per tool, per principal);
+//! 7. two-step confirmation for notify / wake / alert / delete tools: a preview, nothing executed;
+//! 8. exactly-once, then the handler with a `Permit`; the result's untrusted fields are wrapped.
+
+use std::sync::Arc;
+use std::time::{Instant, SystemTime};
+
+use rmcp::model::{
+    CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, ErrorCode, Tool,
+};
+use rmcp::service::RequestContext;
+use rmcp::{ErrorData as McpError, RoleServer, ServerHandler};
+use serde_json::{Map, Value, json};
+use toolgate_audit::Decision as AuditDecision;
+use toolgate_canon::Sha256Digest;
+use toolgate_commit::effect::{Begin, EffectError, EffectRequest, Resolution, Scope};
+use toolgate_guard::{Limit, Status};
+use toolgate_policy::{BatchCall, Decision, Policy, ToolName};
+
+use super::{
+    CONFIRM_ACTION, CallGuard, Gated, HALTED, ProbeAnswer, REJECT_ACTION, TOOL_NOT_FOUND,
+    error_text, policy_refusal,
+};
+use crate::exactly_once;
+use crate::input::InputShape;
+use crate::permit::Permit;
+use crate::refusal::Refusal;
+use crate::state::GateState;
+
+/// At most this many batch matches are returned with a count mismatch.
+const MAX_BATCH_MATCHES_SHOWN: usize = 100;
+
+/// Everything the execution step needs about a call that passed every check.
+pub(super) struct Admitted {
+    pub(super) state: Arc<GateState>,
+    pub(super) name: String,
+    pub(super) tool: Tool,
+    pub(super) args_digest: Sha256Digest,
+    pub(super) request_id: String,
+    /// The rule recorded as the allow line's reason (`allow`, or `confirmed`).
+    pub(super) rule: String,
+    pub(super) input: InputShape,
+}
+
+impl<H: ServerHandler> Gated<H> {
+    pub(super) async fn gated_call_tool(
+        &self,
+        request: CallToolRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<CallToolResponse, McpError> {
+        let name = request.name.to_string();
+        if self.confirmations_offered(&name) {
+            return self.confirmation_call(request, context).await;
+        }
+        // The recorded name is the caller's input: a name no tool could have (too long, odd
+        // characters) is recorded as its digest so a caller cannot bloat or forge log content.
+        let recorded_name = match ToolName::new(&name) {
+            Ok(_) => name.clone(),
+            Err(_) => format!("sha256:{}", Sha256Digest::of(name.as_bytes())),
+        };
+        let state = self.state.snapshot();
+        let policy = Arc::clone(&state.policy);
+        let arguments = request.arguments.as_ref();
+        let args_digest =
+            Sha256Digest::of_json(&Value::Object(arguments.cloned().unwrap_or_default()));
+        let deny = |request_id: String, reason: String| {
+            self.entry(
+                &state,
+                request_id,
+                &recorded_name,
+                AuditDecision::Deny,
+                "not_executed",
+                args_digest,
+            )
+            .with_reason(reason)
+        };
+
+        let decision = policy.decide_for(&self.principal, &name, arguments);
+        let tool = self.inner.get_tool(&name);
+        // A tool the inner handler does not have is recorded as unknown whatever the policy says;
+        // the caller sees the same error either way.
+        let hidden_reason = match (&tool, &decision) {
+            (None, _) => Some("unknown_tool".to_owned()),
+            (Some(_), Decision::DenyTool(denial)) => Some(denial.rule().to_owned()),
+            (Some(_), _) => self.rights_refusal(&name),
+        };
+        let Some(tool) = tool.filter(|_| hidden_reason.is_none()) else {
+            let reason = hidden_reason.unwrap_or_else(|| "unknown_tool".to_owned());
+            let entry = deny(format!("rpc:{}", context.id), reason);
+            if let Err(error) = self.record(entry).await {
+                // The call is refused either way; losing the record is reported, not hidden.
+                tracing::error!(tool = %recorded_name, %error, "could not audit a denied call");
+            }
+            tracing::info!(tool = %recorded_name, decision = "deny", "tools/call refused before dispatch");
+            return Err(McpError::invalid_params(TOOL_NOT_FOUND, None));
+        };
+        let request_id = self.request_id(arguments, &tool, &context.id);
+
+        if !policy.halt_exempt(&name)
+            && let Some(error) = self.halted()
+        {
+            if let Err(e) = self.record(deny(request_id, "kill_switch".to_owned())).await {
+                tracing::error!(tool = %name, error = %e, "could not audit a halted call");
+            }
+            return Err(error);
+        }
+
+        // Argument refusals are tool results (isError), not protocol errors: the spec puts input
+        // validation there, and the model can correct its call in the same turn.
+        let input = InputShape::of_schema(&tool.input_schema);
+        let mut refusal = input
+            .problem(&name, arguments)
+            .or_else(|| match &decision {
+                Decision::DenyArgs(violation) => Some(policy_refusal(violation)),
+                _ => None,
+            })
+            .or_else(|| self.schemas.check(&name, &tool.input_schema, arguments).err())
+            .or_else(|| path_refusal(&policy, &self.principal, &name, arguments));
+        if refusal.is_none() {
+            refusal = self.batch_refusal(&policy, &name, arguments).await;
+        }
+        if refusal.is_none() {
+            refusal = self.rate_refusal(&policy, &name);
+        }
+        if let Some(refusal) = refusal {
+            if let Err(error) = self
+                .record(deny(request_id.clone(), refusal.rule.clone()))
+                .await
+            {
+                tracing::error!(tool = %recorded_name, %error, "could not audit a refused call");
+            }
+            let note = self.contract_note(&name, &input);
+            return Ok(refusal.into_result(&note).into());
+        }
+
+        if policy
+            .effect_class(&name)
+            .is_some_and(|class| class.needs_confirmation())
+        {
+            return self
+                .preview(&state, &name, &tool, arguments, args_digest, request_id, "confirmation_required")
+                .await;
+        }
+
+        let admitted = Admitted {
+            state,
+            name,
+            tool,
+            args_digest,
+            request_id,
+            rule: decision.rule(),
+            input,
+        };
+        self.execute(admitted, request, context).await
+    }
+
+    /// Whether `name` is one of the gate's own confirmation tools and the gate offers them (the
+    /// inner handler's own tool of that name, if any, wins).
+    pub(super) fn confirmations_offered(&self, name: &str) -> bool {
+        (name == CONFIRM_ACTION || name == REJECT_ACTION) && self.inner.get_tool(name).is_none()
+    }
+
+    /// The hidden-tool reason when the rights file does not grant `name` to the principal (or
+    /// cannot be read: fail closed). `None` without a rights file.
+    pub(super) fn rights_refusal(&self, name: &str) -> Option<String> {
+        let rights = self.rights.as_ref()?;
+        match rights.rights(&self.principal) {
+            Ok(granted) if granted.allows(name) => None,
+            Ok(_) => Some("rights".to_owned()),
+            Err(error) => {
+                tracing::error!(%error, "the rights file is unusable; refusing every call");
+                Some("rights_unavailable".to_owned())
+            }
+        }
+    }
+
+    /// The JSON-RPC error of a halted server, if the kill switch is set.
+    pub(super) fn halted(&self) -> Option<McpError> {
+        let switch = self.kill_switch.as_ref()?;
+        match switch.status() {
+            Status::Running => None,
+            Status::Halted(halt) => Some(McpError::new(
+                ErrorCode(HALTED),
+                format!(
+                    "calls are halted by an operator ({}); nothing was executed. Retry after the operator runs `toolgate-server resume`",
+                    halt.reason
+                ),
+                Some(json!({"halted": true, "reason": halt.reason, "by": halt.by, "since_ns": halt.since_ns.to_string()})),
+            )),
+        }
+    }
+
+    /// A batch tool's shape check, and for a filter call the match count against
+    /// `expected_count` (asking the preflight for the current matches).
+    async fn batch_refusal(
+        &self,
+        policy: &Policy,
+        name: &str,
+        arguments: Option<&Map<String, Value>>,
+    ) -> Option<Refusal> {
+        let batch = policy.batch(name)?;
+        let empty = Map::new();
+        let call = match batch.check(arguments.unwrap_or(&empty)) {
+            Ok(call) => call,
+            Err(violation) => {
+                return Some(Refusal {
+                    rule: violation.rule(),
+                    message: violation.message(),
+                    details: json!({
+                        "error": "batch_rejected",
+                        "tool": name,
+                        "rule": violation.rule(),
+                        "fix": violation.message(),
+                    }),
+                });
+            }
+        };
+        let BatchCall::Filter {
+            filter,
+            expected_count,
+        } = call
+        else {
+            return None;
+        };
+        let rule = format!("batch.{name}.expected_count");
+        let Some(preflight) = self.preflight.clone() else {
+            let fix = "pass explicit ids instead of a filter";
+            return Some(Refusal {
+                message: format!(
+                    "Error: `{name}` cannot be called with a filter on this server (no batch matcher is configured; rule {rule}); nothing was executed. {fix}"
+                ),
+                details: json!({"error": "batch_rejected", "tool": name, "rule": rule, "fix": fix}),
+                rule,
+            });
+        };
+        let tool = name.to_owned();
+        let matched =
+            tokio::task::spawn_blocking(move || preflight.batch_matches(&tool, &filter)).await;
+        let matches = match matched {
+            Ok(Ok(matches)) => matches,
+            Ok(Err(why)) | Err(_) if true => {
+                let why = match matched {
+                    Ok(Err(why)) => why,
+                    _ => "the matcher task failed".to_owned(),
+                };
+                let fix = "fix the filter or pass explicit ids";
+                return Some(Refusal {
+                    message: format!(
+                        "Error: the filter of `{name}` could not be evaluated ({why}); nothing was executed. {fix}"
+                    ),
+                    details: json!({"error": "batch_rejected", "tool": name, "rule": rule, "fix": fix}),
+                    rule,
+                });
+            }
+            _ => return None,
+        };
+        let count = u64::try_from(matches.len()).unwrap_or(u64::MAX);
+        if count == expected_count {
+            return None;
+        }
+        let fix = "check the matches; call again with explicit ids, or with a narrower filter and the right expected_count";
+        let shown: Vec<Value> = matches.into_iter().take(MAX_BATCH_MATCHES_SHOWN).collect();
+        Some(Refusal {
+            message: format!(
+                "Error: the filter of `{name}` matches {count} items but expected_count is {expected_count} (rule {rule}); nothing was executed. {fix}"
+            ),
+            details: json!({
+                "error": "batch_count_mismatch",
+                "tool": name,
+                "rule": rule,
+                "expected_count": expected_count,
+                "matched": count,
+                "matches": shown,
+                "fix": fix,
+            }),
+            rule,
+        })
+    }
+
+    /// Takes a token from the tool's and the principal's buckets, or refuses with retry-after.
+    fn rate_refusal(&self, policy: &Policy, name: &str) -> Option<Refusal> {
+        let mut keys = Vec::new();
+        let mut rules = Vec::new();
+        if let Some(rate) = policy.tool_rate(name) {
+            keys.push((format!("tool:{name}"), limit(rate)));
+            rules.push(format!("rate_limits.tools.{name}"));
+        }
+        if let Some(rate) = policy.principal_rate(&self.principal) {
+            keys.push((format!("principal:{}", self.principal), limit(rate)));
+            rules.push(format!("rate_limits.principals.{}", self.principal));
+        }
+        if keys.is_empty() {
+            return None;
+        }
+        let limited = self.rates.check(&keys, Instant::now()).err()?;
+        let rule = rules
+            .get(limited.key_index)
+            .cloned()
+            .unwrap_or_else(|| "rate_limits".to_owned());
+        let retry_after = limited.retry_after_secs();
+        let fix = format!("retry after {retry_after} s");
+        Some(Refusal {
+            message: format!(
+                "Error: `{name}` is over its rate limit (rule {rule}); nothing was executed. Retry after {retry_after} s"
+            ),
+            details: json!({
+                "error": "rate_limited",
+                "tool": name,
+                "rule": rule,
+                "retry_after_secs": retry_after,
+                "fix": fix,
+            }),
+            rule,
+        })
+    }
+
+    /// Runs an admitted call: exactly-once when the policy opts the tool in, then the handler
+    /// with a permit, then the audit record, and the untrusted-output wrapping.
+    pub(super) async fn execute(
+        &self,
+        admitted: Admitted,
+        request: CallToolRequestParams,
+        mut context: RequestContext<RoleServer>,
+    ) -> Result<CallToolResponse, McpError> {
+        let Admitted {
+            state,
+            name,
+            tool,
+            args_digest,
+            request_id,
+            rule,
+            input,
+        } = admitted;
+        let policy = Arc::clone(&state.policy);
+        let arguments = request.arguments.as_ref();
+        let response = self
+            .execute_inner(
+                &state, &policy, &name, &tool, args_digest, request_id, rule, &input, request,
+                &mut context,
+            )
+            .await;
+        match (response, policy.untrusted_output(&name)) {
+            (Ok(CallToolResponse::Complete(mut result)), Some(untrusted)) => {
+                wrap_untrusted(&mut result, untrusted);
+                let _ = arguments;
+                Ok(result.into())
+            }
+            (other, _) => other,
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    async fn execute_inner(
+        &self,
+        state: &GateState,
+        policy: &Policy,
+        name: &str,
+        tool: &Tool,
+        args_digest: Sha256Digest,
+        request_id: String,
+        rule: String,
+        input: &InputShape,
+        request: CallToolRequestParams,
+        context: &mut RequestContext<RoleServer>,
+    ) -> Result<CallToolResponse, McpError> {
+        let name = name.to_owned();
+        let state = state;
+        let arguments = request.arguments.as_ref();
+        // Exactly-once: a tool the policy opts in runs at most once per key; replays, conflicts
+        // and calls still in progress are answered here without running the handler.
+        let mut ticket = None;
+        if let (Some(settings), Some(effects)) = (policy.idempotency(&name), &self.effects) {
+            let request = EffectRequest {
+                scope: Scope {
+                    principal: self.principal.clone(),
+                    tool: name.clone(),
+                },
+                key: exactly_once::key_for(settings, arguments, &context.meta, args_digest),
+                fingerprint: exactly_once::fingerprint(args_digest, &tool.input_schema),
+            };
+            let kind = exactly_once::kind(settings);
+            let store = Arc::clone(effects);
+            let probe = self.probes.get(&name).cloned();
+            let probe_args = arguments.cloned();
+            let begun = tokio::task::spawn_blocking(move || {
+                let first = store.begin(&request, kind);
+                // An unsafe effect whose caller died: ask the tool's probe, if it has one, and
+                // resolve the record from the answer before deciding again (once).
+                let (Err(EffectError::Indeterminate { .. }), Some(probe)) = (&first, probe) else {
+                    return first;
+                };
+                let resolution = match probe(probe_args.as_ref()) {
+                    ProbeAnswer::Happened(result) => {
+                        Resolution::Completed(exactly_once::stored(&result))
+                    }
+                    ProbeAnswer::NotHappened => Resolution::Forget,
+                    ProbeAnswer::Unknown => return first,
+                };
+                store.resolve(&request.scope, &request.key, resolution)?;
+                store.begin(&request, kind)
+            })
+            .await;
+            let answer: Option<(&str, Result<CallToolResult, McpError>)> = match begun {
+                Ok(Ok(Begin::Execute(t))) => {
+                    ticket = Some(t);
+                    None
+                }
+                Ok(Ok(Begin::Replay(stored))) => Some(
+                    match exactly_once::replayed(stored, settings.replay_marker.as_ref()) {
+                        Some(result) => ("replay", Ok(result)),
+                        None => (
+                            "error",
+                            Err(McpError::internal_error(
+                                "the stored result of this call cannot be read back; inspect the effect store",
+                                None,
+                            )),
+                        ),
+                    },
+                ),
+                Ok(Ok(Begin::ReplayFailure(text))) => Some((
+                    "replay",
+                    Ok(CallToolResult::error(vec![ContentBlock::text(text)])),
+                )),
+                Ok(Err(EffectError::Conflict { .. })) => Some((
+                    "conflict",
+                    Ok(error_text(
+                        "Error: this idempotency key was already used with different arguments; nothing was executed. Retry with the original arguments, or use a new key for a new effect",
+                    )),
+                )),
+                Ok(Err(EffectError::InProgress { retry_after, .. })) => Some((
+                    "in_progress",
+                    Ok(error_text(&format!(
+                        "Error: a call with this idempotency key is still in progress; nothing was executed. Retry after {} s",
+                        retry_after.as_secs().max(1)
+                    ))),
+                )),
+                Ok(Err(EffectError::Indeterminate { .. })) => Some((
+                    "indeterminate",
+                    Ok(error_text(
+                        "Error: an earlier call with this idempotency key stopped mid-effect, so the effect may or may not have happened; it is not re-run automatically. An operator must inspect the target and resolve the key",
+                    )),
+                )),
+                Ok(Err(error)) => Some((
+                    "error",
+                    Err(McpError::internal_error(
+                        format!("the effect store failed: {error}"),
+                        None,
+                    )),
+                )),
+                Err(_) => Some((
+                    "error",
+                    Err(McpError::internal_error(
+                        "the effect store task was cancelled; retry the call",
+                        None,
+                    )),
+                )),
+            };
+            if let Some((outcome, response)) = answer {
+                let entry = self
+                    .entry(
+                        state,
+                        request_id.clone(),
+                        &name,
+                        AuditDecision::Allow,
+                        outcome,
+                        args_digest,
+                    )
+                    .with_reason(rule.clone());
+                if let Err(error) = self.record(entry).await {
+                    tracing::error!(tool = %name, %error, "could not audit an exactly-once answer");
+                    return Err(McpError::internal_error(
+                        "the call's audit record could not be written; retry once the audit log is writable",
+                        None,
+                    ));
+                }
+                return response.map(Into::into);
+            }
+        }
+
+        let permit = Permit::issue(&name, &request_id, self.store.clone());
+        context.extensions.insert(permit.clone());
+        // If this future is dropped (the client cancelled) or the handler panics, the guard still
+        // expires the permit and records the decision with what the handler reached.
+        let mut guard = CallGuard {
+            permit: permit.clone(),
+            audit: Some(Arc::clone(&self.audit)),
+            entry: self
+                .entry(
+                    state,
+                    request_id.clone(),
+                    &name,
+                    AuditDecision::Allow,
+                    "cancelled",
+                    args_digest,
+                )
+                .with_reason(rule.clone()),
+        };
+        let response = self.inner.call_tool(request, context.clone()).await;
+        guard.audit = None;
+        let recorded = permit.close();
+        // rmcp answers arguments its `Parameters<T>` cannot deserialize with -32602 and serde's
+        // message, which quotes the offending value. Turn that into a tool result without values,
+        // with the tool's current contract, as for the gate's own argument refusals.
+        let (response, invalid_arguments) = match response {
+            Err(error) if error.code == ErrorCode::INVALID_PARAMS && recorded.is_none() => {
+                let fix = "check each argument against the input schema and retry";
+                let refusal = Refusal {
+                    rule: "handler.invalid_arguments".to_owned(),
+                    message: format!(
+                        "Error: the arguments of `{name}` do not match what its handler accepts (an argument has the wrong type or an unexpected value); {fix}"
+                    ),
+                    details: serde_json::json!({
+                        "error": "argument_rejected",
+                        "tool": name,
+                        "rule": "handler.invalid_arguments",
+                        "fix": fix,
+                    }),
+                };
+                let result = refusal.into_result(&self.contract_note(&name, input));
+                (Ok(result.into()), true)
+            }
+            other => (other, false),
+        };
+        let outcome = match &response {
+            Ok(CallToolResponse::Complete(_)) if invalid_arguments => "invalid_arguments",
+            Ok(CallToolResponse::Complete(result)) if result.is_error == Some(true) => {
+                recorded.unwrap_or("failed")
+            }
+            Ok(CallToolResponse::Complete(_)) => recorded.unwrap_or("executed"),
+            // The handler handed the call to a task or asked the client for input: the permit
+            // ends here, so later work needs a new call through the gate.
+            Ok(CallToolResponse::InputRequired(_)) => recorded.unwrap_or("input_required"),
+            Ok(_) => recorded.unwrap_or("task_created"),
+            Err(_) => recorded.unwrap_or("error"),
+        };
+        if let (Some(ticket), Some(effects)) = (ticket, &self.effects) {
+            // Store the result (or the failure) before the allow record, so that a retry after
+            // this point replays instead of running the effect again.
+            let settle = match &response {
+                Ok(CallToolResponse::Complete(result)) if result.is_error != Some(true) => {
+                    Ok(exactly_once::stored(result))
+                }
+                _ => Err(outcome.to_owned()),
+            };
+            let store = Arc::clone(effects);
+            let settled = tokio::task::spawn_blocking(move || match settle {
+                Ok(stored) => store.complete(ticket, &stored),
+                Err(why) => store.fail(
+                    ticket,
+                    &format!("Error: the earlier call ended as {why}"),
+                    true,
+                ),
+            })
+            .await;
+            if !matches!(settled, Ok(Ok(()))) {
+                tracing::error!(tool = %name, "could not record the call in the effect store");
+                return Err(McpError::internal_error(
+                    "the call ran but the effect store could not record it; retry with the same key: the store reports the call as in progress or indeterminate until resolved",
+                    None,
+                ));
+            }
+        }
+        let entry = self
+            .entry(
+                state,
+                request_id,
+                &name,
+                AuditDecision::Allow,
+                outcome,
+                args_digest,
+            )
+            .with_reason(rule.clone());
+        if let Err(error) = self.record(entry).await {
+            tracing::error!(tool = %name, %error, "could not audit an allowed call");
+            return Err(McpError::internal_error(
+                "the call ran but its audit record could not be written; any effect is durable, so retry with the same idempotency key to replay it once the audit log is writable",
+                None,
+            ));
+        }
+        tracing::info!(tool = %name, decision = "allow", outcome, "tools/call");
+        response
+    }
+}
+
+fn limit(rate: toolgate_policy::Rate) -> Limit {
+    Limit {
+        burst: rate.burst,
+        per_minute: rate.per_minute,
+    }
+}
+
+/// The refusal of a path argument that lies inside its roots lexically but leaves them through a
+/// symbolic link (checked now, on the real filesystem).
+fn path_refusal(
+    policy: &Policy,
+    principal: &str,
+    name: &str,
+    arguments: Option<&Map<String, Value>>,
+) -> Option<Refusal> {
+    for (rule_id, field, rule) in policy.path_rules(principal, name) {
+        let Some(Value::String(value)) = arguments.and_then(|a| a.get(field.as_str())) else {
+            continue;
+        };
+        let Ok(normalised) = rule.normalise(value) else {
+            continue; // the policy's own decision already refused it
+        };
+        if let Err(error) = toolgate_guard::resolve_within(rule.roots(), &normalised) {
+            let roots: Vec<String> = rule.roots().iter().map(|r| r.display().to_string()).collect();
+            let fix = format!("pass a path that stays inside {} without following links out of it", roots.join(", "));
+            return Some(Refusal::argument(
+                name,
+                &field,
+                rule_id.clone(),
+                json!({"roots": roots, "check": error.code()}),
+                format!(
+                    "Error: argument `{field}` of `{name}` resolves outside its allowed roots (policy rule {rule_id}: {}); {fix}",
+                    error.code()
+                ),
+                &fix,
+            ));
+        }
+    }
+    None
+}
+
+/// Replaces the tool's third-party text fields with the `untrusted_text` wrapper, in
+/// `structuredContent` and in the text content (which is regenerated from it, so the raw text
+/// cannot slip through a second copy).
+fn wrap_untrusted(result: &mut CallToolResult, untrusted: &toolgate_policy::UntrustedOutput) {
+    let Some(structured) = result.structured_content.as_mut() else {
+        // Without structured content the fields cannot be located: drop the text rather than
+        // pass third-party text through unmarked.
+        if !result.content.is_empty() {
+            result.content = vec![ContentBlock::text(
+                "Error: this tool's output contains third-party text that the server could not isolate; it was withheld",
+            )];
+            result.is_error = Some(true);
+        }
+        return;
+    };
+    untrusted.apply(structured);
+    let text = serde_json::to_string(structured).unwrap_or_default();
+    result.content = vec![ContentBlock::text(text)];
+}
+
+#[allow(dead_code)]
+fn now() -> SystemTime {
+    SystemTime::now()
+}
