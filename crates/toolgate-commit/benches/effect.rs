@@ -1,4 +1,5 @@
-//! Durable begin+complete cycles per second, sequential and with 16 concurrent callers, next to this
+//! Durable begin+complete cycles per second, sequential and with 16 concurrent callers, for
+//! idempotent effects (1 fdatasync per sequential cycle) and unsafe ones (2), next to this
 //! machine's raw fsync rate measured in the same run (run: `cargo bench -p toolgate-commit --bench
 //! effect`; set `EFFECT_BENCH_DIR` to measure another filesystem).
 
@@ -40,7 +41,7 @@ fn raw_fsync_rate(dir: &Path) -> f64 {
     f64::from(RAW_FSYNCS) / start.elapsed().as_secs_f64()
 }
 
-fn cycle(store: &EffectStore, key: String) {
+fn cycle(store: &EffectStore, kind: EffectKind, key: String) {
     let req = EffectRequest {
         scope: Scope {
             principal: "bench".into(),
@@ -49,7 +50,7 @@ fn cycle(store: &EffectStore, key: String) {
         key,
         fingerprint: Sha256Digest::of(b"args"),
     };
-    match store.begin(&req, EffectKind::Unsafe).unwrap() {
+    match store.begin(&req, kind).unwrap() {
         Begin::Execute(ticket) => store.complete(ticket, &json!({"ok": true})).unwrap(),
         other => panic!("expected Execute, got {other:?}"),
     }
@@ -59,32 +60,29 @@ fn fsyncs(storage: &FaultyStorage) -> u64 {
     storage.calls(Op::FsyncFile) + storage.calls(Op::FsyncDir)
 }
 
-fn main() {
-    let base = std::env::var_os("EFFECT_BENCH_DIR")
-        .map(std::path::PathBuf::from)
-        .unwrap_or_else(|| std::env::current_dir().unwrap());
-    let tmp = tempfile::tempdir_in(&base).unwrap();
-    let raw = raw_fsync_rate(tmp.path());
-
-    // Counting storage (no fault armed) so the run reports fsyncs per commit.
+/// A store in `dir` on counting storage (no fault armed), so the run reports fsyncs per cycle.
+fn counted_store(dir: &Path) -> (Arc<EffectStore>, Arc<FaultyStorage>) {
     let storage = Arc::new(FaultyStorage::new(Arc::new(FsStorage)));
-    let store = Arc::new(
-        EffectStore::open_with_storage(EffectConfig::new(tmp.path().join("seq")), storage.clone())
-            .unwrap(),
-    );
+    let store =
+        Arc::new(EffectStore::open_with_storage(EffectConfig::new(dir), storage.clone()).unwrap());
+    (store, storage)
+}
+
+/// (cycles per second, fsyncs per cycle) of `SEQUENTIAL` cycles one after the other.
+fn sequential(dir: &Path, kind: EffectKind) -> (f64, f64) {
+    let (store, storage) = counted_store(dir);
     let before = fsyncs(&storage);
     let start = Instant::now();
     for i in 0..SEQUENTIAL {
-        cycle(&store, format!("seq-{i}"));
+        cycle(&store, kind, format!("seq-{i}"));
     }
-    let seq_rate = SEQUENTIAL as f64 / start.elapsed().as_secs_f64();
-    let seq_fsyncs = (fsyncs(&storage) - before) as f64 / SEQUENTIAL as f64;
+    let rate = SEQUENTIAL as f64 / start.elapsed().as_secs_f64();
+    (rate, (fsyncs(&storage) - before) as f64 / SEQUENTIAL as f64)
+}
 
-    let storage = Arc::new(FaultyStorage::new(Arc::new(FsStorage)));
-    let store = Arc::new(
-        EffectStore::open_with_storage(EffectConfig::new(tmp.path().join("conc")), storage.clone())
-            .unwrap(),
-    );
+/// (cycles per second, fsyncs per cycle) of `THREADS` callers doing `PER_THREAD` cycles each.
+fn concurrent(dir: &Path, kind: EffectKind) -> (f64, f64) {
+    let (store, storage) = counted_store(dir);
     let before = fsyncs(&storage);
     let barrier = Arc::new(Barrier::new(THREADS + 1));
     let handles: Vec<_> = (0..THREADS)
@@ -93,7 +91,7 @@ fn main() {
             thread::spawn(move || {
                 barrier.wait();
                 for i in 0..PER_THREAD {
-                    cycle(&store, format!("conc-{t}-{i}"));
+                    cycle(&store, kind, format!("conc-{t}-{i}"));
                 }
             })
         })
@@ -104,16 +102,31 @@ fn main() {
         h.join().unwrap();
     }
     let total = THREADS * PER_THREAD;
-    let conc_rate = total as f64 / start.elapsed().as_secs_f64();
-    let conc_fsyncs = (fsyncs(&storage) - before) as f64 / total as f64;
+    let rate = total as f64 / start.elapsed().as_secs_f64();
+    (rate, (fsyncs(&storage) - before) as f64 / total as f64)
+}
 
+fn main() {
+    let base = std::env::var_os("EFFECT_BENCH_DIR")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| std::env::current_dir().unwrap());
+    let tmp = tempfile::tempdir_in(&base).unwrap();
+    let raw = raw_fsync_rate(tmp.path());
     println!("raw fsync (write + fdatasync, {RAW_FSYNCS}x): {raw:>9.0} /s");
-    println!(
-        "sequential begin+complete ({SEQUENTIAL} keys):   {seq_rate:>9.0} /s  ({seq_fsyncs:.2} fsyncs per cycle, {:.2} of raw)",
-        seq_rate / raw
-    );
-    println!(
-        "16 concurrent callers ({total} keys):        {conc_rate:>9.0} /s  ({conc_fsyncs:.2} fsyncs per cycle, {:.2}x sequential)",
-        conc_rate / seq_rate
-    );
+    for (name, kind) in [
+        ("idempotent", EffectKind::Idempotent),
+        ("unsafe", EffectKind::Unsafe),
+    ] {
+        let (seq_rate, seq_fsyncs) = sequential(&tmp.path().join(format!("seq-{name}")), kind);
+        let (conc_rate, conc_fsyncs) = concurrent(&tmp.path().join(format!("conc-{name}")), kind);
+        println!(
+            "{name:<10} sequential begin+complete ({SEQUENTIAL} keys): {seq_rate:>9.0} /s  ({seq_fsyncs:.2} fsyncs per cycle, {:.2} of raw)",
+            seq_rate / raw
+        );
+        println!(
+            "{name:<10} {THREADS} concurrent callers ({} keys):    {conc_rate:>9.0} /s  ({conc_fsyncs:.2} fsyncs per cycle, {:.2}x sequential)",
+            THREADS * PER_THREAD,
+            conc_rate / seq_rate
+        );
+    }
 }

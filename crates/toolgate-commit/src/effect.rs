@@ -21,7 +21,7 @@
 //!
 //! | record                                     | same fingerprint                        | other fingerprint |
 //! |--------------------------------------------|-----------------------------------------|-------------------|
-//! | absent                                     | write `in_progress` durably, `Execute`  | (n/a)             |
+//! | absent                                     | write `in_progress`, `Execute`          | (n/a)             |
 //! | `completed`                                | `Replay(result)`, not executed          | `Conflict`        |
 //! | `failed`, not retryable                    | `ReplayFailure(error)`                  | `Conflict`        |
 //! | `failed`, retryable                        | new `in_progress`, `Execute`            | `Conflict`        |
@@ -29,8 +29,9 @@
 //! | `in_progress`, owner dead, `Idempotent`    | take over: new owner, `Execute`         | `Conflict`        |
 //! | `in_progress`, owner dead, `Unsafe`        | `Indeterminate` until [`EffectStore::resolve`] | `Conflict` |
 //!
-//! The `in_progress` record is durable before `Execute` is returned, so a crash after the effect
-//! always leaves evidence. An owner is `(pid, start ticks, nonce)`: it is dead when no process with
+//! The `in_progress` record is written to the journal before `Execute` is returned, so a crash of
+//! the process after the effect always leaves evidence; for `Unsafe` effects it is also durable
+//! (fdatasynced) by then, so a power loss does too (see "Idempotent begins" below). An owner is `(pid, start ticks, nonce)`: it is dead when no process with
 //! that pid exists, when the process with that pid started at another time (field 22 of
 //! `/proc/<pid>/stat`, so pid reuse is detected), or, inside this process, when its ticket was
 //! consumed or dropped without storing an outcome. Only where `/proc` is unavailable does an
@@ -45,16 +46,59 @@
 //! `flock` of `dir/.lock`, applies the lines other processes appended since it last looked, decides
 //! every queued job in order against the index (the compare-and-swap: decision and append under
 //! one lock, on the latest state), writes all new lines with one write and makes them durable with
-//! one `fdatasync`, then wakes the others. A call returns only after the `fdatasync` covering its
-//! line (or everything it read) succeeded: 2 per sequential begin+complete cycle, shared between
-//! concurrent callers. The journal grows in zero-filled chunks so appends do not change its size;
-//! a torn last line is zeroed at open, a corrupt complete line is `Corrupt` naming the line.
-//! `docs/commit-store.md` has the details.
+//! one `fdatasync` (skipped when no answer of the batch needs it, below), then wakes the others. A call returns only after the `fdatasync` covering its
+//! line (or every not yet durable line its answer depends on) succeeded. The journal grows in
+//! zero-filled chunks so appends do not change its size; a torn last line is zeroed at open, a
+//! corrupt complete line is `Corrupt` naming the line. `docs/commit-store.md` has the details.
+//!
+//! # Idempotent begins: written, durable with the next fdatasync
+//!
+//! An `Unsafe` begin+complete cycle costs 2 `fdatasync`s one after the other: the `in_progress`
+//! line must be durable before the effect runs (after a power loss, indeterminate detection
+//! depends on it), and the outcome before `complete` returns. An `Idempotent` begin writes its
+//! `in_progress` line (one `pwrite` under the lock) and returns `Execute` without an `fdatasync`:
+//! the line becomes durable with the next `fdatasync` of the journal, at the latest the one of
+//! `complete`/`fail`, so a sequential cycle costs 1. What each failure loses:
+//!
+//! - **process crash (SIGKILL, panic, OOM kill)**: nothing. The written line is in the page cache,
+//!   which outlives the process; other threads and processes read the journal through it, so they
+//!   see the record at once (`InProgress`, `Conflict`), and after the owner's death a retry takes
+//!   the record over, as for any dead owner of an idempotent effect.
+//! - **power loss or kernel crash between `begin` and the next `fdatasync`**: the `in_progress`
+//!   line may be lost (the key is then absent, or back to its earlier retryable failed or dead
+//!   owner state), so a retry executes the effect again. That is what a takeover would do anyway,
+//!   and is harmless by the `Idempotent` declaration. Nothing a caller was told is durable is
+//!   lost: `complete`, `fail`, `resolve` and `prune` always fdatasync. (If writeback persisted a
+//!   later page of unsynced lines but not an earlier one, `open` zeroes a fragment after the
+//!   logical end and reports whole lines there as `Corrupt`.)
+//!
+//! Answers never rest on a line that is not durable: the store tracks which records' latest lines
+//! were written or read since its last successful `fdatasync`, and a job whose answer depends on
+//! one (a `Conflict`, `InProgress`, `Replay` or takeover decided on it, any `complete`, `fail`,
+//! `resolve`, `prune`) makes its batch fdatasync before answering. So a batch skips the
+//! `fdatasync` only when its jobs are idempotent begins that wrote a line and answers that read
+//! durable lines only.
+//!
+//! # Compaction
+//!
+//! Superseded and removed lines stay in the journal until [`EffectStore::compact`] rewrites it as
+//! one line per live record (same format, sorted by name): under the exclusive lock, after an
+//! `fdatasync` of the old journal, into `.effects.journal.compact.tmp` (written, fdatasynced),
+//! renamed over `effects.journal`, then the directory is fsynced. A crash at any point leaves the
+//! old journal or the complete new one; an orphaned temporary file is removed at open. It runs on
+//! request, after every `prune` (best-effort), and in the batch leader once the used length
+//! exceeds `max(4 MiB, 4 x the live records' lines)` ([`EffectConfig::compact_min_bytes`]; with
+//! the factor 4 the rewrite costs at most a third of what was appended since the previous one).
+//! Other processes and store instances keep the old file open; before every batch, under the lock,
+//! they compare the `(st_dev, st_ino)` of their open journal with a `stat` of its path, and on a
+//! difference they open the new file, fsync the directory (the compacting process may have died
+//! before doing so) and rebuild their index from it. Their open descriptor pins the old inode, so
+//! its number cannot be reused by a new file while they compare.
 
 mod record;
 mod storage;
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fmt;
 use std::fs::{File, OpenOptions};
 use std::io;
@@ -112,6 +156,7 @@ pub struct EffectConfig {
     lease: Duration,
     completed_ttl: Duration,
     wait_in_progress: Option<Duration>,
+    compact_min_bytes: u64,
     #[cfg(feature = "fault-injection")]
     fault_hook: Option<crate::FaultHook>,
 }
@@ -125,6 +170,7 @@ impl EffectConfig {
             lease: Duration::from_secs(30),
             completed_ttl: Duration::from_secs(24 * 60 * 60),
             wait_in_progress: None,
+            compact_min_bytes: COMPACT_MIN_BYTES,
             #[cfg(feature = "fault-injection")]
             fault_hook: None,
         }
@@ -150,9 +196,22 @@ impl EffectConfig {
         self
     }
 
-    /// Calls `hook` with `"effect.after_in_progress"` (the `in_progress` record is durable,
-    /// `Execute` not yet returned), `"effect.before_complete"` (before the completed or failed
-    /// record is written) and `"effect.after_complete"` (it is durable, not yet returned).
+    /// The batch leader compacts the journal automatically once its used length exceeds
+    /// `max(bytes, 4 x the size of the live records)` (default 4 MiB). `u64::MAX` turns the
+    /// automatic trigger off; [`EffectStore::compact`] and the compaction after
+    /// [`EffectStore::prune`] remain.
+    pub fn compact_min_bytes(mut self, bytes: u64) -> Self {
+        self.compact_min_bytes = bytes;
+        self
+    }
+
+    /// Calls `hook` with `"effect.after_in_progress"` (the `in_progress` line is written, and
+    /// durable unless the effect is idempotent; `Execute` not yet returned),
+    /// `"effect.before_complete"` (before the completed or failed record is written),
+    /// `"effect.after_complete"` (it is durable, not yet returned), and during a compaction
+    /// `"effect.compact_before_rename"` (the new journal is complete and durable under its
+    /// temporary name) and `"effect.compact_after_rename"` (it replaced the journal; the directory
+    /// is not fsynced yet).
     #[cfg(feature = "fault-injection")]
     pub fn fault_hook(mut self, hook: crate::FaultHook) -> Self {
         self.fault_hook = Some(hook);
@@ -166,7 +225,8 @@ impl fmt::Debug for EffectConfig {
         s.field("dir", &self.dir)
             .field("lease", &self.lease)
             .field("completed_ttl", &self.completed_ttl)
-            .field("wait_in_progress", &self.wait_in_progress);
+            .field("wait_in_progress", &self.wait_in_progress)
+            .field("compact_min_bytes", &self.compact_min_bytes);
         #[cfg(feature = "fault-injection")]
         s.field("fault_hook", &self.fault_hook.as_ref().map(|_| "<hook>"));
         s.finish()
@@ -378,12 +438,41 @@ const CHUNK: u64 = 1 << 20;
 /// How much of the journal is read at a time when looking for lines appended by others.
 const READ_STEP: usize = 16 * 1024;
 
-/// What this store knows of the journal. Guarded by a mutex that only a batch leader (and `open`)
-/// takes, always together with the `flock`.
-#[derive(Debug, Default)]
+/// The temporary file a compaction writes before renaming it over the journal. Compactions run
+/// only under the lock, so one fixed name suffices, and any such file found by a lock holder is
+/// an orphan of a crashed compaction.
+const COMPACT_TEMP_NAME: &str = ".effects.journal.compact.tmp";
+/// Automatic compaction: the batch leader compacts once the journal's used length exceeds
+/// `max(compact_min_bytes, COMPACT_FACTOR x live bytes)`. With the factor 4, rewriting the live
+/// records costs at most a third of the bytes appended since the previous compaction.
+const COMPACT_FACTOR: u64 = 4;
+/// The default `compact_min_bytes` (4 MiB): small journals are never worth a rewrite.
+const COMPACT_MIN_BYTES: u64 = 4 << 20;
+
+/// The latest state of one record and the length of the journal line that set it (to know what
+/// a compaction would write).
+#[derive(Debug)]
+struct Live {
+    record: Record,
+    line_len: u64,
+}
+
+/// `(st_dev, st_ino)` of an open file: a compaction replaces the journal by another inode.
+type FileId = (u64, u64);
+
+/// What this store knows of the journal. Guarded by a mutex that only a batch leader, `open` and
+/// `compact` take, always together with the `flock`.
+#[derive(Debug)]
 struct Journal {
+    /// The journal, opened once (read and write); reopened when a compaction replaced it.
+    file: File,
+    /// The identity of `file`, compared with the path's under the lock to notice a compaction by
+    /// another process or store instance.
+    file_id: FileId,
     /// The latest state of every record (removed ones are absent).
-    index: HashMap<Sha256Digest, Record>,
+    index: HashMap<Sha256Digest, Live>,
+    /// The sum of `line_len` over `index`: the used length a compaction would leave.
+    live_bytes: u64,
     /// Offset just past the last complete line known to this store (the logical end).
     end: u64,
     /// The file's size as far as this store knows (zero padding after `end` included); another
@@ -394,8 +483,83 @@ struct Journal {
     /// Everything before `end` is known durable (fdatasynced by this store since it was read or
     /// written).
     synced: bool,
-    /// A write failed part-way: rebuild the index from the start of the journal.
+    /// Names whose latest line may not be durable yet (applied or written since the last
+    /// successful fdatasync). A job whose answer depends on such a line fdatasyncs before it is
+    /// answered; empty whenever `synced`.
+    undurable: HashSet<Sha256Digest>,
+    /// A write failed part-way, or the file was replaced: rebuild the index from its start.
     reload: bool,
+    /// An automatic compaction failed at this used length: the next automatic attempt waits until
+    /// the journal grew past this (so a full disk is not rewritten on every batch).
+    auto_compact_floor: u64,
+}
+
+impl Journal {
+    fn new(file: File, file_id: FileId) -> Self {
+        Journal {
+            file,
+            file_id,
+            index: HashMap::new(),
+            live_bytes: 0,
+            end: 0,
+            size: 0,
+            lines: 0,
+            synced: false,
+            undurable: HashSet::new(),
+            reload: false,
+            auto_compact_floor: 0,
+        }
+    }
+
+    /// Forgets everything read from the file (which is kept), so the next refresh reads it whole.
+    fn reset(&mut self) {
+        self.index.clear();
+        self.live_bytes = 0;
+        self.end = 0;
+        self.size = 0;
+        self.lines = 0;
+        self.synced = false;
+        self.undurable.clear();
+        self.reload = false;
+    }
+
+    fn record(&self, name: &Sha256Digest) -> Option<&Record> {
+        self.index.get(name).map(|live| &live.record)
+    }
+
+    /// Applies a line (of `line_len` bytes) that sets `name` to `record` (`None`: removed). The
+    /// line is not known durable yet.
+    fn set(&mut self, name: Sha256Digest, record: Option<Record>, line_len: u64) {
+        let old = match record {
+            Some(record) => self.index.insert(name, Live { record, line_len }),
+            None => self.index.remove(&name),
+        };
+        if let Some(old) = old {
+            self.live_bytes = self.live_bytes.saturating_sub(old.line_len);
+        }
+        if self.index.contains_key(&name) {
+            self.live_bytes = self.live_bytes.saturating_add(line_len);
+        }
+        self.undurable.insert(name);
+    }
+}
+
+fn file_id(meta: &std::fs::Metadata) -> FileId {
+    use std::os::unix::fs::MetadataExt as _;
+    (meta.dev(), meta.ino())
+}
+
+/// What [`EffectStore::compact`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CompactStats {
+    /// The journal's used length (up to its logical end, padding excluded) before.
+    pub bytes_before: u64,
+    /// Its used length after: one line per live record.
+    pub bytes_after: u64,
+    /// How many lines it held before.
+    pub lines_before: u64,
+    /// How many lines (live records) it holds after.
+    pub records: u64,
 }
 
 /// A request to the batch leader.
@@ -446,8 +610,6 @@ struct Queue {
 pub struct EffectStore {
     dir: PathBuf,
     journal_path: PathBuf,
-    /// The journal, opened once (read and write).
-    journal_file: File,
     config: EffectConfig,
     storage: Arc<dyn Storage>,
     /// The lock file, opened once. Only used with `journal` locked (which serializes this store's
@@ -490,6 +652,19 @@ enum Decision {
     Busy(Duration),
     /// Write a new `in_progress` record.
     Take,
+}
+
+/// What the jobs of one batch produced, besides their answers.
+#[derive(Default)]
+struct Batch {
+    /// The new journal lines, in order.
+    lines: Vec<u8>,
+    /// Owners of the `in_progress` records written (marked aborted if the batch fails).
+    takers: Vec<Owner>,
+    /// Some answer needs the batch's lines (or lines it read) durable before it is given.
+    needs_sync: bool,
+    /// A `prune` ran: compact afterwards.
+    pruned: bool,
 }
 
 /// A copy of `e` for every job of a batch that failed as a whole (`io::Error` is not `Clone`).
@@ -571,14 +746,18 @@ impl EffectStore {
             .truncate(false)
             .open(&journal_path)
             .map_err(io_err("open journal", &journal_path))?;
+        let id = file_id(
+            &journal_file
+                .metadata()
+                .map_err(io_err("stat journal", &journal_path))?,
+        );
         let store = EffectStore {
             dir,
             journal_path,
-            journal_file,
             config,
             storage,
             lock_file,
-            journal: Mutex::default(),
+            journal: Mutex::new(Journal::new(journal_file, id)),
             queue: Mutex::default(),
             queue_cond: Condvar::new(),
             counters: Mutex::default(),
@@ -588,8 +767,13 @@ impl EffectStore {
             let _lock = store.lock()?;
             store.remove_orphaned_temps()?;
             store.refresh(&mut journal)?;
-            let size = store
-                .journal_file
+            // Bytes after the logical end: only the zero padding, unless a power loss left parts
+            // of writes that were never fdatasynced (e.g. a later page of a lost write). They are
+            // zeroed now, before an append could land next to them (or Corrupt if whole lines
+            // follow, which the operator must judge).
+            store.zero_torn_tail(&mut journal)?;
+            let size = journal
+                .file
                 .metadata()
                 .map_err(io_err("read the size of", &store.journal_path))?
                 .len();
@@ -618,8 +802,13 @@ impl EffectStore {
 
     /// Decides what the caller must do for `req`; see the module documentation for the table.
     ///
-    /// On `Execute` the `in_progress` record is durable. Errors other than `Io` and `Corrupt` are
-    /// answers (nothing was executed); they are counted per tool.
+    /// On `Execute` the `in_progress` record is in the journal: visible to every store and process
+    /// sharing the directory, and kept if this process dies. For [`EffectKind::Unsafe`] it is also
+    /// durable (fdatasynced); for [`EffectKind::Idempotent`] it becomes durable with the next
+    /// fdatasync of the journal (at the latest the one of `complete`/`fail`), so only a power loss
+    /// or kernel crash before that can lose it, and then a retry re-runs the idempotent effect,
+    /// as a takeover would. Errors other than `Io` and `Corrupt` are answers (nothing was
+    /// executed); they are counted per tool.
     pub fn begin(&self, req: &EffectRequest, kind: EffectKind) -> Result<Begin, EffectError> {
         let name = record_name(&req.scope, &req.key)?;
         let started = Instant::now();
@@ -711,6 +900,11 @@ impl EffectStore {
     /// Removes finished records (completed and failed, retryable or not) whose `finished_ns` is
     /// more than `completed_ttl` before `now` (by appending a removal line for each); never
     /// `in_progress` (or indeterminate) ones. Returns how many were removed, for the caller's audit.
+    ///
+    /// Afterwards, in the same batch, the journal is compacted if it holds superseded or removed
+    /// lines. That compaction is best-effort: if it fails, the removal (already durable) still
+    /// counts, the old journal stays in use and the next trigger retries; call
+    /// [`EffectStore::compact`] to compact with its error reported.
     pub fn prune(&self, now: SystemTime) -> Result<u64, EffectError> {
         let now = now_ns(now);
         let ttl = u64::try_from(self.config.completed_ttl.as_nanos()).unwrap_or(u64::MAX);
@@ -718,6 +912,23 @@ impl EffectStore {
             Answer::Pruned(n) => Ok(n),
             _ => unreachable!("prune answers a count"),
         }
+    }
+
+    /// Rewrites the journal as one line per live record (the same line format; superseded and
+    /// removed lines are dropped), under the exclusive lock: a temporary file in the store
+    /// directory is written and fdatasynced, renamed over `effects.journal`, and the directory is
+    /// fsynced. A crash at any point leaves either the old journal or the complete new one (an
+    /// orphaned temporary file is removed at the next open). Other processes and store instances
+    /// notice the replacement under the lock before their next batch and reload from the new file.
+    ///
+    /// On an error the old journal stays in use and nothing is lost; if it came after the rename
+    /// (the directory fsync failed), the next batch adopts the new journal and fsyncs the
+    /// directory again.
+    pub fn compact(&self) -> Result<CompactStats, EffectError> {
+        let mut journal = self.journal();
+        let _lock = self.lock()?;
+        self.refresh(&mut journal)?;
+        self.compact_locked(&mut journal)
     }
 
     /// Outcome counts per tool since this store was opened.
@@ -817,7 +1028,11 @@ impl EffectStore {
 
     /// Under the lock: reads what other processes appended, decides every job in order against
     /// the index (each seeing the ones before it), appends all new lines with one write and makes
-    /// them durable with one `fdatasync`. If that fails, every job of the batch fails.
+    /// them durable with one `fdatasync`, unless no job needs it (every job is an idempotent
+    /// `begin` that wrote its `in_progress` line and relied on no line that is not yet durable, or
+    /// an answer that relied on durable lines only). If the write or the `fdatasync` fails, every
+    /// job of the batch fails. Then, still under the lock, compacts the journal after a `prune`
+    /// or when it grew past the threshold (best-effort: see [`EffectStore::prune`]).
     fn run_batch(&self, jobs: Vec<(u64, Job)>) -> Vec<(u64, Result<Answer, EffectError>)> {
         let mut journal = self.journal();
         let lock = match self.lock() {
@@ -828,18 +1043,36 @@ impl EffectStore {
             return jobs.into_iter().map(|(id, _)| (id, Err(dup(&e)))).collect();
         }
         let now = now_ns(SystemTime::now());
-        let mut lines = Vec::new();
-        let mut takers = Vec::new();
+        let mut batch = Batch::default();
         let mut answers: Vec<(u64, Result<Answer, EffectError>)> = jobs
             .into_iter()
-            .map(|(id, job)| {
-                let answer = self.apply(&mut journal, job, now, &mut lines, &mut takers);
-                (id, answer)
-            })
+            .map(|(id, job)| (id, self.apply(&mut journal, job, now, &mut batch)))
             .collect();
-        let durable = self
-            .append(&mut journal, &lines)
-            .and_then(|()| self.sync(&mut journal));
+        let Batch {
+            lines,
+            takers,
+            needs_sync,
+            pruned,
+        } = batch;
+        let durable = self.append(&mut journal, &lines).and_then(|()| {
+            if needs_sync {
+                self.sync(&mut journal)
+            } else {
+                Ok(())
+            }
+        });
+        if durable.is_ok() {
+            let after_prune = pruned && journal.lines > journal.index.len() as u64;
+            if after_prune || self.compaction_due(&journal) {
+                // Best-effort: every answer is settled already; a failure leaves the old
+                // journal in use (see `compact`) and only postpones the next automatic attempt.
+                if self.compact_locked(&mut journal).is_err() {
+                    journal.auto_compact_floor = journal
+                        .end
+                        .saturating_add(self.config.compact_min_bytes.max(CHUNK));
+                }
+            }
+        }
         drop(lock);
         if let Err(e) = durable {
             for owner in takers {
@@ -855,24 +1088,35 @@ impl EffectStore {
         answers
     }
 
-    /// Decides one job against the index, appending its line (if any) to `lines`.
+    /// Decides one job against the index, appending its line (if any) to `batch.lines` and
+    /// noting whether its answer needs the batch's `fdatasync`.
     fn apply(
         &self,
         journal: &mut Journal,
         job: Job,
         now: u64,
-        lines: &mut Vec<u8>,
-        takers: &mut Vec<Owner>,
+        batch: &mut Batch,
     ) -> Result<Answer, EffectError> {
         match job {
             Job::Begin { req, name, kind } => {
-                let decision = match journal.index.get(&name) {
+                // The answer depends on the latest line of `name` (or its absence): if that line
+                // is not durable yet (written lazily, or by a process that may have died before
+                // its fdatasync), the answer waits for the batch's fdatasync.
+                let relies_on_undurable = journal.undurable.contains(&name);
+                let decision = match journal.record(&name) {
                     None => Decision::Take,
                     Some(record) => decide(record, &self.journal_path, &req, kind, now)?,
                 };
                 if !matches!(decision, Decision::Take) {
+                    batch.needs_sync |= relies_on_undurable;
                     return Ok(Answer::Begin(decision));
                 }
+                // An unsafe effect's `in_progress` must be durable before it runs (indeterminate
+                // detection after a power loss depends on it). An idempotent one only needs to be
+                // written: other processes read it through the page cache, it survives a crash
+                // of this process, and after a power loss a retry re-runs the effect, which is
+                // harmless by declaration.
+                batch.needs_sync |= kind == EffectKind::Unsafe || relies_on_undurable;
                 let owner = Owner::fresh();
                 let lease = u64::try_from(self.config.lease.as_nanos()).unwrap_or(u64::MAX);
                 let record = Record {
@@ -885,17 +1129,18 @@ impl EffectStore {
                     principal: req.scope.principal,
                     tool: req.scope.tool,
                 };
-                lines.extend(encode_line(&name, Some(&record))?);
+                let line = encode_line(&name, Some(&record))?;
+                batch.lines.extend(&line);
                 // Live before the lock is released: no one may see the record with an
                 // unregistered nonce and take it for a dead owner's.
                 owner.register_live();
-                takers.push(owner);
+                batch.takers.push(owner);
                 let answer = Answer::Execute {
                     owner,
                     created_ns: record.created_ns,
                     lease_until_ns: record.lease_until_ns,
                 };
-                journal.index.insert(name, record);
+                journal.set(name, Some(record), line.len() as u64);
                 Ok(answer)
             }
             Job::Finish {
@@ -903,23 +1148,25 @@ impl EffectStore {
                 owner,
                 record,
             } => {
+                batch.needs_sync = true;
                 let ours = journal
-                    .index
-                    .get(&name)
+                    .record(&name)
                     .is_some_and(|r| r.state == State::InProgress && r.owner == owner);
                 if !ours {
                     return Err(EffectError::LostOwnership { key_digest: name });
                 }
-                lines.extend(encode_line(&name, Some(&record))?);
-                journal.index.insert(name, record);
+                let line = encode_line(&name, Some(&record))?;
+                batch.lines.extend(&line);
+                journal.set(name, Some(record), line.len() as u64);
                 Ok(Answer::Done)
             }
             Job::Resolve { name, resolution } => {
+                batch.needs_sync = true;
                 let not = |state| EffectError::NotIndeterminate {
                     key_digest: name,
                     state,
                 };
-                let record = journal.index.get(&name).ok_or_else(|| not("absent"))?;
+                let record = journal.record(&name).ok_or_else(|| not("absent"))?;
                 match record.state {
                     State::Completed(_) => return Err(not("completed")),
                     State::Failed { .. } => return Err(not("failed")),
@@ -928,33 +1175,38 @@ impl EffectStore {
                 if liveness(&record.owner, record.lease_until_ns, now) == Liveness::Live {
                     return Err(not("in_progress (owner alive)"));
                 }
-                match resolution {
-                    Resolution::Forget => {
-                        lines.extend(encode_line(&name, None)?);
-                        journal.index.remove(&name);
-                    }
+                let (line, record) = match resolution {
+                    Resolution::Forget => (encode_line(&name, None)?, None),
                     Resolution::Completed(result) => {
                         let completed = Record {
                             state: State::Completed(result),
                             finished_ns: Some(now),
                             ..record.clone()
                         };
-                        lines.extend(encode_line(&name, Some(&completed))?);
-                        journal.index.insert(name, completed);
+                        (encode_line(&name, Some(&completed))?, Some(completed))
                     }
-                }
+                };
+                batch.lines.extend(&line);
+                journal.set(name, record, line.len() as u64);
                 Ok(Answer::Done)
             }
             Job::Prune { now, ttl } => {
+                batch.needs_sync = true;
+                batch.pruned = true;
                 let expired: Vec<Sha256Digest> = journal
                     .index
                     .iter()
-                    .filter(|(_, r)| r.finished_ns.is_some_and(|f| now.saturating_sub(f) > ttl))
+                    .filter(|(_, live)| {
+                        live.record
+                            .finished_ns
+                            .is_some_and(|f| now.saturating_sub(f) > ttl)
+                    })
                     .map(|(name, _)| *name)
                     .collect();
                 for name in &expired {
-                    lines.extend(encode_line(name, None)?);
-                    journal.index.remove(name);
+                    let line = encode_line(name, None)?;
+                    batch.lines.extend(&line);
+                    journal.set(*name, None, line.len() as u64);
                 }
                 Ok(Answer::Pruned(expired.len() as u64))
             }
@@ -975,7 +1227,7 @@ impl EffectStore {
             bytes.resize(usize::try_from(new_size - offset).unwrap_or(bytes.len()), 0);
         }
         journal.synced = false;
-        if let Err(e) = self.storage.write_at(&self.journal_file, offset, &bytes) {
+        if let Err(e) = self.storage.write_at(&journal.file, offset, &bytes) {
             journal.reload = true;
             return Err(io_err("append to journal", &self.journal_path)(e));
         }
@@ -991,19 +1243,157 @@ impl EffectStore {
             return Ok(());
         }
         self.storage
-            .sync_data(&self.journal_file)
+            .sync_data(&journal.file)
             .map_err(io_err("fdatasync journal", &self.journal_path))?;
         journal.synced = true;
+        journal.undurable.clear();
         Ok(())
+    }
+
+    /// Under the lock: if `effects.journal` is no longer the file this store has open (a compaction
+    /// by another process or store instance renamed a new one over it), opens the new file and
+    /// marks the index for a rebuild from it. The directory is fsynced first: the compaction may
+    /// have died between its rename and its own directory fsync, and nothing may rely on the new
+    /// file before its name is durable.
+    fn follow_replacement(&self, journal: &mut Journal) -> Result<(), EffectError> {
+        let path = &self.journal_path;
+        let current = std::fs::metadata(path).map_err(io_err("stat journal", path))?;
+        if file_id(&current) == journal.file_id {
+            return Ok(());
+        }
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(path)
+            .map_err(io_err("open the compacted journal", path))?;
+        let id = file_id(
+            &file
+                .metadata()
+                .map_err(io_err("stat the compacted journal", path))?,
+        );
+        self.storage.fsync_dir(&self.dir).map_err(io_err(
+            "fsync directory (journal replaced by a compaction)",
+            &self.dir,
+        ))?;
+        journal.file = file;
+        journal.file_id = id;
+        journal.reload = true;
+        Ok(())
+    }
+
+    /// Whether the journal grew enough to compact it automatically: its used length exceeds
+    /// `max(compact_min_bytes, COMPACT_FACTOR x live bytes)` (and the last failed automatic attempt
+    /// is far enough behind).
+    fn compaction_due(&self, journal: &Journal) -> bool {
+        let threshold = self
+            .config
+            .compact_min_bytes
+            .max(journal.live_bytes.saturating_mul(COMPACT_FACTOR));
+        journal.end > threshold && journal.end >= journal.auto_compact_floor
+    }
+
+    /// Under the lock, after a refresh: rewrites the index as a new journal (see
+    /// [`EffectStore::compact`]). Steps: fdatasync the old journal (so that, should the rename be
+    /// lost to a power loss, the old file says the same as the new one), remove a leftover
+    /// temporary file, write the new file (lines sorted by name, then zero padding to the next
+    /// chunk), fdatasync it, rename it over the journal, fsync the directory.
+    fn compact_locked(&self, journal: &mut Journal) -> Result<CompactStats, EffectError> {
+        self.sync(journal)?;
+        let temp = self.dir.join(COMPACT_TEMP_NAME);
+        match self.storage.remove(&temp) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(e) => return Err(io_err("remove the leftover compaction file", &temp)(e)),
+        }
+        let mut names: Vec<Sha256Digest> = journal.index.keys().copied().collect();
+        names.sort_unstable();
+        let mut bytes = Vec::with_capacity(usize::try_from(journal.live_bytes).unwrap_or(0));
+        let mut line_lens = Vec::with_capacity(names.len());
+        for name in &names {
+            let line = encode_line(name, journal.record(name))?;
+            line_lens.push(line.len() as u64);
+            bytes.extend(line);
+        }
+        let end = bytes.len() as u64;
+        let size = (end / CHUNK + 1) * CHUNK;
+        bytes.resize(usize::try_from(size).unwrap_or(bytes.len()), 0);
+        let (file, id) = match self.write_compacted(&temp, &bytes) {
+            Ok(new) => new,
+            Err(e) => {
+                // Best-effort: a leftover is removed by the next compaction or open.
+                let _ = self.storage.remove(&temp);
+                return Err(e);
+            }
+        };
+        #[cfg(feature = "fault-injection")]
+        self.fault("effect.compact_after_rename");
+        // On failure the old file stays open here; the next refresh sees that the path names
+        // another file, adopts it and fsyncs the directory again.
+        self.storage
+            .fsync_dir(&self.dir)
+            .map_err(io_err("fsync directory after compacting", &self.dir))?;
+        let stats = CompactStats {
+            bytes_before: journal.end,
+            bytes_after: end,
+            lines_before: journal.lines,
+            records: names.len() as u64,
+        };
+        for (name, line_len) in names.iter().zip(line_lens) {
+            if let Some(live) = journal.index.get_mut(name) {
+                live.line_len = line_len;
+            }
+        }
+        journal.file = file;
+        journal.file_id = id;
+        journal.live_bytes = end;
+        journal.end = end;
+        journal.size = size;
+        journal.lines = stats.records;
+        journal.synced = true;
+        journal.undurable.clear();
+        journal.auto_compact_floor = 0;
+        Ok(stats)
+    }
+
+    /// Writes and fdatasyncs the compacted journal under its temporary name, opens it, and renames
+    /// it over the journal. Returns the open file (which the rename does not change) and its id.
+    fn write_compacted(&self, temp: &Path, bytes: &[u8]) -> Result<(File, FileId), EffectError> {
+        self.storage
+            .write_new(temp, bytes)
+            .map_err(io_err("write the compacted journal", temp))?;
+        self.storage
+            .fsync_file(temp)
+            .map_err(io_err("fdatasync the compacted journal", temp))?;
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(temp)
+            .map_err(io_err("open the compacted journal", temp))?;
+        let id = file_id(
+            &file
+                .metadata()
+                .map_err(io_err("stat the compacted journal", temp))?,
+        );
+        #[cfg(feature = "fault-injection")]
+        self.fault("effect.compact_before_rename");
+        self.storage
+            .rename(temp, &self.journal_path)
+            .map_err(io_err(
+                "rename the compacted journal over",
+                &self.journal_path,
+            ))?;
+        Ok((file, id))
     }
 
     /// Under the lock: applies the complete lines after `journal.end` (appended by other processes
     /// or store instances) to the index. A torn last line (no newline before the zero padding or
     /// the end of the file) is a write that never finished: it is zeroed out. A complete line
-    /// that does not parse is `Corrupt`, naming its line number.
+    /// that does not parse is `Corrupt`, naming its line number. If a compaction replaced the
+    /// journal since this store last looked, the index is first rebuilt from the new file.
     fn refresh(&self, journal: &mut Journal) -> Result<(), EffectError> {
+        self.follow_replacement(journal)?;
         if journal.reload {
-            *journal = Journal::default();
+            journal.reset();
         }
         let path = &self.journal_path;
         let mut buf: Vec<u8> = Vec::new();
@@ -1015,10 +1405,7 @@ impl EffectStore {
                 Some(i) if rest[i] == b'\n' => {
                     let line_no = journal.lines + 1;
                     let (name, record) = parse_line(path, line_no, &rest[..i])?;
-                    match record {
-                        Some(record) => journal.index.insert(name, record),
-                        None => journal.index.remove(&name),
-                    };
+                    journal.set(name, record, i as u64 + 1);
                     journal.lines = line_no;
                     journal.end += i as u64 + 1;
                     // Bytes appended by someone else: their writer may have died before its
@@ -1038,7 +1425,7 @@ impl EffectStore {
                     let step = if buf.is_empty() { 1024 } else { READ_STEP };
                     let more = self
                         .storage
-                        .read_at(&self.journal_file, read_to, step)
+                        .read_at(&journal.file, read_to, step)
                         .map_err(io_err("read journal", path))?;
                     if more.is_empty() {
                         // The end of the file.
@@ -1065,7 +1452,7 @@ impl EffectStore {
         loop {
             let chunk = self
                 .storage
-                .read_at(&self.journal_file, offset, READ_STEP)
+                .read_at(&journal.file, offset, READ_STEP)
                 .map_err(io_err("read journal", path))?;
             if chunk.is_empty() {
                 break;
@@ -1093,7 +1480,7 @@ impl EffectStore {
         let zeros = vec![0; usize::try_from(last + 1 - journal.end).unwrap_or(0)];
         journal.synced = false;
         self.storage
-            .write_at(&self.journal_file, journal.end, &zeros)
+            .write_at(&journal.file, journal.end, &zeros)
             .map_err(io_err("zero the torn last line of", path))?;
         self.sync(journal)
     }
@@ -1115,9 +1502,10 @@ impl EffectStore {
                 continue;
             };
             let record = Record::parse(&path, &bytes)?;
-            if let std::collections::hash_map::Entry::Vacant(slot) = journal.index.entry(name) {
-                lines.extend(encode_line(&name, Some(&record))?);
-                slot.insert(record);
+            if !journal.index.contains_key(&name) {
+                let line = encode_line(&name, Some(&record))?;
+                lines.extend(&line);
+                journal.set(name, Some(record), line.len() as u64);
             }
             migrated.push(path);
         }
@@ -1148,11 +1536,20 @@ impl EffectStore {
         }
     }
 
-    /// Deletes `.<64 hex>.<pid>.<n>.tmp` files whose writer is gone (left by the previous
-    /// one-file-per-record layout). Callers hold the lock.
+    /// Deletes the temporary file of a crashed compaction (compactions run under the lock, so
+    /// any such file is an orphan), and `.<64 hex>.<pid>.<n>.tmp` files whose writer is gone (left
+    /// by the previous one-file-per-record layout). Callers hold the lock.
     fn remove_orphaned_temps(&self) -> Result<(), EffectError> {
         let own_pid = std::process::id();
         for path in self.list()? {
+            if path.file_name().is_some_and(|n| n == COMPACT_TEMP_NAME) {
+                match self.storage.remove(&path) {
+                    Ok(()) => {}
+                    Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                    Err(e) => return Err(io_err("remove orphaned compaction file", &path)(e)),
+                }
+                continue;
+            }
             let Some(pid) = temp_writer_pid(&path) else {
                 continue;
             };

@@ -484,3 +484,49 @@ fn a_journal_larger_than_one_read_is_read_back_whole() {
     }
     assert!(journal_bytes(tmp.path()).ends_with(b"\n"));
 }
+
+#[test]
+fn bytes_after_the_logical_end_are_zeroed_at_open_or_reported() {
+    use std::os::unix::fs::FileExt as _;
+    // What a power loss can leave: a later page of never-synced writes persisted, an earlier one
+    // not, so non-zero bytes sit in the padding after a zero at a line start.
+    for (stray, corrupt) in [(&b"3\",\"record\":null}"[..], false), (b"x\n{}", true)] {
+        let tmp = tempfile::tempdir().unwrap();
+        execute(
+            &open(tmp.path()),
+            &req("k1", "fp"),
+            EffectKind::Unsafe,
+            &json!(1),
+        );
+        let good = journal_bytes(tmp.path());
+        let file = std::fs::OpenOptions::new()
+            .write(true)
+            .open(journal_path(tmp.path()))
+            .unwrap();
+        file.write_all_at(stray, good.len() as u64 + 5000).unwrap();
+        drop(file);
+        match EffectStore::open(EffectConfig::new(tmp.path())) {
+            Ok(store) => {
+                assert!(
+                    !corrupt,
+                    "{stray:?}: whole lines after the end must be reported"
+                );
+                let all = std::fs::read(journal_path(tmp.path())).unwrap();
+                assert!(all[good.len()..].iter().all(|&b| b == 0), "zeroed");
+                // Appends land on clean ground and read back.
+                execute(&store, &req("k2", "fp"), EffectKind::Unsafe, &json!(2));
+                drop(store);
+                let store = open(tmp.path());
+                match store.begin(&req("k2", "fp"), EffectKind::Unsafe).unwrap() {
+                    Begin::Replay(v) => assert_eq!(v, json!(2)),
+                    other => panic!("expected Replay, got {other:?}"),
+                }
+            }
+            Err(EffectError::Corrupt { reason, .. }) => {
+                assert!(corrupt, "{stray:?}: {reason}");
+                assert!(reason.starts_with("line 3"), "{reason}");
+            }
+            Err(e) => panic!("{stray:?}: {e}"),
+        }
+    }
+}

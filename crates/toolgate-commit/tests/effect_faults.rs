@@ -148,9 +148,11 @@ fn every_injected_failure_is_clean_and_recoverable() {
             total += check_op(op, kind);
         }
     }
-    // begin and complete each append one journal line (one write) and fdatasync it once; renames,
-    // directory fsyncs and removals only happen at open (see `open_fails_cleanly_...`).
-    assert_eq!(total, 2 * 4, "faults injected");
+    // begin and complete each append one journal line (one write); the unsafe cycle fdatasyncs
+    // after each, the idempotent one only after complete (its in_progress line is written, not
+    // synced); renames, directory fsyncs and removals only happen at open (see
+    // `open_fails_cleanly_...`) and in compaction (see `compaction_fails_cleanly_...`).
+    assert_eq!(total, 4 + 3, "faults injected");
 }
 
 #[test]
@@ -282,4 +284,258 @@ fn open_fails_cleanly_on_every_injected_failure_and_a_retry_recovers() {
     // Write (zeroing the torn tail, appending the migrated record), FsyncFile (after each), Remove
     // (the migrated file), FsyncDir (parent and store directory); open renames nothing.
     assert_eq!(injected, 7, "faults injected");
+}
+
+// ---- fdatasyncs per cycle ------------------------------------------------------------------------
+
+fn keyed(key: &str, fingerprint: &[u8]) -> EffectRequest {
+    EffectRequest {
+        key: key.into(),
+        fingerprint: Sha256Digest::of(fingerprint),
+        ..req()
+    }
+}
+
+#[test]
+fn idempotent_cycle_does_one_data_sync_and_unsafe_two() {
+    let tmp = tempfile::tempdir().unwrap();
+    let faulty = Arc::new(FaultyStorage::new(Arc::new(FsStorage)));
+    let store =
+        EffectStore::open_with_storage(EffectConfig::new(tmp.path()), faulty.clone()).unwrap();
+    let (writes, dir_syncs) = (faulty.calls(Op::Write), faulty.calls(Op::FsyncDir));
+    for (kind, begin_syncs) in [(EffectKind::Idempotent, 0), (EffectKind::Unsafe, 1)] {
+        for i in 0..5 {
+            let r = keyed(&format!("{kind:?}-{i}"), b"amount=10");
+            let before = faulty.calls(Op::FsyncFile);
+            let Begin::Execute(ticket) = store.begin(&r, kind).unwrap() else {
+                panic!("{kind:?}: expected Execute")
+            };
+            assert_eq!(
+                faulty.calls(Op::FsyncFile) - before,
+                begin_syncs,
+                "{kind:?}: fdatasyncs of begin"
+            );
+            store.complete(ticket, &result()).unwrap();
+            assert_eq!(
+                faulty.calls(Op::FsyncFile) - before,
+                begin_syncs + 1,
+                "{kind:?}: fdatasyncs of a begin+complete cycle"
+            );
+            // A replay relies on a durable line only: no fdatasync.
+            assert!(matches!(store.begin(&r, kind).unwrap(), Begin::Replay(_)));
+            assert_eq!(faulty.calls(Op::FsyncFile) - before, begin_syncs + 1);
+        }
+    }
+    assert_eq!(
+        faulty.calls(Op::Write) - writes,
+        20,
+        "one journal write per begin and complete"
+    );
+    assert_eq!(
+        faulty.calls(Op::FsyncDir),
+        dir_syncs,
+        "no directory fsync after open"
+    );
+}
+
+#[test]
+fn answers_that_rely_on_a_lazily_written_line_wait_for_its_fdatasync() {
+    let tmp = tempfile::tempdir().unwrap();
+    let a_storage = Arc::new(FaultyStorage::new(Arc::new(FsStorage)));
+    let b_storage = Arc::new(FaultyStorage::new(Arc::new(FsStorage)));
+    let a =
+        EffectStore::open_with_storage(EffectConfig::new(tmp.path()), a_storage.clone()).unwrap();
+    let b =
+        EffectStore::open_with_storage(EffectConfig::new(tmp.path()), b_storage.clone()).unwrap();
+    let syncs = |s: &FaultyStorage| s.calls(Op::FsyncFile);
+    let (a0, b0) = (syncs(&a_storage), syncs(&b_storage));
+
+    // Same store: a conflict decided on the lazy line fdatasyncs first; afterwards it is durable.
+    let Begin::Execute(t1) = a.begin(&keyed("k1", b"x"), EffectKind::Idempotent).unwrap() else {
+        panic!()
+    };
+    assert_eq!(syncs(&a_storage), a0, "lazy begin");
+    assert!(matches!(
+        a.begin(&keyed("k1", b"other"), EffectKind::Idempotent),
+        Err(EffectError::Conflict { .. })
+    ));
+    assert_eq!(syncs(&a_storage), a0 + 1, "conflict on a lazy line");
+    assert!(matches!(
+        a.begin(&keyed("k1", b"x"), EffectKind::Idempotent),
+        Err(EffectError::InProgress { .. })
+    ));
+    assert_eq!(syncs(&a_storage), a0 + 1, "the line is durable now");
+
+    // Another store instance (another process would behave the same): it reads the line through
+    // the page cache, and fdatasyncs before answering from it.
+    let Begin::Execute(t2) = a.begin(&keyed("k2", b"x"), EffectKind::Idempotent).unwrap() else {
+        panic!()
+    };
+    assert_eq!(syncs(&a_storage), a0 + 1);
+    // A begin of an unrelated key does not rely on A's lazy line: no fdatasync.
+    let Begin::Execute(t3) = b.begin(&keyed("k3", b"x"), EffectKind::Idempotent).unwrap() else {
+        panic!()
+    };
+    assert_eq!(syncs(&b_storage), b0, "unrelated lazy begin in B");
+    assert!(matches!(
+        b.begin(&keyed("k2", b"x"), EffectKind::Idempotent),
+        Err(EffectError::InProgress { .. })
+    ));
+    assert_eq!(syncs(&b_storage), b0 + 1, "B answered from A's lazy line");
+
+    // Completions always fdatasync; the replay that follows in the other store relies on a line
+    // it has not synced itself, so it fdatasyncs once.
+    b.complete(t3, &result()).unwrap();
+    a.complete(t1, &result()).unwrap();
+    a.complete(t2, &result()).unwrap();
+    assert_eq!(syncs(&a_storage), a0 + 3);
+    let b1 = syncs(&b_storage);
+    assert_eq!(b1, b0 + 2);
+    for key in ["k1", "k2", "k3"] {
+        assert!(matches!(
+            b.begin(&keyed(key, b"x"), EffectKind::Idempotent).unwrap(),
+            Begin::Replay(_)
+        ));
+    }
+    assert_eq!(
+        syncs(&b_storage),
+        b1 + 1,
+        "one fdatasync covers A's completions"
+    );
+
+    // prune relies on every record: it fdatasyncs even with nothing to remove.
+    let Begin::Execute(_t4) = a.begin(&keyed("k4", b"x"), EffectKind::Idempotent).unwrap() else {
+        panic!()
+    };
+    let before = syncs(&a_storage);
+    assert_eq!(a.prune(std::time::SystemTime::now()).unwrap(), 0);
+    assert!(syncs(&a_storage) > before);
+}
+
+// ---- compaction ----------------------------------------------------------------------------------
+
+/// Records in every state, plus superseded and removed lines: `done` (completed), `retried`
+/// (failed retryably, then completed), `refused` (failed for good), `indeterminate` (unsafe,
+/// ticket dropped), `forgotten` (resolved away).
+fn populate(dir: &Path) {
+    let store = EffectStore::open(EffectConfig::new(dir)).unwrap();
+    let run = |key: &str, kind| match store.begin(&keyed(key, b"x"), kind).unwrap() {
+        Begin::Execute(t) => t,
+        other => panic!("{key}: expected Execute, got {other:?}"),
+    };
+    store
+        .complete(run("done", EffectKind::Unsafe), &result())
+        .unwrap();
+    store
+        .fail(run("retried", EffectKind::Idempotent), "503", true)
+        .unwrap();
+    store
+        .complete(
+            run("retried", EffectKind::Idempotent),
+            &json!({"second": true}),
+        )
+        .unwrap();
+    store
+        .fail(run("refused", EffectKind::Unsafe), "bad input", false)
+        .unwrap();
+    drop(run("indeterminate", EffectKind::Unsafe));
+    drop(run("forgotten", EffectKind::Unsafe));
+    store
+        .resolve(&req().scope, "forgotten", Resolution::Forget)
+        .unwrap();
+}
+
+/// The answers `populate` promises (`forgotten` is checked by the caller: a begin would change it).
+fn check_populated(store: &EffectStore, what: &str) {
+    for (key, want) in [("done", result()), ("retried", json!({"second": true}))] {
+        match store.begin(&keyed(key, b"x"), EffectKind::Unsafe).unwrap() {
+            Begin::Replay(v) => assert_eq!(canonical_value(&v), canonical_value(&want), "{what}"),
+            other => panic!("{what}: {key}: expected Replay, got {other:?}"),
+        }
+    }
+    match store
+        .begin(&keyed("refused", b"x"), EffectKind::Unsafe)
+        .unwrap()
+    {
+        Begin::ReplayFailure(e) => assert_eq!(e, "bad input", "{what}"),
+        other => panic!("{what}: expected ReplayFailure, got {other:?}"),
+    }
+    assert!(
+        matches!(
+            store.begin(&keyed("indeterminate", b"x"), EffectKind::Unsafe),
+            Err(EffectError::Indeterminate { .. })
+        ),
+        "{what}"
+    );
+    assert!(
+        matches!(
+            store.begin(&keyed("done", b"other"), EffectKind::Unsafe),
+            Err(EffectError::Conflict { .. })
+        ),
+        "{what}"
+    );
+}
+
+#[test]
+fn compaction_fails_cleanly_on_every_injected_failure_and_the_store_stays_usable() {
+    let mut injected = 0;
+    for op in Op::ALL {
+        for n in 1.. {
+            let what = format!("{op:?} #{n}");
+            let tmp = tempfile::tempdir().unwrap();
+            populate(tmp.path());
+            let faulty = Arc::new(FaultyStorage::new(Arc::new(FsStorage)));
+            let store =
+                EffectStore::open_with_storage(EffectConfig::new(tmp.path()), faulty.clone())
+                    .unwrap();
+            faulty.fail_nth(op, n);
+            let compacted = store.compact();
+            let fired = faulty.triggered() > 0;
+            faulty.fail_nth(op, 0);
+            if !fired {
+                let stats = compacted.unwrap();
+                assert_eq!(stats.records, 4, "{what}: {stats:?}");
+                assert!(stats.bytes_after < stats.bytes_before, "{what}: {stats:?}");
+                check_populated(&store, &what);
+                break;
+            }
+            injected += 1;
+            let err = compacted.unwrap_err();
+            assert!(err.to_string().contains("injected fault"), "{what}: {err}");
+            // The same store goes on (on the old journal, or on the new one if the failure came
+            // after the rename), and so does a fresh one on healthy storage.
+            check_populated(&store, &what);
+            let Begin::Execute(t) = store
+                .begin(&keyed("after", b"x"), EffectKind::Unsafe)
+                .unwrap()
+            else {
+                panic!("{what}: expected Execute")
+            };
+            store.complete(t, &json!("after")).unwrap();
+            drop(store);
+            let store = EffectStore::open(EffectConfig::new(tmp.path())).unwrap();
+            assert!(
+                no_temp_files(tmp.path()),
+                "{what}: leftover removed at open"
+            );
+            check_populated(&store, &what);
+            assert!(matches!(
+                store
+                    .begin(&keyed("after", b"x"), EffectKind::Unsafe)
+                    .unwrap(),
+                Begin::Replay(_)
+            ));
+            // And it compacts on healthy storage.
+            assert_eq!(store.compact().unwrap().records, 5, "{what}");
+            assert!(matches!(
+                store
+                    .begin(&keyed("forgotten", b"x"), EffectKind::Unsafe)
+                    .unwrap(),
+                Begin::Execute(_)
+            ));
+        }
+    }
+    // Remove (a leftover temporary file, absent here), Write and FsyncFile (the new file), Rename
+    // and FsyncDir; the old journal is durable already after open, so it is not fdatasynced.
+    assert_eq!(injected, 5, "faults injected");
 }

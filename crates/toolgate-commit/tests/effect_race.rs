@@ -129,9 +129,12 @@ fn wait_for(what: &str, mut condition: impl FnMut() -> bool) {
     }
 }
 
+/// Child role. `mode` is `unsafe` (every key unsafe) or `mixed` (even keys idempotent, so their
+/// `in_progress` lines are written without an fdatasync).
 fn run_child(spec: &str) {
-    let mut parts = spec.splitn(3, '|');
-    let (id, dir, control) = (
+    let mut parts = spec.splitn(4, '|');
+    let (mode, id, dir, control) = (
+        parts.next().unwrap(),
         parts.next().unwrap(),
         PathBuf::from(parts.next().unwrap()),
         PathBuf::from(parts.next().unwrap()),
@@ -150,8 +153,14 @@ fn run_child(spec: &str) {
     // fresh keys and on keys another process is executing.
     let offset: usize = id.parse::<usize>().unwrap() * 7;
     for i in 0..KEYS {
-        let key = format!("key-{:03}", (i + offset) % KEYS);
-        match store.begin(&req(&key), EffectKind::Unsafe).unwrap() {
+        let k = (i + offset) % KEYS;
+        let key = format!("key-{k:03}");
+        let kind = if mode == "mixed" && k.is_multiple_of(2) {
+            EffectKind::Idempotent
+        } else {
+            EffectKind::Unsafe
+        };
+        match store.begin(&req(&key), kind).unwrap() {
             Begin::Execute(ticket) => {
                 // The effect: recorded (and flushed) before the outcome is stored.
                 writeln!(executed, "{key}").unwrap();
@@ -171,6 +180,46 @@ fn four_processes_share_keys_and_execute_each_once() {
         run_child(&spec);
         return;
     }
+    let (tmp, compactions) = run_processes(
+        "four_processes_share_keys_and_execute_each_once",
+        "unsafe",
+        false,
+    );
+    drop(tmp);
+    assert_eq!(compactions, 0);
+}
+
+#[test]
+fn four_processes_with_lazy_idempotent_begins_while_another_compacts() {
+    if let Ok(spec) = std::env::var(CHILD_ENV) {
+        run_child(&spec);
+        return;
+    }
+    let (tmp, compactions) = run_processes(
+        "four_processes_with_lazy_idempotent_begins_while_another_compacts",
+        "mixed",
+        true,
+    );
+    assert!(
+        compactions >= 1,
+        "the parent compacted while the children ran"
+    );
+    // A final compaction leaves exactly one line per key.
+    let store = EffectStore::open(EffectConfig::new(tmp.path().join("effects"))).unwrap();
+    assert_eq!(store.compact().unwrap().records, KEYS as u64);
+    for k in 0..KEYS {
+        let key = format!("key-{k:03}");
+        match store.begin(&req(&key), EffectKind::Unsafe).unwrap() {
+            Begin::Replay(v) => assert_eq!(v, json!({"key": key})),
+            other => panic!("{key}: expected Replay, got {other:?}"),
+        }
+    }
+}
+
+/// Runs `PROCESSES` children of `test` in `mode` over one store and checks that every key was
+/// executed exactly once; with `compact`, this process compacts the journal until they are done.
+/// Returns the tempdir and how many compactions ran.
+fn run_processes(test: &str, mode: &str, compact: bool) -> (tempfile::TempDir, u64) {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().join("effects");
     let control = tmp.path().join("control");
@@ -179,10 +228,10 @@ fn four_processes_share_keys_and_execute_each_once() {
     let mut children: Vec<_> = (0..PROCESSES)
         .map(|id| {
             Command::new(&exe)
-                .args(["--exact", "four_processes_share_keys_and_execute_each_once"])
+                .args(["--exact", test])
                 .env(
                     CHILD_ENV,
-                    format!("{id}|{}|{}", dir.display(), control.display()),
+                    format!("{mode}|{id}|{}|{}", dir.display(), control.display()),
                 )
                 .stdout(Stdio::null())
                 .spawn()
@@ -193,6 +242,25 @@ fn four_processes_share_keys_and_execute_each_once() {
         (0..PROCESSES).all(|id| control.join(format!("ready-{id}")).exists())
     });
     fs::write(control.join("start"), b"").unwrap();
+    let mut compactions = 0;
+    if compact {
+        let store = EffectStore::open(EffectConfig::new(&dir)).unwrap();
+        let deadline = Instant::now() + TIMEOUT;
+        let mut running = PROCESSES;
+        while running > 0 {
+            assert!(Instant::now() < deadline, "children did not finish");
+            store.compact().unwrap();
+            compactions += 1;
+            // Pacing, not waiting for anything: leave the lock to the children for a while.
+            thread::sleep(Duration::from_millis(5));
+            running = 0;
+            for child in &mut children {
+                if child.try_wait().unwrap().is_none() {
+                    running += 1;
+                }
+            }
+        }
+    }
     for child in &mut children {
         assert!(child.wait().unwrap().success());
     }
@@ -207,6 +275,7 @@ fn four_processes_share_keys_and_execute_each_once() {
     assert_eq!(executions.len(), KEYS, "every key executed somewhere");
     assert!(executions.values().all(|&n| n == 1), "{executions:?}");
     assert_eq!(json_records(&dir), KEYS);
+    (tmp, compactions)
 }
 
 /// How many records the journal holds (latest state per name, removals excluded).

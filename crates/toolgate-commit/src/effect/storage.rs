@@ -11,8 +11,10 @@ use std::sync::Mutex;
 /// The file operations [`crate::effect::EffectStore`] performs, so that tests can fail the Nth
 /// write, fsync, rename or removal (in the manner of redb's `StorageBackend`). Appends to the
 /// journal are [`Storage::write_at`] (counted as [`Op::Write`]) made durable by
-/// [`Storage::fsync_file`] (`fdatasync`, [`Op::FsyncFile`]); renames and directory fsyncs happen when
-/// the journal is created and when files of the previous one-file-per-record layout are migrated.
+/// [`Storage::sync_data`] (`fdatasync`, [`Op::FsyncFile`]); directory fsyncs and removals happen at
+/// open (the journal's entry, files of the previous one-file-per-record layout), and a compaction
+/// writes its new journal with [`Storage::write_new`] and [`Storage::fsync_file`], then renames it
+/// over the journal with [`Storage::rename`] and fsyncs the directory.
 ///
 /// The writer lock (`dir/.lock`) is deliberately not part of the trait: it is a kernel `flock` whose
 /// release on process death is what makes recovery sound, and a test double could not honour that.
@@ -114,7 +116,7 @@ impl Storage for FsStorage {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 #[non_exhaustive]
 pub enum Op {
-    /// [`Storage::write_new`] and [`Storage::write_at`] (journal appends).
+    /// [`Storage::write_new`] (a compacted journal) and [`Storage::write_at`] (journal appends).
     Write,
     /// [`Storage::fsync_file`] and [`Storage::sync_data`] (the journal's `fdatasync`).
     FsyncFile,
