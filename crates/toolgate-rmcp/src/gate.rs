@@ -34,7 +34,8 @@ use toolgate_commit::CommitStore;
 use toolgate_commit::effect::{Begin, EffectError, EffectRequest, EffectStore, Resolution, Scope};
 use toolgate_contract::awareness::{InputContract, contract_awareness};
 use toolgate_contract::diff::Change;
-use toolgate_policy::{Decision, Policy, ToolName};
+use toolgate_guard::{KillSwitch, PendingActions, RateLimiter, RightsFile};
+use toolgate_policy::Policy;
 
 use crate::exactly_once;
 
@@ -49,6 +50,45 @@ use crate::state::{GateState, PolicyHandle};
 /// The message of the JSON-RPC error (-32602) for a tool that is denied or does not exist. The two
 /// cases are deliberately identical so a caller cannot probe which hidden tools exist.
 pub const TOOL_NOT_FOUND: &str = "tool not found";
+
+/// The gate's own tool that executes a previewed action (two-step confirmation).
+pub const CONFIRM_ACTION: &str = "confirm_action";
+/// The gate's own tool that cancels a previewed action.
+pub const REJECT_ACTION: &str = "reject_action";
+/// The JSON-RPC error code of a call refused because the kill switch is set (in the range
+/// JSON-RPC reserves for server errors); the message names the reason and how calls resume.
+pub const HALTED: i32 = -32001;
+
+/// What the server author supplies for the gate's checks that need to look at the world:
+/// preparing a call for two-step confirmation, and counting what a batch filter matches.
+/// Both run on the blocking pool and must not perform the tool's effect.
+pub trait Preflight: Send + Sync + 'static {
+    /// Describes what `tool` with `arguments` would do, without doing it: a summary written by
+    /// the server that names the concrete operation (target, scope, count), and a hash of the
+    /// content that would be sent or changed. Confirmation executes only if a fresh preparation
+    /// has the same hash. `Err` is a one-line reason (no secrets).
+    fn prepare(
+        &self,
+        tool: &str,
+        arguments: &rmcp::model::JsonObject,
+    ) -> Result<Preparation, String>;
+
+    /// The ids of the items `filter` matches now, for a batch tool called with a filter. The
+    /// default refuses filters, so batch tools must then be called with explicit ids.
+    fn batch_matches(&self, tool: &str, filter: &Value) -> Result<Vec<Value>, String> {
+        let _ = (tool, filter);
+        Err("this server does not evaluate batch filters; pass explicit ids".to_owned())
+    }
+}
+
+/// A call prepared for confirmation (see [`Preflight::prepare`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Preparation {
+    /// Names the concrete operation; the caller must echo it exactly to confirm.
+    pub summary: String,
+    /// Hash of the content that would be sent or changed.
+    pub content_hash: Sha256Digest,
+}
 
 /// At most this many changes are shown in a refusal's contract note.
 const MAX_CONTRACT_CHANGES: usize = 5;
@@ -97,6 +137,11 @@ pub struct Gated<H> {
     principal: String,
     probes: BTreeMap<String, EffectProbe>,
     schemas: SchemaCache,
+    kill_switch: Option<KillSwitch>,
+    rights: Option<RightsFile>,
+    preflight: Option<Arc<dyn Preflight>>,
+    rates: RateLimiter,
+    pending: PendingActions,
 }
 
 /// What a probe found out about an effect whose caller died mid-call.
@@ -151,6 +196,9 @@ pub struct GatedBuilder<H> {
     effects: Option<Arc<EffectStore>>,
     principal: String,
     probes: BTreeMap<String, EffectProbe>,
+    kill_switch: Option<KillSwitch>,
+    rights: Option<RightsFile>,
+    preflight: Option<Arc<dyn Preflight>>,
 }
 
 impl<H> std::fmt::Debug for GatedBuilder<H> {
@@ -207,6 +255,28 @@ impl<H: ServerHandler> GatedBuilder<H> {
         self
     }
 
+    /// The kill switch consulted on every call (`toolgate-server halt` sets it): while it is set
+    /// every tools/call gets a JSON-RPC error, except tools the policy exempts.
+    pub fn kill_switch(mut self, switch: KillSwitch) -> Self {
+        self.kill_switch = Some(switch);
+        self
+    }
+
+    /// The rights file consulted on every call: a tool the principal has no right to is hidden
+    /// and refused like a denied one; an unreadable file refuses everything (fail closed).
+    pub fn rights(mut self, rights: RightsFile) -> Self {
+        self.rights = Some(rights);
+        self
+    }
+
+    /// Prepares calls for two-step confirmation and evaluates batch filters. Without it, a
+    /// confirmation summary is the tool name with its canonical arguments, and batch filters are
+    /// refused.
+    pub fn preflight(mut self, preflight: Arc<dyn Preflight>) -> Self {
+        self.preflight = Some(preflight);
+        self
+    }
+
     /// Builds the gate.
     pub fn build(self) -> Result<Gated<H>, GateError> {
         let policy = self.policy.ok_or(GateError::MissingPolicy)?;
@@ -220,6 +290,7 @@ impl<H: ServerHandler> GatedBuilder<H> {
             });
         }
         let audit = self.audit.ok_or(GateError::MissingAudit)?;
+        let pending_ttl = policy.confirmation_ttl();
         let state = GateState {
             policy,
             contract_digest: None,
@@ -236,6 +307,11 @@ impl<H: ServerHandler> GatedBuilder<H> {
             principal: self.principal,
             probes: self.probes,
             schemas: SchemaCache::default(),
+            kill_switch: self.kill_switch,
+            rights: self.rights,
+            preflight: self.preflight,
+            rates: RateLimiter::new(),
+            pending: PendingActions::new(pending_ttl),
         })
     }
 }
@@ -252,6 +328,9 @@ impl<H: ServerHandler> Gated<H> {
             effects: None,
             principal: "local".to_owned(),
             probes: BTreeMap::new(),
+            kill_switch: None,
+            rights: None,
+            preflight: None,
         }
     }
 
@@ -382,13 +461,7 @@ impl<H: ServerHandler> Gated<H> {
 
 /// The refusal of a call whose arguments break a policy rule.
 fn policy_refusal(violation: &toolgate_policy::ArgViolation) -> Refusal {
-    let details = serde_json::json!({
-        "error": "argument_rejected",
-        "tool": violation.tool,
-        "field": violation.field,
-        "rule": violation.rule(),
-        "fix": violation.message(),
-    });
+    let details = violation.details();
     Refusal {
         rule: violation.rule(),
         message: violation.message(),
@@ -571,18 +644,44 @@ impl<H: ServerHandler> ServerHandler for Gated<H> {
         context: RequestContext<RoleServer>,
     ) -> Result<ListToolsResult, McpError> {
         let mut result = self.inner.list_tools(request, context).await?;
-        let policy = self.state.policy();
-        // Listed exactly when callable: the policy shows it and the inner handler resolves it.
-        result
-            .tools
-            .retain(|tool| policy.visible(&tool.name) && self.inner.get_tool(&tool.name).is_some());
+        let state = self.state.snapshot();
+        let policy = &state.policy;
+        // Listed exactly when callable: the policy shows it to this principal, the rights file
+        // grants it, and the inner handler resolves it.
+        result.tools.retain(|tool| {
+            !self.confirmations_offered(&tool.name)
+                && policy.visible_for(&self.principal, &tool.name)
+                && self.inner.get_tool(&tool.name).is_some()
+                && self.rights_refusal(&tool.name).is_none()
+        });
+        for tool in &mut result.tools {
+            if let (Some(untrusted), Some(schema)) =
+                (policy.untrusted_output(&tool.name), tool.output_schema.as_mut())
+            {
+                let mut rewritten = Value::Object(schema.as_ref().clone());
+                untrusted.rewrite_schema(&mut rewritten);
+                if let Value::Object(map) = rewritten {
+                    *schema = Arc::new(map);
+                }
+            }
+        }
+        if self.offers_confirmation(&state) {
+            result.tools.push(confirm::confirmation_tool(CONFIRM_ACTION));
+            result.tools.push(confirm::confirmation_tool(REJECT_ACTION));
+        }
         Ok(result)
     }
 
     fn get_tool(&self, name: &str) -> Option<Tool> {
+        if self.confirmations_offered(name) {
+            return self
+                .offers_confirmation(&self.state.snapshot())
+                .then(|| confirm::confirmation_tool(name));
+        }
         self.inner
             .get_tool(name)
-            .filter(|_| self.state.policy().visible(name))
+            .filter(|_| self.state.policy().visible_for(&self.principal, name))
+            .filter(|_| self.rights_refusal(name).is_none())
     }
 
     fn on_custom_request(

@@ -22,8 +22,8 @@ mod state;
 
 pub use exactly_once::IDEMPOTENCY_KEY_META;
 pub use gate::{
-    CONTRACT_DIGEST_META_KEY, EffectProbe, GateError, Gated, GatedBuilder, ProbeAnswer,
-    TOOL_NOT_FOUND,
+    CONFIRM_ACTION, CONTRACT_DIGEST_META_KEY, EffectProbe, GateError, Gated, GatedBuilder, HALTED,
+    Preflight, Preparation, ProbeAnswer, REJECT_ACTION, TOOL_NOT_FOUND,
 };
 pub use permit::{Permit, PermitError};
 pub use state::{GateState, PolicyHandle, Reload, ReloadError, Reloaded};

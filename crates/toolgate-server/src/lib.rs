@@ -147,6 +147,13 @@ fn check_contract(options: &ServerOptions, live: &Lockfile) -> anyhow::Result<()
 /// The order is deliberate: an invalid policy or a contract that does not match its attestation
 /// must stop the process before anything is created or written under the ledger directory.
 pub fn build(options: &ServerOptions) -> anyhow::Result<BuiltServer> {
+    if let Some(principal) = &options.principal
+        && !toolgate_guard::rights::is_principal_name(principal)
+    {
+        anyhow::bail!(
+            "invalid principal {principal:?}: use 1 to 128 characters from A-Z, a-z, 0-9, '_', '.', '@', ':' and '-' (--principal or TOOLGATE_PRINCIPAL)"
+        );
+    }
     let policy = load_policy(&options.policy)?;
     let live = contract::live_lockfile(&policy)?;
     check_contract(options, &live)?;
@@ -223,6 +230,13 @@ pub fn build(options: &ServerOptions) -> anyhow::Result<BuiltServer> {
                 .clone()
                 .unwrap_or_else(|| "local".to_owned()),
         )
+        .kill_switch(toolgate_guard::KillSwitch::new(&options.ledger))
+        .preflight(Arc::new(tools::NotesPreflight));
+    let gated = match &options.rights {
+        Some(path) => gated.rights(toolgate_guard::RightsFile::new(path)),
+        None => gated,
+    };
+    let gated = gated
         .build()?
         .with_contract_digest(live.integrity_digest())
         .with_tool_contract_digests(tool_digests)

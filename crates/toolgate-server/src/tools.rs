@@ -168,3 +168,95 @@ impl ServerHandler for NotesServer {
             )
     }
 }
+
+/// Prepares the reference server's calls for two-step confirmation (used when a policy gives a
+/// tool a class that needs it, e.g. `rm_rf` as `delete`). The summary names the concrete
+/// operation; the content hash covers what it would touch, so an edit between the preview and
+/// the confirmation is detected.
+#[derive(Debug, Default)]
+pub struct NotesPreflight;
+
+/// At most this many entries are walked to describe a deletion.
+const MAX_PREVIEW_ENTRIES: usize = 10_000;
+
+impl toolgate_rmcp::Preflight for NotesPreflight {
+    fn prepare(
+        &self,
+        tool: &str,
+        arguments: &rmcp::model::JsonObject,
+    ) -> Result<toolgate_rmcp::Preparation, String> {
+        let canonical = serde_json::Value::Object(arguments.clone());
+        match (tool, arguments.get("path").and_then(serde_json::Value::as_str)) {
+            ("rm_rf", Some(path)) => {
+                let (entries, bytes, digest) = describe_tree(std::path::Path::new(path))?;
+                Ok(toolgate_rmcp::Preparation {
+                    summary: format!(
+                        "delete {path} recursively: {entries} entries, {bytes} bytes"
+                    ),
+                    content_hash: digest,
+                })
+            }
+            _ => Ok(toolgate_rmcp::Preparation {
+                summary: format!(
+                    "call {tool} with arguments sha256:{}",
+                    toolgate_canon::Sha256Digest::of_json(&canonical)
+                ),
+                content_hash: toolgate_canon::Sha256Digest::of_json(&canonical),
+            }),
+        }
+    }
+}
+
+/// Counts the entries and bytes under `root` (without following links) and digests their
+/// relative paths, kinds, sizes and modification times, in sorted order.
+fn describe_tree(
+    root: &std::path::Path,
+) -> Result<(usize, u64, toolgate_canon::Sha256Digest), String> {
+    use std::os::unix::fs::MetadataExt as _;
+    let mut listing = Vec::new();
+    let mut stack = vec![root.to_path_buf()];
+    let mut bytes = 0u64;
+    while let Some(path) = stack.pop() {
+        let meta = match std::fs::symlink_metadata(&path) {
+            Ok(meta) => meta,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound && path == root => {
+                listing.push(serde_json::json!(["(absent)"]));
+                break;
+            }
+            Err(e) => return Err(format!("cannot inspect the target ({})", e.kind())),
+        };
+        let relative = path
+            .strip_prefix(root)
+            .map(|p| p.display().to_string())
+            .unwrap_or_default();
+        let kind = if meta.is_dir() {
+            "dir"
+        } else if meta.file_type().is_symlink() {
+            "link"
+        } else {
+            "file"
+        };
+        bytes = bytes.saturating_add(meta.len());
+        listing.push(serde_json::json!([relative, kind, meta.len(), meta.mtime_nsec(), meta.mtime()]));
+        if listing.len() > MAX_PREVIEW_ENTRIES {
+            return Err(format!(
+                "the target has more than {MAX_PREVIEW_ENTRIES} entries; delete it in smaller parts"
+            ));
+        }
+        if meta.is_dir() {
+            let children = std::fs::read_dir(&path)
+                .map_err(|e| format!("cannot list the target ({})", e.kind()))?;
+            for child in children {
+                let child = child.map_err(|e| format!("cannot list the target ({})", e.kind()))?;
+                stack.push(child.path());
+            }
+        }
+    }
+    listing.sort_by_key(|entry| entry.to_string());
+    let entries = listing.len();
+    Ok((
+        entries,
+        bytes,
+        toolgate_canon::Sha256Digest::of_json(&serde_json::Value::Array(listing)),
+    ))
+}

@@ -120,7 +120,7 @@ impl<H: ServerHandler> Gated<H> {
         let mut refusal = input
             .problem(&name, arguments)
             .or_else(|| match &decision {
-                Decision::DenyArgs(violation) => Some(policy_refusal(violation)),
+                Decision::DenyArgs(violation) => Some(policy_refusal(&violation)),
                 _ => None,
             })
             .or_else(|| self.schemas.check(&name, &tool.input_schema, arguments).err())
@@ -247,8 +247,8 @@ impl<H: ServerHandler> Gated<H> {
             tokio::task::spawn_blocking(move || preflight.batch_matches(&tool, &filter)).await;
         let matches = match matched {
             Ok(Ok(matches)) => matches,
-            Ok(Err(why)) | Err(_) if true => {
-                let why = match matched {
+            failed => {
+                let why = match failed {
                     Ok(Err(why)) => why,
                     _ => "the matcher task failed".to_owned(),
                 };
@@ -261,7 +261,6 @@ impl<H: ServerHandler> Gated<H> {
                     rule,
                 });
             }
-            _ => return None,
         };
         let count = u64::try_from(matches.len()).unwrap_or(u64::MAX);
         if count == expected_count {

@@ -38,7 +38,7 @@ pub const PROTOCOL_2026: &str = "2026-07-28";
 pub const INVALID_PARAMS: i64 = -32602;
 
 /// Environment variables a test process might inherit that would change the server's behaviour.
-const SCRUBBED_ENV: [&str; 9] = [
+const SCRUBBED_ENV: [&str; 11] = [
     "RUST_LOG",
     "POLICY_PATH",
     "LEDGER_DIR",
@@ -48,6 +48,8 @@ const SCRUBBED_ENV: [&str; 9] = [
     "TOOLGATE_ATTESTATION",
     "TOOLGATE_ATTESTATION_KEY_FILE",
     "TOOLGATE_PREVIOUS_LOCK",
+    "TOOLGATE_RIGHTS_FILE",
+    "TOOLGATE_PRINCIPAL",
 ];
 
 /// One test's private world: a tempdir with its own policy copy and ledger path.
