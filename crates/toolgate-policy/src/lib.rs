@@ -3,29 +3,57 @@
 //! A [`Policy`] is loaded once (the only I/O this crate does) and is valid by construction: the
 //! loader rejects unknown keys, duplicate keys, unsupported versions and contradictory rules, so a
 //! typo can never silently weaken what the server enforces. After loading, [`Policy::decide`] and
-//! [`Policy::visible`] are pure functions of the policy and their inputs.
+//! [`Policy::visible`] (and their per-principal forms [`Policy::decide_for`] and
+//! [`Policy::visible_for`]) are pure functions of the policy and their inputs.
 //!
-//! Semantics of version 1:
+//! Semantics of version 1 (the complete reference is `docs/policy.md`):
 //! - a tool listed in `deny` is denied, even when it is also in `allow` (deny wins);
 //! - a tool in neither list is denied (default deny);
 //! - an allowed tool whose arguments break one of its `arg_rules` is refused for that call only;
-//!   a ruled field that is missing or not a string breaks the rule.
+//!   a ruled field that is missing breaks the rule unless the rule is `optional`;
+//! - for a principal named under `principals`, a tool is allowed when it is in `allow` or the
+//!   principal's `allow` and in neither `deny` nor the principal's `deny`; its arguments must pass
+//!   the top-level rules and then the principal's rules. Any other principal gets the top-level
+//!   policy.
 //!
 //! Lengths are counted in Unicode scalar values (what a person calls characters), not bytes.
 
 #![forbid(unsafe_code)]
 
+mod load;
+mod principal;
+mod raw;
+mod rules;
+mod sections;
+mod untrusted;
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
-use serde::de::{self, MapAccess, Visitor};
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 use toolgate_canon::Sha256Digest;
 
+pub use principal::Principal;
+pub use rules::{ArgRule, ArgType, ArgViolation, PATTERN_SIZE_LIMIT, PathRule, Violation};
+pub use sections::{Batch, BatchCall, BatchProblem, BatchViolation, EffectClass, Rate};
+pub use untrusted::{
+    DEFAULT_UNTRUSTED_MAX_CHARS, MAX_UNTRUSTED_MAX_CHARS, TRUNCATION_MARK, UNTRUSTED_NOTE,
+    UntrustedOutput,
+};
+
+use principal::PrincipalSection;
+
 /// The only policy format version this build understands.
 pub const SUPPORTED_VERSION: u64 = 1;
+
+/// The confirmation window when the policy does not set `confirmation.ttl_secs`.
+pub const DEFAULT_CONFIRMATION_TTL_SECS: u64 = 300;
+
+/// The longest allowed `confirmation.ttl_secs` (one day).
+pub const MAX_CONFIRMATION_TTL_SECS: u64 = 86_400;
 
 /// Why a policy could not be loaded. Every message names the problem and how to fix it.
 #[derive(Debug, thiserror::Error)]
@@ -107,105 +135,29 @@ impl fmt::Display for ToolName {
     }
 }
 
-/// Length bounds on one string argument.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct ArgRule {
-    /// Minimum length in characters, inclusive.
-    #[serde(default)]
-    pub min_len: Option<u64>,
-    /// Maximum length in characters, inclusive.
-    #[serde(default)]
-    pub max_len: Option<u64>,
-}
-
-/// Which kind of argument rule a call broke.
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum Violation {
-    /// The ruled field is absent from the arguments.
-    Missing,
-    /// The ruled field is present but not a string.
-    NotString,
-    /// The string is shorter than `min_len`.
-    TooShort {
-        /// The rule's minimum.
-        min_len: u64,
-        /// The length received.
-        actual: u64,
-    },
-    /// The string is longer than `max_len`.
-    TooLong {
-        /// The rule's maximum.
-        max_len: u64,
-        /// The length received.
-        actual: u64,
-    },
-}
-
-/// An allowed tool called with arguments that break one of its rules.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ArgViolation {
-    /// The tool.
-    pub tool: String,
-    /// The argument that broke the rule.
-    pub field: String,
-    /// How it broke it.
-    pub violation: Violation,
-}
-
-impl ArgViolation {
-    /// The rule's path in the policy file, e.g. `arg_rules.write_note.request_id.min_len`.
-    pub fn rule(&self) -> String {
-        let key = match self.violation {
-            Violation::Missing | Violation::NotString => "type",
-            Violation::TooShort { .. } => "min_len",
-            Violation::TooLong { .. } => "max_len",
-        };
-        format!("arg_rules.{}.{}.{}", self.tool, self.field, key)
-    }
-
-    /// A message for the caller: starts with `Error:`, names the field, the rule and the fix.
-    /// It never echoes the argument's value.
-    pub fn message(&self) -> String {
-        let Self { tool, field, .. } = self;
-        match &self.violation {
-            Violation::Missing => format!(
-                "Error: argument `{field}` of `{tool}` is required by policy rule {}; pass `{field}` as a string",
-                self.rule()
-            ),
-            Violation::NotString => format!(
-                "Error: argument `{field}` of `{tool}` must be a string (policy rule {}); pass `{field}` as a string",
-                self.rule()
-            ),
-            Violation::TooShort { min_len, actual } => format!(
-                "Error: argument `{field}` of `{tool}` has {actual} characters but policy rule {} requires at least {min_len}; pass a longer `{field}`",
-                self.rule()
-            ),
-            Violation::TooLong { max_len, actual } => format!(
-                "Error: argument `{field}` of `{tool}` has {actual} characters but policy rule {} allows at most {max_len}; shorten `{field}`",
-                self.rule()
-            ),
-        }
-    }
-}
-
 /// Why a tool is refused as a whole (hidden from tools/list, -32602 on tools/call).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum ToolDenial {
     /// The tool is listed in `deny`.
     DenyList,
-    /// The tool is in neither `allow` nor `deny`.
+    /// The tool is in neither `allow` nor `deny` (nor the caller's `principals.<p>.allow`).
     NotListed,
+    /// The tool is listed in `principals.<principal>.deny`.
+    PrincipalDenyList {
+        /// The principal whose section denies the tool.
+        principal: String,
+    },
 }
 
 impl ToolDenial {
-    /// The rule that decided, as written in audit records.
-    pub fn rule(&self) -> &'static str {
+    /// The rule that decided, as written in audit records: `deny`, `default_deny` or
+    /// `principals.<principal>.deny`.
+    pub fn rule(&self) -> String {
         match self {
-            ToolDenial::DenyList => "deny",
-            ToolDenial::NotListed => "default_deny",
+            ToolDenial::DenyList => "deny".to_owned(),
+            ToolDenial::NotListed => "default_deny".to_owned(),
+            ToolDenial::PrincipalDenyList { principal } => format!("principals.{principal}.deny"),
         }
     }
 }
@@ -228,12 +180,12 @@ impl Decision {
         matches!(self, Decision::Allow)
     }
 
-    /// The rule that decided, e.g. `allow`, `deny`, `default_deny`,
-    /// `arg_rules.write_note.text.max_len`.
+    /// The rule that decided, e.g. `allow`, `deny`, `default_deny`, `principals.bob.deny`,
+    /// `arg_rules.write_note.text.max_len`, `principals.bob.arg_rules.write_note.text.pattern`.
     pub fn rule(&self) -> String {
         match self {
             Decision::Allow => "allow".to_owned(),
-            Decision::DenyTool(denial) => denial.rule().to_owned(),
+            Decision::DenyTool(denial) => denial.rule(),
             Decision::DenyArgs(violation) => violation.rule(),
         }
     }
@@ -244,11 +196,19 @@ impl Decision {
 pub struct Policy {
     // Names are validated as `ToolName` at load time and stored as plain strings so lookups by
     // `&str` are ordinary set and map lookups.
-    allow: BTreeSet<String>,
-    deny: BTreeSet<String>,
-    arg_rules: BTreeMap<String, BTreeMap<String, ArgRule>>,
-    idempotency: BTreeMap<String, Idempotency>,
-    digest: Sha256Digest,
+    pub(crate) allow: BTreeSet<String>,
+    pub(crate) deny: BTreeSet<String>,
+    pub(crate) arg_rules: BTreeMap<String, BTreeMap<String, ArgRule>>,
+    pub(crate) idempotency: BTreeMap<String, Idempotency>,
+    pub(crate) effects: BTreeMap<String, EffectClass>,
+    pub(crate) confirmation_ttl_secs: u64,
+    pub(crate) batch: BTreeMap<String, Batch>,
+    pub(crate) tool_rates: BTreeMap<String, Rate>,
+    pub(crate) principal_rates: BTreeMap<String, Rate>,
+    pub(crate) halt_exempt: BTreeSet<String>,
+    pub(crate) principals: BTreeMap<String, PrincipalSection>,
+    pub(crate) untrusted_output: BTreeMap<String, UntrustedOutput>,
+    pub(crate) digest: Sha256Digest,
 }
 
 /// Whether re-running a tool's effect after its caller died mid-effect is harmless.
@@ -298,67 +258,6 @@ fn default_effect() -> EffectSafety {
     EffectSafety::Unsafe
 }
 
-/// The on-disk shape of version 1. Unknown keys and duplicate keys are errors.
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct RawPolicy {
-    version: u64,
-    #[serde(default)]
-    allow: Vec<String>,
-    #[serde(default)]
-    deny: Vec<String>,
-    #[serde(default)]
-    arg_rules: UniqueMap<UniqueMap<ArgRule>>,
-    #[serde(default)]
-    idempotency: UniqueMap<Idempotency>,
-}
-
-/// A JSON object deserialized into a map that refuses duplicate keys (serde_json keeps the last one
-/// silently, which in a policy would let a later entry quietly override an earlier one).
-struct UniqueMap<V>(BTreeMap<String, V>);
-
-impl<V> Default for UniqueMap<V> {
-    fn default() -> Self {
-        UniqueMap(BTreeMap::new())
-    }
-}
-
-impl<'de, V: Deserialize<'de>> Deserialize<'de> for UniqueMap<V> {
-    fn deserialize<D: de::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        struct UniqueVisitor<V>(std::marker::PhantomData<V>);
-        impl<'de, V: Deserialize<'de>> Visitor<'de> for UniqueVisitor<V> {
-            type Value = UniqueMap<V>;
-            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("a JSON object")
-            }
-            fn visit_map<A: MapAccess<'de>>(self, mut access: A) -> Result<Self::Value, A::Error> {
-                let mut map = BTreeMap::new();
-                while let Some((key, value)) = access.next_entry::<String, V>()? {
-                    if map.contains_key(&key) {
-                        return Err(de::Error::custom(format_args!("duplicate key `{key}`")));
-                    }
-                    map.insert(key, value);
-                }
-                Ok(UniqueMap(map))
-            }
-        }
-        deserializer.deserialize_map(UniqueVisitor(std::marker::PhantomData))
-    }
-}
-
-fn syntax(error: &serde_json::Error) -> PolicyError {
-    PolicyError::Syntax {
-        message: error
-            .to_string()
-            .split(" at line ")
-            .next()
-            .unwrap_or_default()
-            .to_owned(),
-        line: error.line(),
-        column: error.column(),
-    }
-}
-
 impl Policy {
     /// Reads and parses the policy file at `path`.
     pub fn load(path: &Path) -> Result<Self, PolicyError> {
@@ -369,178 +268,103 @@ impl Policy {
         Self::from_json(&text)
     }
 
-    /// Parses a policy from JSON text.
-    pub fn from_json(text: &str) -> Result<Self, PolicyError> {
-        // Check the version before the strict parse, so that a file written for a newer format
-        // reports "unsupported version" rather than an unknown key of that format.
-        let loose: Value = serde_json::from_str(text).map_err(|e| syntax(&e))?;
-        let Value::Object(top) = &loose else {
-            return Err(PolicyError::Invalid {
-                reason: "the policy must be a JSON object such as {\"version\":1,\"allow\":[...]}"
-                    .to_owned(),
-            });
-        };
-        match top.get("version").and_then(Value::as_u64) {
-            None => return Err(PolicyError::MissingVersion),
-            Some(SUPPORTED_VERSION) => {}
-            Some(found) => return Err(PolicyError::UnsupportedVersion { found }),
-        }
-        let raw: RawPolicy = serde_json::from_str(text).map_err(|e| syntax(&e))?;
-        debug_assert_eq!(raw.version, SUPPORTED_VERSION);
-
-        let names = |list: Vec<String>, key: &str| -> Result<BTreeSet<String>, PolicyError> {
-            list.into_iter()
-                .map(|name| {
-                    ToolName::new(&name)
-                        .map(|valid| valid.0)
-                        .map_err(|e| PolicyError::Invalid {
-                            reason: format!("in \"{key}\": {e}"),
-                        })
-                })
-                .collect()
-        };
-        let allow = names(raw.allow, "allow")?;
-        let deny = names(raw.deny, "deny")?;
-
-        let mut arg_rules = BTreeMap::new();
-        for (tool, fields) in raw.arg_rules.0 {
-            let tool = ToolName::new(&tool).map_err(|e| PolicyError::Invalid {
-                reason: format!("in \"arg_rules\": {e}"),
-            })?;
-            for (field, rule) in &fields.0 {
-                if field.is_empty() {
-                    return Err(PolicyError::Invalid {
-                        reason: format!(
-                            "arg_rules.{tool} has an empty field name; name the argument the rule applies to"
-                        ),
-                    });
-                }
-                if let (Some(min), Some(max)) = (rule.min_len, rule.max_len)
-                    && min > max
-                {
-                    return Err(PolicyError::Invalid {
-                        reason: format!(
-                            "arg_rules.{tool}.{field}: min_len {min} is greater than max_len {max}, so no value could pass; fix the bounds"
-                        ),
-                    });
-                }
-            }
-            // A rule for a tool the policy never allows is at best dead and at worst a typo of
-            // an allowed tool's name, which would silently leave that tool unruled.
-            if !allow.contains(tool.as_str()) || deny.contains(tool.as_str()) {
-                let allowed: Vec<&str> = allow
-                    .iter()
-                    .filter(|name| !deny.contains(*name))
-                    .map(String::as_str)
-                    .collect();
-                return Err(PolicyError::Invalid {
-                    reason: format!(
-                        "arg_rules names `{tool}`, which the policy does not allow; rules apply only to allowed tools ({}): fix the tool name or remove the rule",
-                        allowed.join(", ")
-                    ),
-                });
-            }
-            arg_rules.insert(tool.0, fields.0);
-        }
-
-        let mut idempotency = BTreeMap::new();
-        for (tool, settings) in raw.idempotency.0 {
-            let tool = ToolName::new(&tool).map_err(|e| PolicyError::Invalid {
-                reason: format!("in \"idempotency\": {e}"),
-            })?;
-            if !allow.contains(tool.as_str()) || deny.contains(tool.as_str()) {
-                return Err(PolicyError::Invalid {
-                    reason: format!(
-                        "idempotency names `{tool}`, which the policy does not allow; fix the tool name or remove the entry"
-                    ),
-                });
-            }
-            if settings.key_argument.as_deref() == Some("") {
-                return Err(PolicyError::Invalid {
-                    reason: format!(
-                        "idempotency.{tool}.key_argument is empty; name the argument holding the key or remove it"
-                    ),
-                });
-            }
-            if let Some(marker) = &settings.replay_marker
-                && !(marker.pointer.starts_with('/') && marker.pointer.len() > 1)
-            {
-                return Err(PolicyError::Invalid {
-                    reason: format!(
-                        "idempotency.{tool}.replay_marker.pointer {:?} is not a JSON pointer such as \"/status\"",
-                        marker.pointer
-                    ),
-                });
-            }
-            if settings.window_secs == Some(0) {
-                return Err(PolicyError::Invalid {
-                    reason: format!(
-                        "idempotency.{tool}.window_secs is 0, so nothing could replay; use at least 1"
-                    ),
-                });
-            }
-            idempotency.insert(tool.0, settings);
-        }
-
-        Ok(Policy {
-            allow,
-            deny,
-            arg_rules,
-            idempotency,
-            digest: Sha256Digest::of_json(&loose),
-        })
-    }
-
-    /// Whether `tool` appears in tools/list. Equivalent to "calls to it are not refused as a whole",
-    /// so listing and calling can never disagree.
+    /// Whether `tool` appears in tools/list for a caller without a `principals` section.
+    /// Equivalent to "calls to it are not refused as a whole", so listing and calling can never
+    /// disagree.
     pub fn visible(&self, tool: &str) -> bool {
-        self.tool_denial(tool).is_none()
+        self.tool_denial(None, tool).is_none()
     }
 
-    fn tool_denial(&self, tool: &str) -> Option<ToolDenial> {
+    /// Whether `tool` appears in tools/list for `principal` (the top-level policy when the
+    /// principal has no section). Agrees with [`Policy::decide_for`] refusing the tool as a whole.
+    pub fn visible_for(&self, principal: &str, tool: &str) -> bool {
+        self.tool_denial(self.section(principal), tool).is_none()
+    }
+
+    fn section(&self, principal: &str) -> Option<(&str, &PrincipalSection)> {
+        self.principals
+            .get_key_value(principal)
+            .map(|(name, section)| (name.as_str(), section))
+    }
+
+    fn tool_denial(
+        &self,
+        section: Option<(&str, &PrincipalSection)>,
+        tool: &str,
+    ) -> Option<ToolDenial> {
         if self.deny.contains(tool) {
-            Some(ToolDenial::DenyList)
-        } else if self.allow.contains(tool) {
+            return Some(ToolDenial::DenyList);
+        }
+        if let Some((name, section)) = section {
+            if section.deny.contains(tool) {
+                return Some(ToolDenial::PrincipalDenyList {
+                    principal: name.to_owned(),
+                });
+            }
+            if section.allow.contains(tool) {
+                return None;
+            }
+        }
+        if self.allow.contains(tool) {
             None
         } else {
             Some(ToolDenial::NotListed)
         }
     }
 
-    /// Decides one tools/call. `arguments` is the call's `arguments` object (absent = empty).
+    /// Decides one tools/call of a caller without a `principals` section. `arguments` is the
+    /// call's `arguments` object (absent = empty).
     pub fn decide(&self, tool: &str, arguments: Option<&Map<String, Value>>) -> Decision {
-        if let Some(denial) = self.tool_denial(tool) {
+        self.decide_in(None, tool, arguments)
+    }
+
+    /// Decides one tools/call of `principal`: the top-level policy merged with
+    /// `principals.<principal>` when there is such a section.
+    pub fn decide_for(
+        &self,
+        principal: &str,
+        tool: &str,
+        arguments: Option<&Map<String, Value>>,
+    ) -> Decision {
+        self.decide_in(self.section(principal), tool, arguments)
+    }
+
+    fn decide_in(
+        &self,
+        section: Option<(&str, &PrincipalSection)>,
+        tool: &str,
+        arguments: Option<&Map<String, Value>>,
+    ) -> Decision {
+        if let Some(denial) = self.tool_denial(section, tool) {
             return Decision::DenyTool(denial);
         }
-        let Some(rules) = self.arg_rules.get(tool) else {
-            return Decision::Allow;
-        };
-        for (field, rule) in rules {
-            let violation = match arguments.and_then(|args| args.get(field)) {
-                None => Some(Violation::Missing),
-                Some(Value::String(text)) => {
-                    let actual = u64::try_from(text.chars().count()).unwrap_or(u64::MAX);
-                    match (rule.min_len, rule.max_len) {
-                        (Some(min_len), _) if actual < min_len => {
-                            Some(Violation::TooShort { min_len, actual })
-                        }
-                        (_, Some(max_len)) if actual > max_len => {
-                            Some(Violation::TooLong { max_len, actual })
-                        }
-                        _ => None,
-                    }
-                }
-                Some(_) => Some(Violation::NotString),
-            };
-            if let Some(violation) = violation {
-                return Decision::DenyArgs(ArgViolation {
-                    tool: tool.to_owned(),
-                    field: field.clone(),
-                    violation,
-                });
-            }
+        if let Some(rules) = self.arg_rules.get(tool)
+            && let Some(violation) = check_rules(rules, None, tool, arguments)
+        {
+            return Decision::DenyArgs(violation);
+        }
+        if let Some((name, section)) = section
+            && let Some(rules) = section.arg_rules.get(tool)
+            && let Some(violation) = check_rules(rules, Some(name), tool, arguments)
+        {
+            return Decision::DenyArgs(violation);
         }
         Decision::Allow
+    }
+
+    /// The `path` rules that apply to calls of `tool` by `principal` (`None` = a caller without
+    /// a section): the top-level ones, then the principal's, as (argument name, rule). The gate
+    /// uses them after an `Allow` to resolve symbolic links, which this crate does not do.
+    pub fn path_rules(&self, principal: Option<&str>, tool: &str) -> Vec<(&str, &PathRule)> {
+        let top = self.arg_rules.get(tool).into_iter();
+        let own = principal
+            .and_then(|p| self.principals.get(p))
+            .and_then(|section| section.arg_rules.get(tool))
+            .into_iter();
+        top.chain(own)
+            .flat_map(|fields| fields.iter())
+            .filter_map(|(field, rule)| rule.path().map(|path| (field.as_str(), path)))
+            .collect()
     }
 
     /// The SHA-256 of the canonical JSON of the policy file as loaded: names the policy in force
@@ -550,42 +374,90 @@ impl Policy {
     }
 
     /// A digest of every rule of this policy that applies to `tool`: whether it is allowed, whether
-    /// it is denied, and its argument rules. Two policies give a tool the same fingerprint exactly
-    /// when they treat its calls the same way, whatever else they say about other tools.
+    /// it is denied, and its argument rules; and, only when the policy sets them for the tool, its
+    /// idempotency, effect class (with the confirmation window when the class needs confirmation),
+    /// batch, rate limit, kill-switch exemption, untrusted-output settings and the principal
+    /// sections that mention it. Two policies give a tool the same fingerprint exactly when they
+    /// treat its calls the same way, whatever else they say about other tools.
     pub fn fingerprint(&self, tool: &str) -> Sha256Digest {
-        let rules: Map<String, Value> = self
-            .arg_rules(tool)
-            .map(|fields| {
-                fields
-                    .iter()
-                    .map(|(field, rule)| {
-                        let mut bounds = Map::new();
-                        if let Some(min) = rule.min_len {
-                            bounds.insert("min_len".to_owned(), Value::from(min));
-                        }
-                        if let Some(max) = rule.max_len {
-                            bounds.insert("max_len".to_owned(), Value::from(max));
-                        }
-                        (field.clone(), Value::Object(bounds))
-                    })
-                    .collect()
-            })
-            .unwrap_or_default();
-        let mut rules_of_tool = serde_json::json!({
-            "version": SUPPORTED_VERSION,
-            "tool": tool,
-            "allow": self.allow.contains(tool),
-            "deny": self.deny.contains(tool),
-            "arg_rules": rules,
-        });
-        // Present only when configured, so policies without the key keep their fingerprints.
-        if let (Some(settings), Value::Object(map)) = (self.idempotency(tool), &mut rules_of_tool) {
+        let rules_json = |fields: &BTreeMap<String, ArgRule>| -> Map<String, Value> {
+            fields
+                .iter()
+                .map(|(field, rule)| (field.clone(), rule.spec()))
+                .collect()
+        };
+        let rules: Map<String, Value> = self.arg_rules(tool).map(rules_json).unwrap_or_default();
+        let mut map = Map::new();
+        map.insert("version".to_owned(), Value::from(SUPPORTED_VERSION));
+        map.insert("tool".to_owned(), Value::from(tool));
+        map.insert("allow".to_owned(), Value::from(self.allow.contains(tool)));
+        map.insert("deny".to_owned(), Value::from(self.deny.contains(tool)));
+        map.insert("arg_rules".to_owned(), Value::Object(rules));
+        // Everything below is present only when configured, so policies without these keys keep
+        // their fingerprints.
+        if let Some(settings) = self.idempotency(tool) {
             map.insert(
                 "idempotency".to_owned(),
                 serde_json::to_value(settings).unwrap_or(Value::Null),
             );
         }
-        Sha256Digest::of_json(&rules_of_tool)
+        if let Some(effect) = self.effect_class(tool) {
+            map.insert("effect".to_owned(), Value::from(effect.as_str()));
+            if effect.needs_confirmation() {
+                map.insert(
+                    "confirmation_ttl_secs".to_owned(),
+                    Value::from(self.confirmation_ttl_secs),
+                );
+            }
+        }
+        if let Some(batch) = self.batch(tool) {
+            map.insert(
+                "batch".to_owned(),
+                serde_json::to_value(batch).unwrap_or(Value::Null),
+            );
+        }
+        if let Some(rate) = self.tool_rate(tool) {
+            map.insert(
+                "rate_limit".to_owned(),
+                serde_json::to_value(rate).unwrap_or(Value::Null),
+            );
+        }
+        if self.halt_exempt(tool) {
+            map.insert("halt_exempt".to_owned(), Value::Bool(true));
+        }
+        if let Some(untrusted) = self.untrusted_output(tool) {
+            map.insert(
+                "untrusted_output".to_owned(),
+                serde_json::json!({
+                    "fields": untrusted.fields(),
+                    "max_chars": untrusted.max_chars(),
+                }),
+            );
+        }
+        let principals: Map<String, Value> = self
+            .principals
+            .iter()
+            .filter(|(_, section)| section.mentions(tool))
+            .map(|(name, section)| {
+                let rules = section
+                    .arg_rules
+                    .get(tool)
+                    .map(rules_json)
+                    .unwrap_or_default();
+                (
+                    name.clone(),
+                    serde_json::json!({
+                        "allow": section.allow.contains(tool),
+                        "deny": section.deny.contains(tool),
+                        "arg_rules": rules,
+                    }),
+                )
+            })
+            .collect();
+        if !principals.is_empty() {
+            map.insert("principals".to_owned(), Value::Object(principals));
+        }
+        Sha256Digest::of_json(&Value::Object(map))
     }
 
     /// The exactly-once settings of `tool`, when the policy opts it in.
@@ -593,20 +465,93 @@ impl Policy {
         self.idempotency.get(tool)
     }
 
-    /// The tools the policy allows (before `deny` is applied).
+    /// The tools the policy allows at top level (before `deny` is applied; principal sections
+    /// not included).
     pub fn allowed(&self) -> impl Iterator<Item = &str> {
         self.allow.iter().map(String::as_str)
     }
 
-    /// The tools the policy denies explicitly.
+    /// The tools the policy denies explicitly at top level.
     pub fn denied(&self) -> impl Iterator<Item = &str> {
         self.deny.iter().map(String::as_str)
     }
 
-    /// The argument rules of `tool`, keyed by argument name.
+    /// The top-level argument rules of `tool`, keyed by argument name.
     pub fn arg_rules(&self, tool: &str) -> Option<&BTreeMap<String, ArgRule>> {
         self.arg_rules.get(tool)
     }
+
+    /// The principals that have a `principals` section.
+    pub fn principals(&self) -> impl Iterator<Item = &str> {
+        self.principals.keys().map(String::as_str)
+    }
+
+    /// The argument rules `principals.<principal>.arg_rules.<tool>` (checked after the top-level
+    /// ones).
+    pub fn principal_arg_rules(
+        &self,
+        principal: &str,
+        tool: &str,
+    ) -> Option<&BTreeMap<String, ArgRule>> {
+        self.principals.get(principal)?.arg_rules.get(tool)
+    }
+
+    /// The effect class of `tool` (policy key `effects`).
+    pub fn effect_class(&self, tool: &str) -> Option<EffectClass> {
+        self.effects.get(tool).copied()
+    }
+
+    /// How long a confirmation stays valid (`confirmation.ttl_secs`, default 300 s).
+    pub fn confirmation_ttl(&self) -> Duration {
+        Duration::from_secs(self.confirmation_ttl_secs)
+    }
+
+    /// The batch selector settings of `tool`.
+    pub fn batch(&self, tool: &str) -> Option<&Batch> {
+        self.batch.get(tool)
+    }
+
+    /// The rate limit of `tool` (`rate_limits.tools`).
+    pub fn tool_rate(&self, tool: &str) -> Option<Rate> {
+        self.tool_rates.get(tool).copied()
+    }
+
+    /// The rate limit of `principal` across all its calls (`rate_limits.principals`).
+    pub fn principal_rate(&self, principal: &str) -> Option<Rate> {
+        self.principal_rates.get(principal).copied()
+    }
+
+    /// Whether `tool` keeps working while the kill switch is engaged (`kill_switch.exempt`; only
+    /// tools declared `read` in `effects` can be exempt).
+    pub fn halt_exempt(&self, tool: &str) -> bool {
+        self.halt_exempt.contains(tool)
+    }
+
+    /// Which strings of `tool`'s structured results are third-party text.
+    pub fn untrusted_output(&self, tool: &str) -> Option<&UntrustedOutput> {
+        self.untrusted_output.get(tool)
+    }
+}
+
+/// The first rule of `rules` the arguments break, in field-name order.
+fn check_rules(
+    rules: &BTreeMap<String, ArgRule>,
+    principal: Option<&str>,
+    tool: &str,
+    arguments: Option<&Map<String, Value>>,
+) -> Option<ArgViolation> {
+    for (field, rule) in rules {
+        if let Err(violation) = rule.check(arguments.and_then(|args| args.get(field))) {
+            return Some(ArgViolation::new(
+                tool,
+                field,
+                violation,
+                principal,
+                rule.expected_type(),
+            ));
+        }
+    }
+    None
 }
 
 #[cfg(test)]

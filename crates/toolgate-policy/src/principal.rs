@@ -1,0 +1,61 @@
+//! Principal names and the per-principal sections (`principals.<name>`).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+
+use crate::PolicyError;
+use crate::rules::ArgRule;
+
+/// A principal (the authenticated caller) as the policy names it: 1 to 128 characters from
+/// `A-Z a-z 0-9 _ . @ : -`.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Principal(String);
+
+impl Principal {
+    /// Checks `name` against the principal grammar.
+    pub fn new(name: &str) -> Result<Self, PolicyError> {
+        let ok_len = !name.is_empty() && name.len() <= 128;
+        let ok_chars = name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'@' | b':' | b'-'));
+        if ok_len && ok_chars {
+            Ok(Principal(name.to_owned()))
+        } else {
+            Err(PolicyError::Invalid {
+                reason: format!(
+                    "{name:?} is not a valid principal name; use 1 to 128 characters from A-Z, a-z, 0-9, '_', '.', '@', ':' and '-'"
+                ),
+            })
+        }
+    }
+
+    /// The name as text.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    pub(crate) fn into_string(self) -> String {
+        self.0
+    }
+}
+
+impl fmt::Display for Principal {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// One `principals.<name>` section, validated.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct PrincipalSection {
+    pub(crate) allow: BTreeSet<String>,
+    pub(crate) deny: BTreeSet<String>,
+    pub(crate) arg_rules: BTreeMap<String, BTreeMap<String, ArgRule>>,
+}
+
+impl PrincipalSection {
+    /// Whether the section says anything about `tool` (it then belongs in the tool's fingerprint).
+    pub(crate) fn mentions(&self, tool: &str) -> bool {
+        self.allow.contains(tool) || self.deny.contains(tool) || self.arg_rules.contains_key(tool)
+    }
+}

@@ -1,0 +1,171 @@
+//! The on-disk shape of version 1. Unknown keys and duplicate keys are errors everywhere; the
+//! loader (`load.rs`) turns these raw structures into the validated [`crate::Policy`].
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use serde::Deserialize;
+use serde::de::{self, MapAccess, Visitor};
+use serde_json::{Number, Value};
+
+use crate::{EffectClass, Idempotency};
+
+/// A JSON object deserialized into a map that refuses duplicate keys (serde_json keeps the last one
+/// silently, which in a policy would let a later entry quietly override an earlier one).
+pub(crate) struct UniqueMap<V>(pub(crate) BTreeMap<String, V>);
+
+impl<V> Default for UniqueMap<V> {
+    fn default() -> Self {
+        UniqueMap(BTreeMap::new())
+    }
+}
+
+impl<'de, V: Deserialize<'de>> Deserialize<'de> for UniqueMap<V> {
+    fn deserialize<D: de::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct UniqueVisitor<V>(std::marker::PhantomData<V>);
+        impl<'de, V: Deserialize<'de>> Visitor<'de> for UniqueVisitor<V> {
+            type Value = UniqueMap<V>;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a JSON object")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut access: A) -> Result<Self::Value, A::Error> {
+                let mut map = BTreeMap::new();
+                while let Some((key, value)) = access.next_entry::<String, V>()? {
+                    if map.contains_key(&key) {
+                        return Err(de::Error::custom(format_args!("duplicate key `{key}`")));
+                    }
+                    map.insert(key, value);
+                }
+                Ok(UniqueMap(map))
+            }
+        }
+        deserializer.deserialize_map(UniqueVisitor(std::marker::PhantomData))
+    }
+}
+
+/// For optional keys introduced after the first release: absent means "not set", but an explicit
+/// `null` is an error rather than a second spelling of absent.
+fn present<'de, D: de::Deserializer<'de>, T: Deserialize<'de>>(
+    deserializer: D,
+) -> Result<Option<T>, D::Error> {
+    T::deserialize(deserializer).map(Some)
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawPolicy {
+    pub(crate) version: u64,
+    #[serde(default)]
+    pub(crate) allow: Vec<String>,
+    #[serde(default)]
+    pub(crate) deny: Vec<String>,
+    #[serde(default)]
+    pub(crate) arg_rules: UniqueMap<UniqueMap<RawArgRule>>,
+    #[serde(default)]
+    pub(crate) idempotency: UniqueMap<Idempotency>,
+    #[serde(default)]
+    pub(crate) effects: UniqueMap<EffectClass>,
+    #[serde(default, deserialize_with = "present")]
+    pub(crate) confirmation: Option<RawConfirmation>,
+    #[serde(default)]
+    pub(crate) batch: UniqueMap<RawBatch>,
+    #[serde(default, deserialize_with = "present")]
+    pub(crate) rate_limits: Option<RawRateLimits>,
+    #[serde(default, deserialize_with = "present")]
+    pub(crate) kill_switch: Option<RawKillSwitch>,
+    #[serde(default)]
+    pub(crate) principals: UniqueMap<RawPrincipal>,
+    #[serde(default)]
+    pub(crate) untrusted_output: UniqueMap<RawUntrusted>,
+}
+
+/// `arg_rules.<tool>.<field>` as written.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawArgRule {
+    // The two original keys keep their original leniency (`null` = absent).
+    #[serde(default)]
+    pub(crate) min_len: Option<u64>,
+    #[serde(default)]
+    pub(crate) max_len: Option<u64>,
+    #[serde(default, deserialize_with = "present")]
+    pub(crate) pattern: Option<String>,
+    #[serde(default, rename = "enum", deserialize_with = "present")]
+    pub(crate) one_of: Option<Vec<Value>>,
+    #[serde(default, deserialize_with = "present")]
+    pub(crate) minimum: Option<Number>,
+    #[serde(default, deserialize_with = "present")]
+    pub(crate) maximum: Option<Number>,
+    #[serde(default, deserialize_with = "present")]
+    pub(crate) max_items: Option<Number>,
+    #[serde(default, deserialize_with = "present")]
+    pub(crate) path: Option<RawPathRule>,
+    #[serde(default, deserialize_with = "present")]
+    pub(crate) optional: Option<bool>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawPathRule {
+    pub(crate) roots: Vec<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawConfirmation {
+    #[serde(default, deserialize_with = "present")]
+    pub(crate) ttl_secs: Option<u64>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawBatch {
+    #[serde(default, deserialize_with = "present")]
+    pub(crate) ids_argument: Option<String>,
+    #[serde(default, deserialize_with = "present")]
+    pub(crate) filter_argument: Option<String>,
+    #[serde(default, deserialize_with = "present")]
+    pub(crate) expected_count_argument: Option<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawRate {
+    pub(crate) burst: u32,
+    pub(crate) per_minute: u32,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawRateLimits {
+    #[serde(default)]
+    pub(crate) tools: UniqueMap<RawRate>,
+    #[serde(default)]
+    pub(crate) principals: UniqueMap<RawRate>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawKillSwitch {
+    #[serde(default)]
+    pub(crate) exempt: Vec<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawPrincipal {
+    #[serde(default)]
+    pub(crate) allow: Vec<String>,
+    #[serde(default)]
+    pub(crate) deny: Vec<String>,
+    #[serde(default)]
+    pub(crate) arg_rules: UniqueMap<UniqueMap<RawArgRule>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawUntrusted {
+    pub(crate) fields: Vec<String>,
+    #[serde(default, deserialize_with = "present")]
+    pub(crate) max_chars: Option<u64>,
+}
