@@ -521,6 +521,13 @@ impl Policy {
         self.principal_rates.get(principal).copied()
     }
 
+    /// Every tool with a declared effect class, by name.
+    pub fn effect_classes(&self) -> impl Iterator<Item = (&str, EffectClass)> {
+        self.effects
+            .iter()
+            .map(|(tool, class)| (tool.as_str(), *class))
+    }
+
     /// Whether `tool` keeps working while the kill switch is engaged (`kill_switch.exempt`; only
     /// tools declared `read` in `effects` can be exempt).
     pub fn halt_exempt(&self, tool: &str) -> bool {

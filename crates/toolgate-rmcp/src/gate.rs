@@ -16,14 +16,13 @@ use rmcp::model::SetLevelRequestParams;
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, CancelTaskParams,
     CancelledNotificationParam, CompleteRequestParams, CompleteResult, ContentBlock,
-    CustomNotification, CustomRequest, CustomResult, DiscoverResult, ErrorCode,
-    GetPromptRequestParams, GetPromptResponse, GetSkillRequestParams, GetSkillResult,
-    GetTaskParams, GetTaskResult, InitializeRequestParams, InitializeResult, ListPromptsResult,
-    ListResourceTemplatesResult, ListResourcesResult, ListSkillsResult, ListToolsResult,
-    PaginatedRequestParams, ProgressNotificationParam, ProtocolVersion,
-    ReadResourceDirectoryRequestParams, ReadResourceDirectoryResult, ReadResourceRequestParams,
-    ReadResourceResponse, ServerConfig, SubscribeRequestParams, SubscriptionFilter, Tool,
-    UnsubscribeRequestParams, UpdateTaskParams,
+    CustomNotification, CustomRequest, CustomResult, DiscoverResult, GetPromptRequestParams,
+    GetPromptResponse, GetSkillRequestParams, GetSkillResult, GetTaskParams, GetTaskResult,
+    InitializeRequestParams, InitializeResult, ListPromptsResult, ListResourceTemplatesResult,
+    ListResourcesResult, ListSkillsResult, ListToolsResult, PaginatedRequestParams,
+    ProgressNotificationParam, ProtocolVersion, ReadResourceDirectoryRequestParams,
+    ReadResourceDirectoryResult, ReadResourceRequestParams, ReadResourceResponse, ServerConfig,
+    SubscribeRequestParams, SubscriptionFilter, Tool, UnsubscribeRequestParams, UpdateTaskParams,
 };
 use rmcp::service::{MaybeSendFuture, NotificationContext, RequestContext, SubscriptionContext};
 use rmcp::{ErrorData as McpError, RoleServer, ServerHandler};
@@ -31,13 +30,11 @@ use serde_json::{Map, Value};
 use toolgate_audit::{AuditEntry, AuditSink, Decision as AuditDecision};
 use toolgate_canon::Sha256Digest;
 use toolgate_commit::CommitStore;
-use toolgate_commit::effect::{Begin, EffectError, EffectRequest, EffectStore, Resolution, Scope};
+use toolgate_commit::effect::EffectStore;
 use toolgate_contract::awareness::{InputContract, contract_awareness};
 use toolgate_contract::diff::Change;
 use toolgate_guard::{KillSwitch, PendingActions, RateLimiter, RightsFile};
 use toolgate_policy::Policy;
-
-use crate::exactly_once;
 
 mod call;
 mod confirm;
@@ -655,9 +652,10 @@ impl<H: ServerHandler> ServerHandler for Gated<H> {
                 && self.rights_refusal(&tool.name).is_none()
         });
         for tool in &mut result.tools {
-            if let (Some(untrusted), Some(schema)) =
-                (policy.untrusted_output(&tool.name), tool.output_schema.as_mut())
-            {
+            if let (Some(untrusted), Some(schema)) = (
+                policy.untrusted_output(&tool.name),
+                tool.output_schema.as_mut(),
+            ) {
                 let mut rewritten = Value::Object(schema.as_ref().clone());
                 untrusted.rewrite_schema(&mut rewritten);
                 if let Value::Object(map) = rewritten {
@@ -666,7 +664,9 @@ impl<H: ServerHandler> ServerHandler for Gated<H> {
             }
         }
         if self.offers_confirmation(&state) {
-            result.tools.push(confirm::confirmation_tool(CONFIRM_ACTION));
+            result
+                .tools
+                .push(confirm::confirmation_tool(CONFIRM_ACTION));
             result.tools.push(confirm::confirmation_tool(REJECT_ACTION));
         }
         Ok(result)

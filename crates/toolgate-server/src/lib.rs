@@ -300,7 +300,9 @@ fn spawn_reload_on_sighup(
                     tracing::info!(old = %reloaded.old, new = %reloaded.new, "policy reloaded on SIGHUP");
                 }
                 Ok(Err(error)) => {
-                    tracing::error!("policy reload refused, the old policy stays in force: {error:#}");
+                    tracing::error!(
+                        "policy reload refused, the old policy stays in force: {error:#}"
+                    );
                 }
                 Err(error) => tracing::error!(%error, "the policy reload task failed"),
             }
@@ -418,7 +420,11 @@ pub fn resume(options: &ServerOptions) -> anyhow::Result<Option<toolgate_guard::
     audit.append(&operator_entry(
         "admin/resume",
         "kill_switch",
-        if lifted.is_some() { "resumed" } else { "not_halted" },
+        if lifted.is_some() {
+            "resumed"
+        } else {
+            "not_halted"
+        },
         reason,
         &serde_json::json!({"lifted": lifted.as_ref().map(|h| h.since_ns.to_string())}),
     ))?;

@@ -287,7 +287,10 @@ fn main() -> ExitCode {
         },
         Command::Resume => match toolgate_server::resume(&paths) {
             Ok(Some(lifted)) => {
-                println!("resume: lifted the halt by {} ({})", lifted.by, lifted.reason);
+                println!(
+                    "resume: lifted the halt by {} ({})",
+                    lifted.by, lifted.reason
+                );
                 ExitCode::SUCCESS
             }
             Ok(None) => {

@@ -186,13 +186,14 @@ impl toolgate_rmcp::Preflight for NotesPreflight {
         arguments: &rmcp::model::JsonObject,
     ) -> Result<toolgate_rmcp::Preparation, String> {
         let canonical = serde_json::Value::Object(arguments.clone());
-        match (tool, arguments.get("path").and_then(serde_json::Value::as_str)) {
+        match (
+            tool,
+            arguments.get("path").and_then(serde_json::Value::as_str),
+        ) {
             ("rm_rf", Some(path)) => {
                 let (entries, bytes, digest) = describe_tree(std::path::Path::new(path))?;
                 Ok(toolgate_rmcp::Preparation {
-                    summary: format!(
-                        "delete {path} recursively: {entries} entries, {bytes} bytes"
-                    ),
+                    summary: format!("delete {path} recursively: {entries} entries, {bytes} bytes"),
                     content_hash: digest,
                 })
             }
@@ -237,7 +238,13 @@ fn describe_tree(
             "file"
         };
         bytes = bytes.saturating_add(meta.len());
-        listing.push(serde_json::json!([relative, kind, meta.len(), meta.mtime_nsec(), meta.mtime()]));
+        listing.push(serde_json::json!([
+            relative,
+            kind,
+            meta.len(),
+            meta.mtime_nsec(),
+            meta.mtime()
+        ]));
         if listing.len() > MAX_PREVIEW_ENTRIES {
             return Err(format!(
                 "the target has more than {MAX_PREVIEW_ENTRIES} entries; delete it in smaller parts"

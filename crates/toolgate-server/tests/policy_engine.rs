@@ -76,21 +76,44 @@ fn halt_stops_every_server_on_the_ledger_within_one_call_and_resume_lifts_it() {
     for server in [&mut a, &mut b] {
         let reply = server.write_note("req-x-0002", "after the halt");
         assert_eq!(error_code(&reply), Some(-32001), "{reply}");
-        assert!(reply["error"]["message"].as_str().unwrap().contains("incident 42"));
+        assert!(
+            reply["error"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("incident 42")
+        );
         // Connections and tools/list keep working; the exempt read-only tool too.
         assert!(server.list_tool_names().contains(&"write_note".to_owned()));
         let read = server.call("read_ledger", json!({}));
-        assert_eq!(result_of(&read)["structuredContent"]["notes"].as_array().unwrap().len(), 2);
+        assert_eq!(
+            result_of(&read)["structuredContent"]["notes"]
+                .as_array()
+                .unwrap()
+                .len(),
+            2
+        );
     }
-    assert!(!env.note_path("req-x-0002").exists(), "nothing executes while halted");
+    assert!(
+        !env.note_path("req-x-0002").exists(),
+        "nothing executes while halted"
+    );
 
     let resumed = operator(&env, &["resume"]);
     assert!(resumed.status.success(), "{}", output_text(&resumed));
-    assert_eq!(note_status(&a.write_note("req-x-0002", "after resume")), "committed");
-    assert_eq!(note_status(&b.write_note("req-x-0002", "after resume")), "replay");
+    assert_eq!(
+        note_status(&a.write_note("req-x-0002", "after resume")),
+        "committed"
+    );
+    assert_eq!(
+        note_status(&b.write_note("req-x-0002", "after resume")),
+        "replay"
+    );
 
     let records = audit_records(&env.audit_path());
-    let methods: Vec<&str> = records.iter().filter_map(|r| r["method"].as_str()).collect();
+    let methods: Vec<&str> = records
+        .iter()
+        .filter_map(|r| r["method"].as_str())
+        .collect();
     assert!(methods.contains(&"admin/halt") && methods.contains(&"admin/resume"));
     let halted_calls = records
         .iter()
@@ -123,24 +146,38 @@ fn sighup_with_a_broken_file_keeps_the_old_policy_and_a_valid_file_replaces_it()
     });
     assert_eq!(rejected["decision"], "deny");
     let read = server.call("read_ledger", json!({}));
-    assert!(result_of(&read).get("isError") != Some(&Value::Bool(true)), "{read}");
+    assert!(
+        result_of(&read).get("isError") != Some(&Value::Bool(true)),
+        "{read}"
+    );
     assert!(server.list_tool_names().contains(&"read_ledger".to_owned()));
 
     write_policy(
         &env,
-        &format!(r#"{{"version":1,"allow":["write_note"],"deny":["rm_rf"],{IDEMPOTENT_WRITE_NOTE}}}"#),
+        &format!(
+            r#"{{"version":1,"allow":["write_note"],"deny":["rm_rf"],{IDEMPOTENT_WRITE_NOTE}}}"#
+        ),
     );
     hup(server.pid());
     let reloaded = wait_for_record(&env, &mut server, |r| {
         r["method"] == "policy/reload" && r["outcome"] == "reloaded"
     });
     let reason = reloaded["reason"].as_str().unwrap();
-    assert!(reason.contains(rejected["policy_digest"].as_str().unwrap()), "{reason}");
-    assert!(reason.contains(reloaded["policy_digest"].as_str().unwrap()), "{reason}");
+    assert!(
+        reason.contains(rejected["policy_digest"].as_str().unwrap()),
+        "{reason}"
+    );
+    assert!(
+        reason.contains(reloaded["policy_digest"].as_str().unwrap()),
+        "{reason}"
+    );
     assert!(!server.list_tool_names().contains(&"read_ledger".to_owned()));
     let refused = server.call("read_ledger", json!({}));
     assert_eq!(error_code(&refused), Some(INVALID_PARAMS), "{refused}");
-    assert_eq!(note_status(&server.write_note("req-after-hup", "still here")), "committed");
+    assert_eq!(
+        note_status(&server.write_note("req-after-hup", "still here")),
+        "committed"
+    );
     server.close();
     assert_verifies(&env.ledger);
 }
@@ -174,18 +211,29 @@ fn a_delete_is_previewed_first_and_executes_once_on_the_exact_confirmation() {
 
     let mut server = env.start();
     let names = server.list_tool_names();
-    assert!(names.contains(&"confirm_action".to_owned()) && names.contains(&"reject_action".to_owned()));
+    assert!(
+        names.contains(&"confirm_action".to_owned()) && names.contains(&"reject_action".to_owned())
+    );
 
     let path = target.display().to_string();
     let first = server.call("rm_rf", json!({"path": path}));
     let preview = preview_of(&first);
     assert_eq!(preview["status"], "preview");
     let summary = preview["confirm_summary"].as_str().unwrap().to_owned();
-    assert!(summary.contains(&path) && summary.contains("4 entries"), "{summary}");
+    assert!(
+        summary.contains(&path) && summary.contains("4 entries"),
+        "{summary}"
+    );
     assert_eq!(snapshot(&target), before, "a preview alone does nothing");
     let records = audit_records(&env.audit_path());
     assert_eq!(records.last().unwrap()["outcome"], "preview");
-    assert_eq!(records.iter().filter(|r| r["name"] == "rm_rf" && r["outcome"] != "preview").count(), 0);
+    assert_eq!(
+        records
+            .iter()
+            .filter(|r| r["name"] == "rm_rf" && r["outcome"] != "preview")
+            .count(),
+        0
+    );
 
     // A wrong summary fails and does not spend the token; the exact one executes once.
     let wrong = confirm(&mut server, &preview, "delete something else");
@@ -194,25 +242,51 @@ fn a_delete_is_previewed_first_and_executes_once_on_the_exact_confirmation() {
     // rm_rf is the reference server's decoy: its handler ran (and refused to delete).
     assert!(first_text(&done).contains("decoy"), "{done}");
     let last = audit_records(&env.audit_path()).pop().unwrap();
-    assert_eq!((last["name"].as_str(), last["reason"].as_str()), (Some("rm_rf"), Some("confirmed")));
+    assert_eq!(
+        (last["name"].as_str(), last["reason"].as_str()),
+        (Some("rm_rf"), Some("confirmed"))
+    );
     let reused = confirm(&mut server, &preview, &summary);
     assert!(first_text(&reused).contains("token_used"), "{reused}");
 
     // An edit between the steps: changed_since_preview, a new preview, the old token dead.
     let second = preview_of(&server.call("rm_rf", json!({"path": path})));
     std::fs::write(target.join("c.txt"), b"gamma").unwrap();
-    let changed = confirm(&mut server, &second, second["confirm_summary"].as_str().unwrap());
+    let changed = confirm(
+        &mut server,
+        &second,
+        second["confirm_summary"].as_str().unwrap(),
+    );
     let renewed = preview_of(&changed);
     assert_eq!(renewed["status"], "changed_since_preview");
     assert_ne!(renewed["confirm_token"], second["confirm_token"]);
-    assert!(renewed["confirm_summary"].as_str().unwrap().contains("5 entries"));
-    let old = confirm(&mut server, &second, second["confirm_summary"].as_str().unwrap());
+    assert!(
+        renewed["confirm_summary"]
+            .as_str()
+            .unwrap()
+            .contains("5 entries")
+    );
+    let old = confirm(
+        &mut server,
+        &second,
+        second["confirm_summary"].as_str().unwrap(),
+    );
     assert!(first_text(&old).contains("token_used"), "{old}");
 
     // reject_action kills a token; a malformed or unknown token fails.
-    let rejected = server.call("reject_action", json!({"confirm_token": renewed["confirm_token"]}));
-    assert!(result_of(&rejected).get("isError") != Some(&Value::Bool(true)), "{rejected}");
-    let after = confirm(&mut server, &renewed, renewed["confirm_summary"].as_str().unwrap());
+    let rejected = server.call(
+        "reject_action",
+        json!({"confirm_token": renewed["confirm_token"]}),
+    );
+    assert!(
+        result_of(&rejected).get("isError") != Some(&Value::Bool(true)),
+        "{rejected}"
+    );
+    let after = confirm(
+        &mut server,
+        &renewed,
+        renewed["confirm_summary"].as_str().unwrap(),
+    );
     assert!(first_text(&after).contains("token_rejected"), "{after}");
     let unknown = server.call(
         "confirm_action",
@@ -243,13 +317,23 @@ fn a_revoked_right_takes_effect_on_the_next_call() {
         r#"{"version":1,"principals":{"alice":{"tools":["write_note","read_ledger"]}}}"#,
     );
     let mut command = env.command();
-    command.arg("--principal").arg("alice").arg("--rights").arg(&rights);
+    command
+        .arg("--principal")
+        .arg("alice")
+        .arg("--rights")
+        .arg(&rights);
     let mut server = Server::spawn(command, &env.path("stderr-rights.log"));
     server.discover();
     assert!(server.list_tool_names().contains(&"write_note".to_owned()));
-    assert_eq!(note_status(&server.write_note("req-r-0001", "granted")), "committed");
+    assert_eq!(
+        note_status(&server.write_note("req-r-0001", "granted")),
+        "committed"
+    );
 
-    write_rights(&rights, r#"{"version":1,"principals":{"alice":{"tools":["read_ledger"]}}}"#);
+    write_rights(
+        &rights,
+        r#"{"version":1,"principals":{"alice":{"tools":["read_ledger"]}}}"#,
+    );
     let refused = server.write_note("req-r-0002", "revoked");
     assert_eq!(error_code(&refused), Some(INVALID_PARAMS), "{refused}");
     assert!(!server.list_tool_names().contains(&"write_note".to_owned()));
@@ -261,8 +345,14 @@ fn a_revoked_right_takes_effect_on_the_next_call() {
     std::fs::write(&rights, "{").unwrap();
     let broken = server.call("read_ledger", json!({}));
     assert_eq!(error_code(&broken), Some(INVALID_PARAMS), "{broken}");
-    write_rights(&rights, r#"{"version":1,"principals":{"alice":{"tools":["*"]}}}"#);
-    assert_eq!(note_status(&server.write_note("req-r-0002", "restored")), "committed");
+    write_rights(
+        &rights,
+        r#"{"version":1,"principals":{"alice":{"tools":["*"]}}}"#,
+    );
+    assert_eq!(
+        note_status(&server.write_note("req-r-0002", "restored")),
+        "committed"
+    );
     server.close();
 }
 
@@ -280,13 +370,21 @@ fn rate_limits_and_argument_validation_refuse_with_details() {
     let mut server = env.start();
     for _ in 0..2 {
         let ok = server.call("read_ledger", json!({}));
-        assert!(result_of(&ok).get("isError") != Some(&Value::Bool(true)), "{ok}");
+        assert!(
+            result_of(&ok).get("isError") != Some(&Value::Bool(true)),
+            "{ok}"
+        );
     }
     let limited = server.call("read_ledger", json!({}));
     let result = result_of(&limited);
     assert_eq!(result["isError"], true);
     assert_eq!(result["structuredContent"]["error"], "rate_limited");
-    assert!(result["structuredContent"]["retry_after_secs"].as_u64().unwrap() >= 1);
+    assert!(
+        result["structuredContent"]["retry_after_secs"]
+            .as_u64()
+            .unwrap()
+            >= 1
+    );
 
     // Unknown field: refused with the allowed list; the text ends with the JSON details, which
     // structuredContent repeats.
@@ -297,7 +395,10 @@ fn rate_limits_and_argument_validation_refuse_with_details() {
     let result = result_of(&unknown);
     assert_eq!(result["isError"], true);
     let text = first_text(&unknown);
-    assert!(text.starts_with("Error:") && text.contains("`colour`"), "{text}");
+    assert!(
+        text.starts_with("Error:") && text.contains("`colour`"),
+        "{text}"
+    );
     let last: Value = serde_json::from_str(text.lines().last().unwrap()).unwrap();
     assert_eq!(last, result["structuredContent"]);
     assert_eq!(last["rule"], "input_schema.unknown_argument");
@@ -305,8 +406,14 @@ fn rate_limits_and_argument_validation_refuse_with_details() {
 
     // A JSON Schema type error and a policy pattern rule, each audited with its rule id.
     let typed = server.call("write_note", json!({"request_id": "req-v-0001", "text": 5}));
-    assert_eq!(result_of(&typed)["structuredContent"]["rule"], "input_schema.type");
-    let patterned = server.call("write_note", json!({"request_id": "REQ_UPPER_1", "text": "x"}));
+    assert_eq!(
+        result_of(&typed)["structuredContent"]["rule"],
+        "input_schema.type"
+    );
+    let patterned = server.call(
+        "write_note",
+        json!({"request_id": "REQ_UPPER_1", "text": "x"}),
+    );
     let rule = result_of(&patterned)["structuredContent"]["rule"].clone();
     assert_eq!(rule, "arg_rules.write_note.request_id.pattern");
     assert!(!first_text(&patterned).contains("REQ_UPPER_1"));

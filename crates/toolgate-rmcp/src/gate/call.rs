@@ -12,7 +12,7 @@
 //! 8. exactly-once, then the handler with a `Permit`; the result's untrusted fields are wrapped.
 
 use std::sync::Arc;
-use std::time::{Instant, SystemTime};
+use std::time::Instant;
 
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, ErrorCode, Tool,
@@ -108,7 +108,10 @@ impl<H: ServerHandler> Gated<H> {
         if !policy.halt_exempt(&name)
             && let Some(error) = self.halted()
         {
-            if let Err(e) = self.record(deny(request_id, "kill_switch".to_owned())).await {
+            if let Err(e) = self
+                .record(deny(request_id, "kill_switch".to_owned()))
+                .await
+            {
                 tracing::error!(tool = %name, error = %e, "could not audit a halted call");
             }
             return Err(error);
@@ -120,10 +123,14 @@ impl<H: ServerHandler> Gated<H> {
         let mut refusal = input
             .problem(&name, arguments)
             .or_else(|| match &decision {
-                Decision::DenyArgs(violation) => Some(policy_refusal(&violation)),
+                Decision::DenyArgs(violation) => Some(policy_refusal(violation)),
                 _ => None,
             })
-            .or_else(|| self.schemas.check(&name, &tool.input_schema, arguments).err())
+            .or_else(|| {
+                self.schemas
+                    .check(&name, &tool.input_schema, arguments)
+                    .err()
+            })
             .or_else(|| path_refusal(&policy, &self.principal, &name, arguments));
         if refusal.is_none() {
             refusal = self.batch_refusal(&policy, &name, arguments).await;
@@ -147,7 +154,15 @@ impl<H: ServerHandler> Gated<H> {
             .is_some_and(|class| class.needs_confirmation())
         {
             return self
-                .preview(&state, &name, &tool, arguments, args_digest, request_id, "confirmation_required")
+                .preview(
+                    &state,
+                    &name,
+                    &tool,
+                    arguments,
+                    args_digest,
+                    request_id,
+                    "confirmation_required",
+                )
                 .await;
         }
 
@@ -194,7 +209,9 @@ impl<H: ServerHandler> Gated<H> {
                     "calls are halted by an operator ({}); nothing was executed. Retry after the operator runs `toolgate-server resume`",
                     halt.reason
                 ),
-                Some(json!({"halted": true, "reason": halt.reason, "by": halt.by, "since_ns": halt.since_ns.to_string()})),
+                Some(
+                    json!({"halted": true, "reason": halt.reason, "by": halt.by, "since_ns": halt.since_ns.to_string()}),
+                ),
             )),
         }
     }
@@ -208,8 +225,7 @@ impl<H: ServerHandler> Gated<H> {
         arguments: Option<&Map<String, Value>>,
     ) -> Option<Refusal> {
         let batch = policy.batch(name)?;
-        let empty = Map::new();
-        let call = match batch.check(arguments.unwrap_or(&empty)) {
+        let call = match batch.check(arguments) {
             Ok(call) => call,
             Err(violation) => {
                 return Some(Refusal {
@@ -340,17 +356,23 @@ impl<H: ServerHandler> Gated<H> {
             input,
         } = admitted;
         let policy = Arc::clone(&state.policy);
-        let arguments = request.arguments.as_ref();
         let response = self
             .execute_inner(
-                &state, &policy, &name, &tool, args_digest, request_id, rule, &input, request,
+                &state,
+                &policy,
+                &name,
+                &tool,
+                args_digest,
+                request_id,
+                rule,
+                &input,
+                request,
                 &mut context,
             )
             .await;
         match (response, policy.untrusted_output(&name)) {
             (Ok(CallToolResponse::Complete(mut result)), Some(untrusted)) => {
                 wrap_untrusted(&mut result, untrusted);
-                let _ = arguments;
                 Ok(result.into())
             }
             (other, _) => other,
@@ -372,7 +394,6 @@ impl<H: ServerHandler> Gated<H> {
         context: &mut RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, McpError> {
         let name = name.to_owned();
-        let state = state;
         let arguments = request.arguments.as_ref();
         // Exactly-once: a tool the policy opts in runs at most once per key; replays, conflicts
         // and calls still in progress are answered here without running the handler.
@@ -605,21 +626,33 @@ fn path_refusal(
     name: &str,
     arguments: Option<&Map<String, Value>>,
 ) -> Option<Refusal> {
-    for (rule_id, field, rule) in policy.path_rules(principal, name) {
-        let Some(Value::String(value)) = arguments.and_then(|a| a.get(field.as_str())) else {
+    for (field, rule) in policy.path_rules(Some(principal), name) {
+        let Some(Value::String(value)) = arguments.and_then(|a| a.get(field)) else {
             continue;
         };
         let Ok(normalised) = rule.normalise(value) else {
             continue; // the policy's own decision already refused it
         };
-        if let Err(error) = toolgate_guard::resolve_within(rule.roots(), &normalised) {
-            let roots: Vec<String> = rule.roots().iter().map(|r| r.display().to_string()).collect();
-            let fix = format!("pass a path that stays inside {} without following links out of it", roots.join(", "));
+        let roots: Vec<std::path::PathBuf> = rule.roots().iter().map(Into::into).collect();
+        if let Err(error) = toolgate_guard::resolve_within(&roots, &normalised) {
+            let top_level = policy
+                .arg_rules(name)
+                .and_then(|rules| rules.get(field))
+                .is_some_and(|r| r.path().is_some());
+            let rule_id = if top_level {
+                format!("arg_rules.{name}.{field}.path")
+            } else {
+                format!("principals.{principal}.arg_rules.{name}.{field}.path")
+            };
+            let fix = format!(
+                "pass a path that stays inside {} without following links out of it",
+                rule.roots().join(", ")
+            );
             return Some(Refusal::argument(
                 name,
-                &field,
+                field,
                 rule_id.clone(),
-                json!({"roots": roots, "check": error.code()}),
+                json!({"roots": rule.roots(), "check": error.code()}),
                 format!(
                     "Error: argument `{field}` of `{name}` resolves outside its allowed roots (policy rule {rule_id}: {}); {fix}",
                     error.code()
@@ -649,9 +682,4 @@ fn wrap_untrusted(result: &mut CallToolResult, untrusted: &toolgate_policy::Untr
     untrusted.apply(structured);
     let text = serde_json::to_string(structured).unwrap_or_default();
     result.content = vec![ContentBlock::text(text)];
-}
-
-#[allow(dead_code)]
-fn now() -> SystemTime {
-    SystemTime::now()
 }

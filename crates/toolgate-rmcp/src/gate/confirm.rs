@@ -196,14 +196,11 @@ impl<H: ServerHandler> Gated<H> {
         }
         let tool = confirmation_tool(&name);
         let input = InputShape::of_schema(&tool.input_schema);
-        if let Some(refusal) = input
-            .problem(&name, Some(&arguments))
-            .or_else(|| {
-                self.schemas
-                    .check(&name, &tool.input_schema, Some(&arguments))
-                    .err()
-            })
-        {
+        if let Some(refusal) = input.problem(&name, Some(&arguments)).or_else(|| {
+            self.schemas
+                .check(&name, &tool.input_schema, Some(&arguments))
+                .err()
+        }) {
             self.record_or_log(refuse(refusal.rule.clone(), "not_executed"))
                 .await;
             return Ok(refusal.into_result("").into());
@@ -285,7 +282,8 @@ impl<H: ServerHandler> Gated<H> {
             (Decision::Allow, Some(tool)) => match self.rights_refusal(&action.tool) {
                 None => Some(tool),
                 Some(reason) => {
-                    self.record_or_log(denied(format!("confirm.{reason}"))).await;
+                    self.record_or_log(denied(format!("confirm.{reason}")))
+                        .await;
                     None
                 }
             },
