@@ -27,6 +27,43 @@
 //! as safe. See [`Report`].
 //!
 //! The kit is a test-time crate: the gate does not depend on it.
+//!
+//! # Example
+//!
+//! The README's example: a test that runs the matrix on a server started as a child process.
+//!
+//! ```no_run
+//! use serde_json::json;
+//! use toolgate_kit::{FsObserver, Kit, Launcher, ToolFixtures};
+//!
+//! #[tokio::test(flavor = "multi_thread")]
+//! async fn annotations_survive_the_matrix() {
+//!     let state = tempfile::tempdir().unwrap();
+//!     let data_dir = state.path().to_path_buf();
+//!     let launcher = Launcher::child(move || {
+//!         let mut command = std::process::Command::new("target/debug/my-server");
+//!         command.arg("--data-dir").arg(&data_dir);
+//!         command
+//!     }); // or Launcher::in_process(move || MyServer::new(shared.clone()))
+//!     let report = Kit::new(launcher)
+//!         .observer(FsObserver::new([state.path()]).ignore("*.log", "request log, not an effect"))
+//!         .tool(
+//!             ToolFixtures::new(
+//!                 "create_ticket",
+//!                 json!({"request_id": "t-1", "title": "rotate cert"}), // valid
+//!                 json!({"request_id": "t-2", "title": "renew domain"}), // second valid
+//!                 json!({"request_id": "t-3", "title": 42}), // invalid
+//!             )
+//!             .with_already_done(json!({"request_id": "t-1", "title": "rotate cert"}))
+//!             .with_concurrent(json!({"request_id": "t-4", "title": "page on-call"})),
+//!         )
+//!         .run()
+//!         .await
+//!         .unwrap();
+//!     eprintln!("{}", report.to_text());
+//!     report.assert_honest(); // panics with the report if any claim is contradicted
+//! }
+//! ```
 
 #![forbid(unsafe_code)]
 
