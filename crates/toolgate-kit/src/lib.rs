@@ -1,0 +1,83 @@
+//! `toolgate-kit`: prove MCP tool annotations by experiment.
+//!
+//! Annotations (`readOnlyHint`, `idempotentHint`, `destructiveHint`) are claims. This kit runs a
+//! fixed matrix of calls against a server and compares what each call did to what the tool claims,
+//! using a state [`Observer`] the author supplies (files under a directory, rows, captured
+//! outbound requests, queued jobs: anything that can be digested).
+//!
+//! For every tool with fixtures, in this order, on one persistent state (nothing is reset between
+//! cases; the observer snapshots around each case):
+//!
+//! 1. `valid call`: [`ToolFixtures::valid`] once;
+//! 2. `byte-identical repeat`: the same arguments again (a new JSON-RPC id);
+//! 3. `missing resource`, `already done`, `invalid field`: the optional fixtures and `invalid`;
+//! 4. `retry after cut-off`: [`ToolFixtures::second_valid`] on a connection that is cut after the
+//!    server received the call (see [`CutOff`]), then the identical call on a new connection with a
+//!    new JSON-RPC id, as the 2026-07-28 revision requires of a retry;
+//! 5. `concurrent pair`: two identical calls at the same time on two connections (two child
+//!    processes on the same state for [`Launcher::child`]).
+//!
+//! Every case runs on fresh connections (a fresh child process per connection for
+//! [`Launcher::child`]), and the "before" snapshot is taken after the handshake, so a server's
+//! own start-up writes are never attributed to a call.
+//!
+//! Verdicts read the annotations with the spec's conservative defaults (`readOnlyHint=false`,
+//! `destructiveHint=true`, `idempotentHint=false` when absent). A tool that declares none of the
+//! three is *unclassified*: nothing is claimed, so nothing is contradicted, and it is never reported
+//! as safe. See [`Report`].
+//!
+//! The kit is a test-time crate: the gate does not depend on it.
+//!
+//! # Example
+//!
+//! The README's example: a test that runs the matrix on a server started as a child process.
+//!
+//! ```no_run
+//! use serde_json::json;
+//! use toolgate_kit::{FsObserver, Kit, Launcher, ToolFixtures};
+//!
+//! #[tokio::test(flavor = "multi_thread")]
+//! async fn annotations_survive_the_matrix() {
+//!     let state = tempfile::tempdir().unwrap();
+//!     let data_dir = state.path().to_path_buf();
+//!     let launcher = Launcher::child(move || {
+//!         let mut command = std::process::Command::new("target/debug/my-server");
+//!         command.arg("--data-dir").arg(&data_dir);
+//!         command
+//!     }); // or Launcher::in_process(move || MyServer::new(shared.clone()))
+//!     let report = Kit::new(launcher)
+//!         .observer(FsObserver::new([state.path()]).ignore("*.log", "request log, not an effect"))
+//!         .tool(
+//!             ToolFixtures::new(
+//!                 "create_ticket",
+//!                 json!({"request_id": "t-1", "title": "rotate cert"}), // valid
+//!                 json!({"request_id": "t-2", "title": "renew domain"}), // second valid
+//!                 json!({"request_id": "t-3", "title": 42}), // invalid
+//!             )
+//!             .with_already_done(json!({"request_id": "t-1", "title": "rotate cert"}))
+//!             .with_concurrent(json!({"request_id": "t-4", "title": "page on-call"})),
+//!         )
+//!         .run()
+//!         .await
+//!         .unwrap();
+//!     eprintln!("{}", report.to_text());
+//!     report.assert_honest(); // panics with the report if any claim is contradicted
+//! }
+//! ```
+
+#![forbid(unsafe_code)]
+
+mod error;
+mod launch;
+mod matrix;
+mod observe;
+mod report;
+
+pub use error::{KitError, ObserveError};
+pub use launch::Launcher;
+pub use matrix::{CutOff, Kit, ToolFixtures};
+pub use observe::{Change, ChangeKind, Delta, FsObserver, Item, Observation, Observer};
+pub use report::{
+    CaseKind, CaseReport, Claim, Claims, Contradiction, ObservedStep, Report, ToolReport,
+    ToolStatus,
+};

@@ -1,0 +1,532 @@
+//! The matrix: which calls run, in which order, and what is observed around them.
+
+use std::fmt;
+use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use tokio::time::Instant;
+use toolgate_canon::{Sha256Digest, canonical_value};
+
+use crate::error::KitError;
+use crate::launch::{Connection, Launcher};
+use crate::observe::{Observation, Observer};
+use crate::report::{
+    CaseKind, CaseReport, CaseRun, Claims, ObservedStep, Report, ToolReport, ToolStatus, judge,
+};
+
+/// How long any single condition may take by default (a reply, a server's exit).
+const DEFAULT_TIMEOUT: Duration = Duration::from_secs(60);
+/// How often [`CutOff::WhenObserved`] looks at the state while waiting (a poll, not a wait).
+const OBSERVE_POLL: Duration = Duration::from_millis(5);
+/// The longest excerpt of a result quoted in the report.
+const EXCERPT_CHARS: usize = 160;
+
+/// The arguments the matrix calls one tool with. Every fixture is a JSON object.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ToolFixtures {
+    /// The tool's name.
+    pub name: String,
+    /// Case 1 and 2: a valid call, made once, then again byte for byte.
+    pub valid: Value,
+    /// Case 4: another valid call, not made before, so the cut-off call is a first execution.
+    pub second_valid: Value,
+    /// Case 3: a call with an invalid field (wrong type, unknown field, out of range).
+    pub invalid: Value,
+    /// Case 3: a call naming a resource that does not exist (`None` when the tool has none).
+    pub missing_resource: Option<Value>,
+    /// Case 3: a call for an operation the matrix already completed (usually `valid` itself, or
+    /// its target); an idempotent tool must add no effect. `None` to skip.
+    pub already_done: Option<Value>,
+    /// Case 5: a fresh valid call (not made before) for the concurrent pair, which then may
+    /// have no more effect than case 1's single call. `None`: the pair repeats `valid`, already
+    /// done, and must add no effect at all (that misses races of a first execution).
+    pub concurrent: Option<Value>,
+}
+
+impl ToolFixtures {
+    /// Fixtures with the three required calls; add the optional ones with the `with_` methods.
+    pub fn new(name: impl Into<String>, valid: Value, second_valid: Value, invalid: Value) -> Self {
+        ToolFixtures {
+            name: name.into(),
+            valid,
+            second_valid,
+            invalid,
+            missing_resource: None,
+            already_done: None,
+            concurrent: None,
+        }
+    }
+
+    /// Sets [`ToolFixtures::missing_resource`].
+    #[must_use]
+    pub fn with_missing_resource(mut self, arguments: Value) -> Self {
+        self.missing_resource = Some(arguments);
+        self
+    }
+
+    /// Sets [`ToolFixtures::already_done`].
+    #[must_use]
+    pub fn with_already_done(mut self, arguments: Value) -> Self {
+        self.already_done = Some(arguments);
+        self
+    }
+
+    /// Sets [`ToolFixtures::concurrent`].
+    #[must_use]
+    pub fn with_concurrent(mut self, arguments: Value) -> Self {
+        self.concurrent = Some(arguments);
+        self
+    }
+
+    fn check(&self) -> Result<(), KitError> {
+        let fixtures: [(&'static str, Option<&Value>); 6] = [
+            ("valid", Some(&self.valid)),
+            ("second_valid", Some(&self.second_valid)),
+            ("invalid", Some(&self.invalid)),
+            ("missing_resource", self.missing_resource.as_ref()),
+            ("already_done", self.already_done.as_ref()),
+            ("concurrent", self.concurrent.as_ref()),
+        ];
+        for (fixture, value) in fixtures {
+            if let Some(value) = value
+                && !value.is_object()
+            {
+                return Err(KitError::Fixture {
+                    tool: self.name.clone(),
+                    fixture,
+                    message: format!(
+                        "tool arguments are a JSON object, got {value}; wrap them, e.g. {{\"path\": ...}}"
+                    ),
+                });
+            }
+        }
+        Ok(())
+    }
+}
+
+/// When case 4 cuts the first connection.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum CutOff {
+    /// After the server wrote its response line: the client drops it unread and disconnects, as
+    /// when a timeout hides a first success. The operation is complete, so the retry must add no
+    /// effect at all for an idempotent tool. The default: the verdict is exact.
+    #[default]
+    AfterResponse,
+    /// As soon as the observation differs from the one before the call, or the response line
+    /// arrives, whichever comes first (the state is polled every few milliseconds). The call may
+    /// be interrupted mid-flight, so its retry may legitimately finish it: only a retry that
+    /// creates new records after the cut-off call had already created some contradicts
+    /// `idempotentHint` (the duplicate-ticket pattern); appends are not judged.
+    WhenObserved,
+}
+
+impl CutOff {
+    fn describe(self) -> &'static str {
+        match self {
+            CutOff::AfterResponse => {
+                "after the server wrote its response line (read and discarded, then the connection is closed); the retry runs on a new connection with a new JSON-RPC id"
+            }
+            CutOff::WhenObserved => {
+                "as soon as the state changed or the response line arrived, whichever first; the retry runs on a new connection with a new JSON-RPC id"
+            }
+        }
+    }
+}
+
+/// The adversarial matrix runner. See the crate documentation for the cases.
+pub struct Kit {
+    launcher: Launcher,
+    tools: Vec<ToolFixtures>,
+    observer: Option<Arc<dyn Observer>>,
+    timeout: Duration,
+    cut_off: CutOff,
+}
+
+impl fmt::Debug for Kit {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Kit")
+            .field("launcher", &self.launcher)
+            .field("tools", &self.tools)
+            .field("observer", &self.observer.as_ref().map(|o| o.describe()))
+            .field("timeout", &self.timeout)
+            .field("cut_off", &self.cut_off)
+            .finish()
+    }
+}
+
+impl Kit {
+    /// A kit that starts servers with `launcher`.
+    pub fn new(launcher: Launcher) -> Self {
+        Kit {
+            launcher,
+            tools: Vec::new(),
+            observer: None,
+            timeout: DEFAULT_TIMEOUT,
+            cut_off: CutOff::default(),
+        }
+    }
+
+    /// Exercises a tool with these fixtures (tools listed without fixtures are reported as not
+    /// exercised).
+    #[must_use]
+    pub fn tool(mut self, fixtures: ToolFixtures) -> Self {
+        self.tools.push(fixtures);
+        self
+    }
+
+    /// The state observer (required).
+    #[must_use]
+    pub fn observer(mut self, observer: impl Observer) -> Self {
+        self.observer = Some(Arc::new(observer));
+        self
+    }
+
+    /// How long any single condition may take (default 60 s).
+    #[must_use]
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
+    }
+
+    /// When case 4 cuts the connection (default [`CutOff::AfterResponse`]).
+    #[must_use]
+    pub fn cut_off(mut self, cut_off: CutOff) -> Self {
+        self.cut_off = cut_off;
+        self
+    }
+
+    /// Runs the matrix for every tool with fixtures, in the order they were given.
+    pub async fn run(self) -> Result<Report, KitError> {
+        let started = Instant::now();
+        let Some(observer) = self.observer.clone() else {
+            return Err(KitError::NoObserver);
+        };
+        for fixtures in &self.tools {
+            fixtures.check()?;
+        }
+        let runner = Runner {
+            launcher: self.launcher.clone(),
+            observer: observer.clone(),
+            ids: Arc::new(AtomicU64::new(1)),
+            timeout: self.timeout,
+            cut_off: self.cut_off,
+        };
+        let mut connection = runner.open().await?;
+        let listed = connection.list_tools().await?;
+        connection.close().await?;
+        let claims_of = |name: &str| {
+            listed
+                .iter()
+                .find(|t| t["name"].as_str() == Some(name))
+                .map(Claims::of_tool)
+        };
+
+        let mut tools = Vec::new();
+        for fixtures in &self.tools {
+            let Some(claims) = claims_of(&fixtures.name) else {
+                return Err(KitError::ToolNotListed {
+                    tool: fixtures.name.clone(),
+                });
+            };
+            let cases = runner.run_tool(fixtures, &claims).await?;
+            let status = if cases.iter().any(|c| !c.contradictions.is_empty()) {
+                ToolStatus::Contradicted
+            } else if claims.is_unclassified() {
+                ToolStatus::Unclassified
+            } else {
+                ToolStatus::Consistent
+            };
+            tools.push(ToolReport {
+                name: fixtures.name.clone(),
+                claims,
+                status,
+                cases,
+            });
+        }
+        for tool in &listed {
+            let Some(name) = tool["name"].as_str() else {
+                continue;
+            };
+            if self.tools.iter().all(|f| f.name != name) {
+                let claims = Claims::of_tool(tool);
+                tools.push(ToolReport {
+                    name: name.to_owned(),
+                    claims,
+                    status: if claims.is_unclassified() {
+                        ToolStatus::Unclassified
+                    } else {
+                        ToolStatus::NotExercised
+                    },
+                    cases: Vec::new(),
+                });
+            }
+        }
+        Ok(Report {
+            observer: observer.describe(),
+            cut_off: self.cut_off.describe().to_owned(),
+            tools,
+            elapsed: started.elapsed(),
+        })
+    }
+}
+
+struct Runner {
+    launcher: Launcher,
+    observer: Arc<dyn Observer>,
+    ids: Arc<AtomicU64>,
+    timeout: Duration,
+    cut_off: CutOff,
+}
+
+fn step(name: &str, before: &Observation, after: &Observation) -> ObservedStep {
+    ObservedStep {
+        step: name.to_owned(),
+        changes: before.diff(after),
+    }
+}
+
+fn call_params(tool: &str, arguments: &Value) -> Value {
+    json!({"name": tool, "arguments": arguments})
+}
+
+fn request_text(tool: &str, arguments: &Value) -> String {
+    format!(
+        "{tool} {}",
+        String::from_utf8_lossy(&canonical_value(arguments))
+    )
+}
+
+fn excerpt(value: &Value) -> String {
+    let text = match value {
+        // One line per field in the report: control characters are shown escaped.
+        Value::String(s) => s
+            .chars()
+            .flat_map(|c| match c {
+                '\n' => vec!['\\', 'n'],
+                '\r' => vec!['\\', 'r'],
+                '\t' => vec!['\\', 't'],
+                c if c.is_control() => c.escape_unicode().collect(),
+                c => vec![c],
+            })
+            .collect(),
+        other => other.to_string(),
+    };
+    let mut chars = text.chars();
+    let mut out: String = chars.by_ref().take(EXCERPT_CHARS).collect();
+    if chars.next().is_some() {
+        out.push('…');
+    }
+    out
+}
+
+/// `id 7: ok: {...} [sha256:0123456789ab]`: the outcome, an excerpt, and a digest of it all.
+fn summarize(id: u64, reply: &Value) -> String {
+    let digest =
+        Sha256Digest::of_json(reply.get("result").or(reply.get("error")).unwrap_or(reply)).to_hex();
+    let short = &digest[..12.min(digest.len())];
+    if let Some(error) = reply.get("error") {
+        return format!(
+            "id {id}: JSON-RPC error {}: {} [sha256:{short}]",
+            error["code"],
+            excerpt(&error["message"])
+        );
+    }
+    let result = &reply["result"];
+    let body = result
+        .get("structuredContent")
+        .or_else(|| result["content"].get(0).and_then(|c| c.get("text")))
+        .unwrap_or(result);
+    let outcome = if result["isError"] == Value::Bool(true) {
+        "isError"
+    } else {
+        "ok"
+    };
+    format!("id {id}: {outcome}: {} [sha256:{short}]", excerpt(body))
+}
+
+impl Runner {
+    async fn open(&self) -> Result<Connection, KitError> {
+        Connection::open(&self.launcher, self.ids.clone(), self.timeout).await
+    }
+
+    async fn observe(&self) -> Result<Observation, KitError> {
+        let observer = self.observer.clone();
+        tokio::task::spawn_blocking(move || observer.observe())
+            .await
+            .map_err(|e| KitError::Task {
+                what: "the observer".to_owned(),
+                message: e.to_string(),
+            })?
+            .map_err(KitError::from)
+    }
+
+    async fn run_tool(
+        &self,
+        fixtures: &ToolFixtures,
+        claims: &Claims,
+    ) -> Result<Vec<CaseReport>, KitError> {
+        let tool = fixtures.name.as_str();
+        let mut runs = Vec::new();
+        let valid = self.single(tool, CaseKind::Valid, &fixtures.valid).await?;
+        let baseline = valid.observed.first().map(|s| s.changes.clone());
+        let mut repeat = self.single(tool, CaseKind::Repeat, &fixtures.valid).await?;
+        repeat.second_call = Some(std::mem::replace(
+            &mut repeat.first_call,
+            format!("(case 'valid call') {}", valid.first_call),
+        ));
+        runs.push(valid);
+        runs.push(repeat);
+        if let Some(arguments) = &fixtures.missing_resource {
+            runs.push(
+                self.single(tool, CaseKind::MissingResource, arguments)
+                    .await?,
+            );
+        }
+        if let Some(arguments) = &fixtures.already_done {
+            runs.push(self.single(tool, CaseKind::AlreadyDone, arguments).await?);
+        }
+        runs.push(
+            self.single(tool, CaseKind::Invalid, &fixtures.invalid)
+                .await?,
+        );
+        runs.push(
+            self.retry_after_cut_off(tool, &fixtures.second_valid)
+                .await?,
+        );
+        let (arguments, fresh) = match &fixtures.concurrent {
+            Some(arguments) => (arguments, true),
+            None => (&fixtures.valid, false),
+        };
+        runs.push(self.concurrent(tool, arguments, fresh).await?);
+        Ok(runs
+            .into_iter()
+            .map(|run| judge(tool, claims, run, baseline.as_ref()))
+            .collect())
+    }
+
+    /// One call on a fresh connection; observed from after the handshake to after the server
+    /// ended (so work it finishes after replying is seen too).
+    async fn single(
+        &self,
+        tool: &str,
+        case: CaseKind,
+        arguments: &Value,
+    ) -> Result<CaseRun, KitError> {
+        let mut connection = self.open().await?;
+        let before = self.observe().await?;
+        let (id, reply) = connection
+            .request("tools/call", call_params(tool, arguments))
+            .await?;
+        connection.close().await?;
+        let after = self.observe().await?;
+        Ok(CaseRun {
+            case,
+            request: request_text(tool, arguments),
+            first_call: summarize(id, &reply),
+            second_call: None,
+            observed: vec![step("call", &before, &after)],
+            fresh: false,
+            mid_flight: false,
+        })
+    }
+
+    /// Case 4: cut the connection after the server received the call, retry on a new one.
+    async fn retry_after_cut_off(
+        &self,
+        tool: &str,
+        arguments: &Value,
+    ) -> Result<CaseRun, KitError> {
+        let params = call_params(tool, arguments);
+        let mut first = self.open().await?;
+        let before = self.observe().await?;
+        let id = first.send("tools/call", params.clone()).await?;
+        let deadline = Instant::now() + self.timeout;
+        let mut mid_flight = false;
+        let first_call = match self.cut_off {
+            CutOff::AfterResponse => {
+                let reply = first.response(id).await?;
+                format!(
+                    "connection cut after the server wrote its response, which the client discarded unread (it was {})",
+                    summarize(id, &reply)
+                )
+            }
+            CutOff::WhenObserved => loop {
+                let poll = (Instant::now() + OBSERVE_POLL).min(deadline);
+                if let Some(reply) = first.response_until(id, poll).await? {
+                    break format!(
+                        "connection cut when the response arrived before any change was observed (it was {})",
+                        summarize(id, &reply)
+                    );
+                }
+                if !before.diff(&self.observe().await?).is_empty() {
+                    mid_flight = true;
+                    break format!(
+                        "id {id}: connection cut as soon as the state changed, before any response"
+                    );
+                }
+                if Instant::now() >= deadline {
+                    return Err(KitError::Timeout {
+                        what: format!("a state change or the reply to id {id}"),
+                        after: self.timeout,
+                        stderr: first.stderr(),
+                    });
+                }
+            },
+        };
+        first.close().await?;
+        let cut = self.observe().await?;
+        let mut second = self.open().await?;
+        let restarted = self.observe().await?;
+        let (retry_id, reply) = second.request("tools/call", params).await?;
+        second.close().await?;
+        let after = self.observe().await?;
+        Ok(CaseRun {
+            case: CaseKind::RetryAfterCutOff,
+            request: request_text(tool, arguments),
+            first_call,
+            second_call: Some(format!(
+                "retry on a new connection, {}",
+                summarize(retry_id, &reply)
+            )),
+            observed: vec![
+                step("cut-off call", &before, &cut),
+                step("retry", &restarted, &after),
+            ],
+            fresh: false,
+            mid_flight,
+        })
+    }
+
+    /// Case 5: the same call on two connections at the same instant.
+    async fn concurrent(
+        &self,
+        tool: &str,
+        arguments: &Value,
+        fresh: bool,
+    ) -> Result<CaseRun, KitError> {
+        let params = call_params(tool, arguments);
+        let mut a = self.open().await?;
+        let mut b = self.open().await?;
+        let before = self.observe().await?;
+        let id_a = a.send("tools/call", params.clone()).await?;
+        let id_b = b.send("tools/call", params).await?;
+        let (reply_a, reply_b) = tokio::join!(a.response(id_a), b.response(id_b));
+        let (reply_a, reply_b) = (reply_a?, reply_b?);
+        let (closed_a, closed_b) = tokio::join!(a.close(), b.close());
+        closed_a?;
+        closed_b?;
+        let after = self.observe().await?;
+        Ok(CaseRun {
+            case: CaseKind::Concurrent,
+            request: request_text(tool, arguments),
+            first_call: summarize(id_a, &reply_a),
+            second_call: Some(summarize(id_b, &reply_b)),
+            observed: vec![step("both calls", &before, &after)],
+            fresh,
+            mid_flight: false,
+        })
+    }
+}

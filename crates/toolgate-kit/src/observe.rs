@@ -1,0 +1,551 @@
+//! What the kit can see of the world: observations, their differences, and a filesystem observer.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+use std::path::{Path, PathBuf};
+
+use serde::Serialize;
+use sha2::{Digest as _, Sha256};
+
+use crate::error::ObserveError;
+
+/// One observable record: a file, a row, a captured outbound request, a queued job.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Item {
+    /// Digest of the record's content: equal digests mean equal content.
+    pub content: String,
+    /// Digest of metadata that changes without the content changing (a file's mtime and inode):
+    /// a change here alone is a *touch*, which still contradicts `readOnlyHint`.
+    pub meta: Option<String>,
+    /// Content digests of this record's earlier states it merely extends (for a file: its
+    /// content up to each line end). A record whose previous `content` is in here was *appended
+    /// to*: an added effect, not replaced state.
+    #[serde(skip)]
+    pub prefixes: BTreeSet<String>,
+}
+
+impl Item {
+    /// A record identified by the digest of its content (any string that changes when it does).
+    pub fn new(content: impl Into<String>) -> Self {
+        Item {
+            content: content.into(),
+            meta: None,
+            prefixes: BTreeSet::new(),
+        }
+    }
+
+    /// With metadata (a change of metadata alone is reported as a touch).
+    #[must_use]
+    pub fn with_meta(mut self, meta: impl Into<String>) -> Self {
+        self.meta = Some(meta.into());
+        self
+    }
+
+    /// With the content digests of the earlier states this record extends (append-only records).
+    #[must_use]
+    pub fn with_prefixes(mut self, prefixes: impl IntoIterator<Item = String>) -> Self {
+        self.prefixes.extend(prefixes);
+        self
+    }
+}
+
+/// A snapshot of everything an observer can see: record name -> record.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Observation {
+    /// The records by name.
+    pub items: BTreeMap<String, Item>,
+}
+
+impl Observation {
+    /// An empty observation.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Adds or replaces the record `name`.
+    pub fn insert(&mut self, name: impl Into<String>, item: Item) {
+        self.items.insert(name.into(), item);
+    }
+
+    /// What changed from `self` (before) to `after`.
+    pub fn diff(&self, after: &Observation) -> Delta {
+        let mut changes = Vec::new();
+        for (name, old) in &self.items {
+            let kind = match after.items.get(name) {
+                None => Some(ChangeKind::Removed),
+                Some(new) if new.content != old.content => {
+                    if new.prefixes.contains(&old.content) {
+                        Some(ChangeKind::Appended)
+                    } else {
+                        Some(ChangeKind::Modified)
+                    }
+                }
+                Some(new) if new.meta != old.meta => Some(ChangeKind::Touched),
+                Some(_) => None,
+            };
+            if let Some(kind) = kind {
+                changes.push(Change {
+                    item: name.clone(),
+                    kind,
+                });
+            }
+        }
+        for name in after.items.keys() {
+            if !self.items.contains_key(name) {
+                changes.push(Change {
+                    item: name.clone(),
+                    kind: ChangeKind::Added,
+                });
+            }
+        }
+        changes.sort_by(|a, b| a.item.cmp(&b.item));
+        Delta { changes }
+    }
+}
+
+/// How one record changed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum ChangeKind {
+    /// A new record: an added effect.
+    Added,
+    /// The record kept its previous content and grew: an added effect.
+    Appended,
+    /// Only metadata changed (a file touched, rewritten with the same bytes, or replaced by an
+    /// identical copy): still a write.
+    Touched,
+    /// The previous content was replaced: state lost or replaced.
+    Modified,
+    /// The record is gone: state lost.
+    Removed,
+}
+
+impl ChangeKind {
+    /// The word used in reports.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ChangeKind::Added => "added",
+            ChangeKind::Appended => "appended",
+            ChangeKind::Touched => "touched",
+            ChangeKind::Modified => "modified",
+            ChangeKind::Removed => "removed",
+        }
+    }
+
+    /// Whether this change loses or replaces earlier state (what `destructiveHint=false` denies).
+    pub fn loses_state(self) -> bool {
+        matches!(self, ChangeKind::Modified | ChangeKind::Removed)
+    }
+}
+
+/// One changed record.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Change {
+    /// The record's name.
+    pub item: String,
+    /// How it changed.
+    pub kind: ChangeKind,
+}
+
+/// Every change between two observations, sorted by record name.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+#[serde(transparent)]
+pub struct Delta {
+    /// The changes.
+    pub changes: Vec<Change>,
+}
+
+impl Delta {
+    /// No observable change.
+    pub fn is_empty(&self) -> bool {
+        self.changes.is_empty()
+    }
+
+    /// The changes that lose or replace state.
+    pub fn losses(&self) -> impl Iterator<Item = &Change> {
+        self.changes.iter().filter(|c| c.kind.loses_state())
+    }
+
+    /// How many changes are of `kind`.
+    pub fn count(&self, kind: ChangeKind) -> usize {
+        self.changes.iter().filter(|c| c.kind == kind).count()
+    }
+}
+
+impl fmt::Display for Delta {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.changes.is_empty() {
+            return f.write_str("none");
+        }
+        for (index, change) in self.changes.iter().enumerate() {
+            if index > 0 {
+                f.write_str(", ")?;
+            }
+            write!(f, "{} {}", change.kind.as_str(), change.item)?;
+        }
+        Ok(())
+    }
+}
+
+/// The author's view of the state a tool can affect.
+///
+/// `observe` must be a pure read: the kit calls it before and after every case (on a blocking
+/// thread). Name records stably (a file's relative path, a row's primary key, a request's
+/// sequence number) so additions, changes and removals can be told apart.
+pub trait Observer: Send + Sync + 'static {
+    /// A snapshot of everything observable now.
+    fn observe(&self) -> Result<Observation, ObserveError>;
+
+    /// Lines for the report: what is watched, and what is deliberately ignored and why.
+    fn describe(&self) -> Vec<String> {
+        Vec::new()
+    }
+}
+
+/// One ignore rule of an [`FsObserver`].
+#[derive(Debug, Clone)]
+struct Ignore {
+    pattern: String,
+    reason: String,
+}
+
+impl Ignore {
+    /// Whether `relative` (a `/`-separated path under a root) is ignored.
+    ///
+    /// `name/` ignores every directory called `name` and everything under it; a pattern with a
+    /// `/` is matched against the whole relative path; any other pattern against the file name.
+    /// `*` matches any run of characters except `/`.
+    fn matches(&self, relative: &str, is_dir: bool) -> bool {
+        if let Some(dir) = self.pattern.strip_suffix('/') {
+            let components: Vec<&str> = relative.split('/').collect();
+            let dirs = if is_dir {
+                &components[..]
+            } else {
+                &components[..components.len().saturating_sub(1)]
+            };
+            return dirs.iter().any(|c| glob(dir, c));
+        }
+        if self.pattern.contains('/') {
+            return glob(&self.pattern, relative);
+        }
+        let name = relative.rsplit('/').next().unwrap_or(relative);
+        glob(&self.pattern, name)
+    }
+}
+
+/// `*`-only glob matching (no `/` crossing).
+fn glob(pattern: &str, text: &str) -> bool {
+    let p: Vec<char> = pattern.chars().collect();
+    let t: Vec<char> = text.chars().collect();
+    // Classic two-pointer wildcard match with backtracking to the last star.
+    let (mut pi, mut ti) = (0usize, 0usize);
+    let mut star: Option<(usize, usize)> = None;
+    while ti < t.len() {
+        if pi < p.len() && p[pi] == '*' {
+            star = Some((pi, ti));
+            pi += 1;
+        } else if pi < p.len() && p[pi] == t[ti] {
+            pi += 1;
+            ti += 1;
+        } else if let Some((sp, st)) = star {
+            if t[st] == '/' {
+                return false;
+            }
+            pi = sp + 1;
+            ti = st + 1;
+            star = Some((sp, st + 1));
+        } else {
+            return false;
+        }
+    }
+    while pi < p.len() && p[pi] == '*' {
+        pi += 1;
+    }
+    pi == p.len()
+}
+
+/// Observes every file and directory under some directories.
+///
+/// A file is the record `<root name>/<relative path>`. Its content digest is the SHA-256 of its
+/// bytes without trailing NUL bytes (preallocated, zero-filled space is not content), its
+/// metadata is its length, mtime in nanoseconds and inode (so a touch or an identical rewrite is
+/// seen), and its prefixes are the digests of its content up to each line end (so an append is
+/// told apart from a rewrite). A directory is a record with a fixed content and no metadata (its
+/// mtime changes with its entries, which are records themselves). A root that does not exist
+/// yet is simply empty. Ignores are explicit and listed in the report with their reasons.
+#[derive(Debug, Clone)]
+pub struct FsObserver {
+    roots: Vec<(String, PathBuf)>,
+    ignores: Vec<Ignore>,
+}
+
+impl FsObserver {
+    /// Observes every file under each of `dirs`; a record's name starts with its root's last
+    /// path component (`#2`, `#3`... when two roots share one).
+    pub fn new<P: Into<PathBuf>>(dirs: impl IntoIterator<Item = P>) -> Self {
+        let mut roots: Vec<(String, PathBuf)> = Vec::new();
+        for dir in dirs {
+            let dir = dir.into();
+            let base = dir
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_else(|| "root".to_owned());
+            let mut label = base.clone();
+            let mut n = 2;
+            while roots.iter().any(|(l, _)| *l == label) {
+                label = format!("{base}#{n}");
+                n += 1;
+            }
+            roots.push((label, dir));
+        }
+        FsObserver {
+            roots,
+            ignores: Vec::new(),
+        }
+    }
+
+    /// Ignores matching paths, for the stated reason (printed in the report).
+    ///
+    /// `name/` ignores directories called `name` and all they contain; a pattern containing `/`
+    /// matches the path relative to a root; any other pattern matches file names. `*` matches any
+    /// characters except `/`.
+    #[must_use]
+    pub fn ignore(mut self, pattern: impl Into<String>, reason: impl Into<String>) -> Self {
+        self.ignores.push(Ignore {
+            pattern: pattern.into(),
+            reason: reason.into(),
+        });
+        self
+    }
+
+    fn ignored(&self, relative: &str, is_dir: bool) -> bool {
+        self.ignores.iter().any(|i| i.matches(relative, is_dir))
+    }
+
+    fn walk(
+        &self,
+        label: &str,
+        root: &Path,
+        dir: &Path,
+        out: &mut Observation,
+    ) -> Result<(), ObserveError> {
+        let entries = match std::fs::read_dir(dir) {
+            Ok(entries) => entries,
+            // A root not created yet, or a directory removed while walking: nothing to see.
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+            Err(e) => return Err(ObserveError::new(format!("list {}", dir.display()), e)),
+        };
+        let mut paths = Vec::new();
+        for entry in entries {
+            match entry {
+                Ok(entry) => paths.push(entry.path()),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => return Err(ObserveError::new(format!("list {}", dir.display()), e)),
+            }
+        }
+        paths.sort();
+        for path in paths {
+            let relative = path
+                .strip_prefix(root)
+                .map(|r| r.to_string_lossy().replace('\\', "/"))
+                .unwrap_or_else(|_| path.to_string_lossy().into_owned());
+            let meta = match std::fs::symlink_metadata(&path) {
+                Ok(meta) => meta,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+                Err(e) => return Err(ObserveError::new(format!("stat {}", path.display()), e)),
+            };
+            let is_dir = meta.is_dir();
+            if self.ignored(&relative, is_dir) {
+                continue;
+            }
+            let name = format!("{label}/{relative}");
+            if is_dir {
+                out.insert(format!("{name}/"), Item::new("directory"));
+                self.walk(label, root, &path, out)?;
+            } else if meta.file_type().is_symlink() {
+                let target = std::fs::read_link(&path)
+                    .map(|t| t.to_string_lossy().into_owned())
+                    .unwrap_or_default();
+                out.insert(
+                    name,
+                    Item::new(format!("symlink:{target}")).with_meta(file_meta(&meta)),
+                );
+            } else {
+                let bytes = match std::fs::read(&path) {
+                    Ok(bytes) => bytes,
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+                    Err(e) => {
+                        return Err(ObserveError::new(format!("read {}", path.display()), e));
+                    }
+                };
+                out.insert(name, file_item(&bytes).with_meta(file_meta(&meta)));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The largest file whose line-end prefixes are digested (beyond it, a change is a rewrite).
+const PREFIX_LIMIT: usize = 64 << 20;
+
+fn file_item(bytes: &[u8]) -> Item {
+    let end = bytes.iter().rposition(|&b| b != 0).map_or(0, |i| i + 1);
+    let content = &bytes[..end];
+    let mut hasher = Sha256::new();
+    let mut prefixes = BTreeSet::new();
+    if content.len() <= PREFIX_LIMIT {
+        let mut start = 0;
+        for (index, &byte) in content.iter().enumerate() {
+            if byte == b'\n' {
+                hasher.update(&content[start..=index]);
+                start = index + 1;
+                if start < content.len() {
+                    prefixes.insert(hex(&hasher.clone().finalize()));
+                }
+            }
+        }
+        hasher.update(&content[start..]);
+    } else {
+        hasher.update(content);
+    }
+    // The empty prefix: a file that was empty (or only padding) and grew was appended to.
+    if !content.is_empty() {
+        prefixes.insert(hex(&Sha256::new().finalize()));
+    }
+    Item {
+        content: hex(&hasher.finalize()),
+        meta: None,
+        prefixes,
+    }
+}
+
+fn file_meta(meta: &std::fs::Metadata) -> String {
+    let mtime_ns = meta
+        .modified()
+        .ok()
+        .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+        .map_or(0, |d| d.as_nanos());
+    #[cfg(unix)]
+    let inode = std::os::unix::fs::MetadataExt::ino(meta);
+    #[cfg(not(unix))]
+    let inode = 0u64;
+    format!("len={} mtime_ns={mtime_ns} ino={inode}", meta.len())
+}
+
+fn hex(bytes: &[u8]) -> String {
+    use std::fmt::Write as _;
+    let mut out = String::with_capacity(bytes.len() * 2);
+    for b in bytes {
+        // Writing to a String cannot fail.
+        let _ = write!(out, "{b:02x}");
+    }
+    out
+}
+
+impl Observer for FsObserver {
+    fn observe(&self) -> Result<Observation, ObserveError> {
+        let mut out = Observation::new();
+        for (label, root) in &self.roots {
+            self.walk(label, root, root, &mut out)?;
+        }
+        Ok(out)
+    }
+
+    fn describe(&self) -> Vec<String> {
+        let mut lines: Vec<String> = self
+            .roots
+            .iter()
+            .map(|(label, root)| format!("files under {} (as {label}/)", root.display()))
+            .collect();
+        lines.extend(
+            self.ignores
+                .iter()
+                .map(|i| format!("ignored {}: {}", i.pattern, i.reason)),
+        );
+        lines
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn glob_matches_stars_within_one_component() {
+        assert!(glob("audit*.jsonl", "audit.jsonl"));
+        assert!(glob("audit*.jsonl", "audit.checkpoints.jsonl"));
+        assert!(!glob("audit*.jsonl", "audit.jsonl.bak"));
+        assert!(glob("*.lock", ".lock"));
+        assert!(!glob("a*c", "a/c"));
+        assert!(glob("notes/*.json", "notes/x.json"));
+    }
+
+    #[test]
+    fn ignore_rules_cover_dirs_paths_and_names() {
+        let dir = Ignore {
+            pattern: "checkpoints/".into(),
+            reason: String::new(),
+        };
+        assert!(dir.matches("checkpoints", true));
+        assert!(dir.matches("a/checkpoints/x", false));
+        assert!(!dir.matches("checkpoints", false));
+        let name = Ignore {
+            pattern: "*.lock".into(),
+            reason: String::new(),
+        };
+        assert!(name.matches("effects/.lock", false));
+        assert!(!name.matches("effects/journal", false));
+    }
+
+    #[test]
+    fn appends_rewrites_touches_and_padding_are_told_apart() {
+        let old = file_item(b"one\n\0\0\0\0").with_meta("m1");
+        let appended = file_item(b"one\ntwo\n\0\0").with_meta("m2");
+        let rewritten = file_item(b"uno\n").with_meta("m2");
+        let touched = file_item(b"one\n").with_meta("m2");
+        let kind = |after: &Item| {
+            let mut a = Observation::new();
+            a.insert("f", old.clone());
+            let mut b = Observation::new();
+            b.insert("f", after.clone());
+            a.diff(&b).changes.first().map(|c| c.kind)
+        };
+        assert_eq!(kind(&appended), Some(ChangeKind::Appended));
+        assert_eq!(kind(&rewritten), Some(ChangeKind::Modified));
+        assert_eq!(kind(&touched), Some(ChangeKind::Touched));
+        assert_eq!(kind(&old), None);
+        let empty = file_item(b"");
+        let mut a = Observation::new();
+        a.insert("f", empty);
+        let mut b = Observation::new();
+        b.insert("f", file_item(b"x\n"));
+        assert_eq!(a.diff(&b).changes[0].kind, ChangeKind::Appended);
+        assert_eq!(b.diff(&a).changes[0].kind, ChangeKind::Modified);
+        assert_eq!(
+            a.diff(&Observation::new()).changes[0].kind,
+            ChangeKind::Removed
+        );
+        assert_eq!(
+            Observation::new().diff(&a).changes[0].kind,
+            ChangeKind::Added
+        );
+    }
+
+    #[test]
+    fn fs_observer_sees_files_and_skips_ignored_ones() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join("state");
+        std::fs::create_dir_all(root.join("checkpoints")).unwrap();
+        std::fs::write(root.join("a.txt"), b"a").unwrap();
+        std::fs::write(root.join("audit.jsonl"), b"{}\n").unwrap();
+        std::fs::write(root.join("checkpoints/c"), b"c").unwrap();
+        let observer = FsObserver::new([&root, &dir.path().join("missing")])
+            .ignore("audit*.jsonl", "governance record")
+            .ignore("checkpoints/", "governance record");
+        let seen = observer.observe().unwrap();
+        let names: Vec<&String> = seen.items.keys().collect();
+        assert_eq!(names, ["state/a.txt"]);
+        assert!(observer.describe().iter().any(|l| l.contains("governance")));
+    }
+}

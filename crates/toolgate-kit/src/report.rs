@@ -1,0 +1,578 @@
+//! Verdicts and the report a reviewer reads.
+
+use std::fmt::Write as _;
+use std::time::Duration;
+
+use serde::Serialize;
+use serde_json::Value;
+
+use crate::observe::{ChangeKind, Delta};
+
+/// A claim the kit can contradict.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum Claim {
+    /// `readOnlyHint: true`: the tool does not modify its environment.
+    ReadOnly,
+    /// `idempotentHint: true`: repeating the call with the same arguments has no additional effect.
+    Idempotent,
+    /// `destructiveHint: false`: the tool performs only additive updates.
+    NonDestructive,
+}
+
+impl Claim {
+    /// The annotation as written in `tools/list`.
+    pub fn annotation(self) -> &'static str {
+        match self {
+            Claim::ReadOnly => "readOnlyHint=true",
+            Claim::Idempotent => "idempotentHint=true",
+            Claim::NonDestructive => "destructiveHint=false",
+        }
+    }
+}
+
+/// The annotations a tool declares in `tools/list` (`None` = absent).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct Claims {
+    /// `readOnlyHint` as declared.
+    pub read_only: Option<bool>,
+    /// `destructiveHint` as declared.
+    pub destructive: Option<bool>,
+    /// `idempotentHint` as declared.
+    pub idempotent: Option<bool>,
+}
+
+impl Claims {
+    /// The claims of one `tools/list` entry.
+    pub fn of_tool(tool: &Value) -> Self {
+        let hint = |key: &str| {
+            tool.get("annotations")
+                .and_then(|a| a.get(key))
+                .and_then(Value::as_bool)
+        };
+        Claims {
+            read_only: hint("readOnlyHint"),
+            destructive: hint("destructiveHint"),
+            idempotent: hint("idempotentHint"),
+        }
+    }
+
+    /// No behavioural hint at all (a title alone claims nothing): unclassified, never safe.
+    pub fn is_unclassified(&self) -> bool {
+        self.read_only.is_none() && self.destructive.is_none() && self.idempotent.is_none()
+    }
+
+    /// `readOnlyHint` with the spec's default (false).
+    pub fn read_only(&self) -> bool {
+        self.read_only.unwrap_or(false)
+    }
+
+    /// `destructiveHint` with the spec's default (true).
+    pub fn destructive(&self) -> bool {
+        self.destructive.unwrap_or(true)
+    }
+
+    /// `idempotentHint` with the spec's default (false).
+    pub fn idempotent(&self) -> bool {
+        self.idempotent.unwrap_or(false)
+    }
+
+    /// `readOnlyHint=false (default), ...` for the report.
+    pub fn describe(&self) -> String {
+        let one = |name: &str, value: Option<bool>, default: bool| match value {
+            Some(v) => format!("{name}={v}"),
+            None => format!("{name}={default} (default)"),
+        };
+        format!(
+            "{}, {}, {}",
+            one("readOnlyHint", self.read_only, false),
+            one("destructiveHint", self.destructive, true),
+            one("idempotentHint", self.idempotent, false)
+        )
+    }
+}
+
+/// The cases of the matrix, in the order they run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum CaseKind {
+    /// 1. One valid call.
+    Valid,
+    /// 2. The byte-identical call again.
+    Repeat,
+    /// 3a. A call naming a resource that does not exist.
+    MissingResource,
+    /// 3b. A call for an operation the matrix already completed.
+    AlreadyDone,
+    /// 3c. A call with an invalid field.
+    Invalid,
+    /// 4. A call cut off after the server received it, retried with a new JSON-RPC id.
+    RetryAfterCutOff,
+    /// 5. Two identical calls at the same time.
+    Concurrent,
+}
+
+impl CaseKind {
+    /// The case's name in reports.
+    pub fn title(self) -> &'static str {
+        match self {
+            CaseKind::Valid => "valid call",
+            CaseKind::Repeat => "byte-identical repeat",
+            CaseKind::MissingResource => "missing resource",
+            CaseKind::AlreadyDone => "already done",
+            CaseKind::Invalid => "invalid field",
+            CaseKind::RetryAfterCutOff => "retry after cut-off",
+            CaseKind::Concurrent => "concurrent pair",
+        }
+    }
+}
+
+/// One declared claim that an observed effect contradicts.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Contradiction {
+    /// The tool.
+    pub tool: String,
+    /// The contradicted claim.
+    pub claim: Claim,
+    /// The case that contradicted it.
+    pub case: CaseKind,
+    /// What was observed.
+    pub evidence: String,
+}
+
+/// What one step of a case changed.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ObservedStep {
+    /// The step (`call`, `cut-off call`, `retry`, `both calls`).
+    pub step: String,
+    /// What changed during it.
+    pub changes: Delta,
+}
+
+/// One block of the report.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct CaseReport {
+    /// Which case.
+    pub case: CaseKind,
+    /// The tool and its canonical (RFC 8785) arguments.
+    pub request: String,
+    /// The first call's outcome.
+    pub first_call: String,
+    /// The second call's outcome, for cases with two calls.
+    pub second_call: Option<String>,
+    /// What each step changed.
+    pub observed: Vec<ObservedStep>,
+    /// The verdict in one sentence.
+    pub result: String,
+    /// The claims this case contradicted.
+    pub contradictions: Vec<Contradiction>,
+}
+
+/// What the kit concluded about one tool.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum ToolStatus {
+    /// Declared claims were tested and none was contradicted (not a proof of safety).
+    Consistent,
+    /// At least one declared claim was contradicted.
+    Contradicted,
+    /// The tool declares no behavioural hint: nothing is claimed, nothing is safe.
+    Unclassified,
+    /// Listed by the server, but no fixtures were given: not exercised.
+    NotExercised,
+}
+
+/// The matrix's findings for one tool.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ToolReport {
+    /// The tool's name.
+    pub name: String,
+    /// Its declared annotations.
+    pub claims: Claims,
+    /// The conclusion.
+    pub status: ToolStatus,
+    /// One block per case run.
+    pub cases: Vec<CaseReport>,
+}
+
+/// The report of one run of the matrix.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Report {
+    /// What the observer watched and ignored.
+    pub observer: Vec<String>,
+    /// When case 4 cut the connection.
+    pub cut_off: String,
+    /// One entry per listed tool.
+    pub tools: Vec<ToolReport>,
+    /// Wall time of the whole run.
+    #[serde(serialize_with = "seconds")]
+    pub elapsed: Duration,
+}
+
+fn seconds<S: serde::Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_f64(d.as_secs_f64())
+}
+
+impl Report {
+    /// Every contradicted claim, across tools.
+    pub fn contradictions(&self) -> Vec<&Contradiction> {
+        self.tools
+            .iter()
+            .flat_map(|t| t.cases.iter())
+            .flat_map(|c| c.contradictions.iter())
+            .collect()
+    }
+
+    /// The tools that declare no behavioural hint.
+    pub fn unclassified(&self) -> Vec<&str> {
+        self.tools
+            .iter()
+            .filter(|t| t.status == ToolStatus::Unclassified)
+            .map(|t| t.name.as_str())
+            .collect()
+    }
+
+    /// The report of `tool`.
+    pub fn tool(&self, tool: &str) -> Option<&ToolReport> {
+        self.tools.iter().find(|t| t.name == tool)
+    }
+
+    /// No declared claim was contradicted.
+    pub fn is_honest(&self) -> bool {
+        self.contradictions().is_empty()
+    }
+
+    /// Panics with the text report when any claim was contradicted (for tests).
+    #[track_caller]
+    pub fn assert_honest(&self) {
+        let found = self.contradictions().len();
+        assert!(
+            found == 0,
+            "{found} annotation claim(s) contradicted by observed effects:\n{}",
+            self.to_text()
+        );
+    }
+
+    /// The report as one JSON document (same content as [`Report::to_text`]).
+    pub fn to_json(&self) -> Value {
+        let mut value = serde_json::to_value(self).unwrap_or(Value::Null);
+        if let Value::Object(map) = &mut value {
+            map.insert(
+                "summary".to_owned(),
+                serde_json::json!({
+                    "tools": self.tools.len(),
+                    "cases": self.tools.iter().map(|t| t.cases.len()).sum::<usize>(),
+                    "contradictions": self.contradictions().len(),
+                    "unclassified": self.unclassified(),
+                }),
+            );
+        }
+        value
+    }
+
+    /// The report as text: a summary, then one block per case.
+    pub fn to_text(&self) -> String {
+        let mut out = String::new();
+        let cases: usize = self.tools.iter().map(|t| t.cases.len()).sum();
+        // Writing to a String cannot fail; the results are ignored throughout.
+        let _ = writeln!(
+            out,
+            "toolgate-kit: {} tools, {cases} cases, {} contradictions, {} unclassified, {:.2} s",
+            self.tools.len(),
+            self.contradictions().len(),
+            self.unclassified().len(),
+            self.elapsed.as_secs_f64()
+        );
+        for line in &self.observer {
+            let _ = writeln!(out, "observer: {line}");
+        }
+        let _ = writeln!(out, "cut-off: {}", self.cut_off);
+        for tool in &self.tools {
+            let _ = writeln!(out, "\n== tool {}: {}", tool.name, tool.claims.describe());
+            let verdict = match tool.status {
+                ToolStatus::Consistent => format!(
+                    "consistent: no declared claim was contradicted in {} cases (evidence, not proof)",
+                    tool.cases.len()
+                ),
+                ToolStatus::Contradicted => {
+                    let claims: Vec<&str> = tool
+                        .cases
+                        .iter()
+                        .flat_map(|c| c.contradictions.iter())
+                        .map(|c| c.claim.annotation())
+                        .collect::<std::collections::BTreeSet<_>>()
+                        .into_iter()
+                        .collect();
+                    format!("CONTRADICTED: {}", claims.join(", "))
+                }
+                ToolStatus::Unclassified => "unclassified: no readOnlyHint, destructiveHint or idempotentHint; the defaults (not read-only, destructive, not idempotent) apply and nothing about it is safe".to_owned(),
+                ToolStatus::NotExercised => "not exercised: no fixtures were given for it".to_owned(),
+            };
+            let _ = writeln!(out, "verdict: {verdict}");
+            for case in &tool.cases {
+                let _ = writeln!(out, "\ncase: {}", case.case.title());
+                let _ = writeln!(out, "request: {}", case.request);
+                let _ = writeln!(out, "first call: {}", case.first_call);
+                let _ = writeln!(
+                    out,
+                    "second call: {}",
+                    case.second_call.as_deref().unwrap_or("-")
+                );
+                let observed = match case.observed.as_slice() {
+                    [one] => one.changes.to_string(),
+                    steps => steps
+                        .iter()
+                        .map(|s| format!("{}: {}", s.step, s.changes))
+                        .collect::<Vec<_>>()
+                        .join("; "),
+                };
+                let _ = writeln!(out, "observed records: {observed}");
+                let _ = writeln!(out, "result: {}", case.result);
+            }
+        }
+        out
+    }
+}
+
+/// A short account of a delta's effects: `1 added, 1 appended`.
+fn effect_counts(delta: &Delta) -> String {
+    let kinds = [
+        ChangeKind::Added,
+        ChangeKind::Appended,
+        ChangeKind::Touched,
+        ChangeKind::Modified,
+        ChangeKind::Removed,
+    ];
+    kinds
+        .iter()
+        .filter_map(|&k| {
+            let n = delta.count(k);
+            (n > 0).then(|| format!("{n} {}", k.as_str()))
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// The raw material of one case, before the verdict.
+#[derive(Debug)]
+pub(crate) struct CaseRun {
+    pub(crate) case: CaseKind,
+    pub(crate) request: String,
+    pub(crate) first_call: String,
+    pub(crate) second_call: Option<String>,
+    pub(crate) observed: Vec<ObservedStep>,
+    /// Case 5 only: whether the pair ran on a fresh input (compared with case 1's effects) or on
+    /// the already-done `valid` input (which must add nothing).
+    pub(crate) fresh: bool,
+    /// Case 4 only: the connection was cut before the response (the call may be unfinished).
+    pub(crate) mid_flight: bool,
+}
+
+/// Judges one case against the claims. `baseline` is what case 1 (one valid call) changed.
+pub(crate) fn judge(
+    tool: &str,
+    claims: &Claims,
+    run: CaseRun,
+    baseline: Option<&Delta>,
+) -> CaseReport {
+    let mut contradictions = Vec::new();
+    let mut notes: Vec<String> = Vec::new();
+    let contradict = |claim: Claim, evidence: String, list: &mut Vec<Contradiction>| {
+        list.push(Contradiction {
+            tool: tool.to_owned(),
+            claim,
+            case: run.case,
+            evidence,
+        });
+    };
+    let all_changes: Vec<_> = run
+        .observed
+        .iter()
+        .flat_map(|s| s.changes.changes.iter())
+        .collect();
+
+    if claims.read_only == Some(true) && !all_changes.is_empty() {
+        let evidence = run
+            .observed
+            .iter()
+            .filter(|s| !s.changes.is_empty())
+            .map(|s| format!("{}: {}", s.step, s.changes))
+            .collect::<Vec<_>>()
+            .join("; ");
+        contradict(
+            Claim::ReadOnly,
+            format!("the tool changed its environment ({evidence})"),
+            &mut contradictions,
+        );
+    }
+    let losses: Vec<String> = all_changes
+        .iter()
+        .filter(|c| c.kind.loses_state())
+        .map(|c| format!("{} {}", c.kind.as_str(), c.item))
+        .collect();
+    if claims.destructive == Some(false) && !losses.is_empty() {
+        contradict(
+            Claim::NonDestructive,
+            format!("state was lost or replaced ({})", losses.join(", ")),
+            &mut contradictions,
+        );
+    }
+
+    let idempotent_claimed = claims.idempotent == Some(true);
+    let declared = |claimed: bool| {
+        if claimed {
+            "".to_owned()
+        } else {
+            format!(
+                " (consistent with idempotentHint={}{})",
+                claims.idempotent(),
+                if claims.idempotent.is_none() {
+                    ", the default"
+                } else {
+                    ""
+                }
+            )
+        }
+    };
+    let step = |name: &str| {
+        run.observed
+            .iter()
+            .find(|s| s.step == name)
+            .map(|s| s.changes.clone())
+            .unwrap_or_default()
+    };
+    match run.case {
+        CaseKind::Repeat | CaseKind::AlreadyDone => {
+            let delta = step("call");
+            let what = if run.case == CaseKind::Repeat {
+                "the byte-identical repeat"
+            } else {
+                "repeating an already completed operation"
+            };
+            if delta.is_empty() {
+                notes.push(format!("{what} added no effect"));
+            } else if idempotent_claimed {
+                contradict(
+                    Claim::Idempotent,
+                    format!("{what} added effects ({delta})"),
+                    &mut contradictions,
+                );
+            } else {
+                notes.push(format!(
+                    "not idempotent: {what} added effects{}",
+                    declared(false)
+                ));
+            }
+        }
+        CaseKind::RetryAfterCutOff => {
+            let first = step("cut-off call");
+            let retry = step("retry");
+            if retry.is_empty() {
+                if first.is_empty() {
+                    notes.push(
+                        "neither the cut-off call nor its retry had an observable effect"
+                            .to_owned(),
+                    );
+                } else {
+                    notes.push("the retry with a new JSON-RPC id added no effect: the server recognized the operation as done".to_owned());
+                }
+            } else if run.mid_flight
+                && !(first.count(ChangeKind::Added) > 0 && retry.count(ChangeKind::Added) > 0)
+            {
+                notes.push(format!(
+                    "the retry finished what the interrupted call had started ({retry}) without creating records a second time"
+                ));
+            } else if idempotent_claimed {
+                contradict(
+                    Claim::Idempotent,
+                    format!(
+                        "not idempotent without a remote idempotency mechanism: the retry added effects ({retry}) after the cut-off call had already had its own"
+                    ),
+                    &mut contradictions,
+                );
+            } else {
+                notes.push(format!(
+                    "not idempotent without a remote idempotency mechanism: the retry added effects after the cut-off call had already had its own{}",
+                    declared(false)
+                ));
+            }
+        }
+        CaseKind::Concurrent => {
+            let pair = step("both calls");
+            let excess = if run.fresh {
+                baseline.and_then(|one| {
+                    // Records differ between inputs, so only the number of changed records can be
+                    // compared with the single call of case 1.
+                    (pair.changes.len() > one.changes.len()).then(|| {
+                        format!(
+                            "two identical calls at once had more effects ({}) than one call had in case 'valid call' ({})",
+                            effect_counts(&pair),
+                            if one.is_empty() { "none".to_owned() } else { effect_counts(one) }
+                        )
+                    })
+                })
+            } else {
+                (!pair.is_empty()).then(|| {
+                    format!(
+                        "two identical calls at once, repeating an already completed operation, added effects ({pair})"
+                    )
+                })
+            };
+            match excess {
+                Some(evidence) if idempotent_claimed => {
+                    contradict(Claim::Idempotent, evidence, &mut contradictions);
+                }
+                Some(evidence) => notes.push(format!(
+                    "not idempotent under concurrency: {evidence}{}",
+                    declared(false)
+                )),
+                None if run.fresh => notes.push(
+                    "two identical calls at once had no more effect than one call".to_owned(),
+                ),
+                None => notes.push("two identical calls at once added no effect".to_owned()),
+            }
+        }
+        CaseKind::Valid | CaseKind::MissingResource | CaseKind::Invalid => {
+            if all_changes.is_empty() {
+                notes.push("no observable effect".to_owned());
+            }
+        }
+    }
+    if !all_changes.is_empty() && !matches!(run.case, CaseKind::Repeat | CaseKind::AlreadyDone) {
+        let merged = Delta {
+            changes: all_changes.iter().map(|c| (*c).clone()).collect(),
+        };
+        let lost = if losses.is_empty() {
+            "no state lost or replaced".to_owned()
+        } else if claims.destructive() {
+            format!(
+                "state lost or replaced (consistent with destructiveHint=true{})",
+                if claims.destructive.is_none() {
+                    ", the default"
+                } else {
+                    ""
+                }
+            )
+        } else {
+            "state lost or replaced".to_owned()
+        };
+        notes.push(format!("effect: {}; {lost}", effect_counts(&merged)));
+    }
+    let mut sentences: Vec<String> = contradictions
+        .iter()
+        .map(|c| format!("contradicts {}: {}", c.claim.annotation(), c.evidence))
+        .collect();
+    sentences.extend(notes);
+    CaseReport {
+        case: run.case,
+        request: run.request,
+        first_call: run.first_call,
+        second_call: run.second_call,
+        observed: run.observed,
+        result: sentences.join("; "),
+        contradictions,
+    }
+}

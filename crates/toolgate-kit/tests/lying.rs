@@ -1,0 +1,461 @@
+//! The kit catches a deliberately lying tool for each annotation, clears honest tools served by
+//! the same server, and reports a tool without annotations as unclassified.
+//!
+//! The server is an rmcp handler run in-process (`Launcher::in_process`); its state is a
+//! directory every handler instance shares, watched by `FsObserver`.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use rmcp::handler::server::router::tool::ToolRouter;
+use rmcp::handler::server::wrapper::Parameters;
+use rmcp::model::{ServerCapabilities, ServerConfig};
+use rmcp::{ServerHandler, tool, tool_handler, tool_router};
+use schemars::JsonSchema;
+use serde::Deserialize;
+use serde_json::json;
+use toolgate_kit::{
+    CaseKind, ChangeKind, Claim, CutOff, FsObserver, Kit, KitError, Launcher, Report, ToolFixtures,
+    ToolStatus,
+};
+
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+struct NameArgs {
+    /// A file name under the state directory.
+    name: String,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+struct EventArgs {
+    /// One event line.
+    event: String,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+struct KeyValueArgs {
+    /// The key.
+    key: String,
+    /// The value.
+    value: String,
+}
+
+/// Three liars, two honest tools and one tool that claims nothing, over one state directory.
+#[derive(Debug, Clone)]
+struct LyingServer {
+    state: PathBuf,
+    scratch: PathBuf,
+    tool_router: ToolRouter<Self>,
+}
+
+fn err(e: std::io::Error) -> String {
+    format!("Error: {e}")
+}
+
+static SCRATCH: AtomicU64 = AtomicU64::new(0);
+
+#[tool_router]
+impl LyingServer {
+    fn new(state: PathBuf, scratch: PathBuf) -> Self {
+        LyingServer {
+            state,
+            scratch,
+            tool_router: Self::tool_router(),
+        }
+    }
+
+    /// Reads a file. LIES: it also bumps the mtime of an access marker (same bytes).
+    #[tool(annotations(read_only_hint = true))]
+    async fn peek(&self, Parameters(args): Parameters<NameArgs>) -> Result<String, String> {
+        let text = std::fs::read_to_string(self.state.join(&args.name)).map_err(err)?;
+        let marker = std::fs::OpenOptions::new()
+            .write(true)
+            .open(self.state.join("access.marker"))
+            .map_err(err)?;
+        marker
+            .set_modified(std::time::SystemTime::now())
+            .map_err(err)?;
+        Ok(text)
+    }
+
+    /// Records an event. LIES: claims idempotent, appends one line per call.
+    #[tool(annotations(
+        read_only_hint = false,
+        destructive_hint = false,
+        idempotent_hint = true
+    ))]
+    async fn append_event(
+        &self,
+        Parameters(args): Parameters<EventArgs>,
+    ) -> Result<String, String> {
+        let mut log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.state.join("events.log"))
+            .map_err(err)?;
+        writeln!(log, "{}", args.event).map_err(err)?;
+        Ok("recorded".to_owned())
+    }
+
+    /// Saves a setting. LIES: claims non-destructive, overwrites the previous value.
+    #[tool(annotations(read_only_hint = false, destructive_hint = false))]
+    async fn save_setting(
+        &self,
+        Parameters(args): Parameters<KeyValueArgs>,
+    ) -> Result<String, String> {
+        let dir = self.state.join("settings");
+        std::fs::create_dir_all(&dir).map_err(err)?;
+        std::fs::write(dir.join(format!("{}.txt", args.key)), args.value).map_err(err)?;
+        Ok("saved".to_owned())
+    }
+
+    /// Honest: creates `once/<key>.txt` atomically if absent; the same key and value again is a
+    /// no-op, another value is an error.
+    #[tool(annotations(
+        read_only_hint = false,
+        destructive_hint = false,
+        idempotent_hint = true
+    ))]
+    async fn put_once(&self, Parameters(args): Parameters<KeyValueArgs>) -> Result<String, String> {
+        let dir = self.state.join("once");
+        std::fs::create_dir_all(&dir).map_err(err)?;
+        let target = dir.join(format!("{}.txt", args.key));
+        let temp = self.scratch.join(format!(
+            "put-once-{}-{}",
+            std::process::id(),
+            SCRATCH.fetch_add(1, Ordering::Relaxed)
+        ));
+        std::fs::write(&temp, &args.value).map_err(err)?;
+        // A hard link publishes the complete file or fails if the target exists: no race.
+        let linked = std::fs::hard_link(&temp, &target);
+        let _ = std::fs::remove_file(&temp);
+        match linked {
+            Ok(()) => Ok("created".to_owned()),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+                if std::fs::read_to_string(&target).map_err(err)? == args.value {
+                    Ok("already created".to_owned())
+                } else {
+                    Err("Error: this key already holds another value".to_owned())
+                }
+            }
+            Err(e) => Err(err(e)),
+        }
+    }
+
+    /// Honest read-only: counts the entries of a directory under the state.
+    #[tool(annotations(
+        read_only_hint = true,
+        destructive_hint = false,
+        idempotent_hint = true
+    ))]
+    async fn count_files(&self, Parameters(args): Parameters<NameArgs>) -> Result<String, String> {
+        let entries = std::fs::read_dir(self.state.join(&args.name)).map_err(err)?;
+        Ok(entries.count().to_string())
+    }
+
+    /// Claims nothing at all (and writes).
+    #[tool]
+    async fn mystery(&self, Parameters(args): Parameters<EventArgs>) -> Result<String, String> {
+        std::fs::write(self.state.join("mystery.txt"), args.event).map_err(err)?;
+        Ok("done".to_owned())
+    }
+}
+
+#[tool_handler(router = self.tool_router)]
+impl ServerHandler for LyingServer {
+    fn get_info(&self) -> ServerConfig {
+        ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
+    }
+}
+
+struct World {
+    _dir: tempfile::TempDir,
+    state: PathBuf,
+    scratch: PathBuf,
+}
+
+fn world() -> World {
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state");
+    let scratch = dir.path().join("scratch");
+    std::fs::create_dir_all(state.join("settings")).unwrap();
+    std::fs::create_dir_all(&scratch).unwrap();
+    std::fs::write(state.join("readme.txt"), "hello\n").unwrap();
+    std::fs::write(state.join("access.marker"), "").unwrap();
+    std::fs::write(state.join("settings/theme.txt"), "dark").unwrap();
+    World {
+        _dir: dir,
+        state,
+        scratch,
+    }
+}
+
+fn launcher(state: &Path, scratch: &Path) -> Launcher {
+    let (state, scratch) = (state.to_path_buf(), scratch.to_path_buf());
+    Launcher::in_process(move || LyingServer::new(state.clone(), scratch.clone()))
+}
+
+fn all_fixtures(kit: Kit) -> Kit {
+    kit.tool(
+        ToolFixtures::new(
+            "peek",
+            json!({"name": "readme.txt"}),
+            json!({"name": "readme.txt"}),
+            json!({"name": 7}),
+        )
+        .with_missing_resource(json!({"name": "absent.txt"})),
+    )
+    .tool(
+        ToolFixtures::new(
+            "append_event",
+            json!({"event": "deployed"}),
+            json!({"event": "rolled back"}),
+            json!({"event": "x", "extra": true}),
+        )
+        .with_already_done(json!({"event": "deployed"})),
+    )
+    .tool(
+        ToolFixtures::new(
+            "save_setting",
+            json!({"key": "theme", "value": "light"}),
+            json!({"key": "theme", "value": "solarized"}),
+            json!({"key": "theme"}),
+        )
+        .with_concurrent(json!({"key": "font", "value": "mono"})),
+    )
+    .tool(
+        ToolFixtures::new(
+            "put_once",
+            json!({"key": "a", "value": "1"}),
+            json!({"key": "b", "value": "2"}),
+            json!({"key": "c", "value": 3}),
+        )
+        .with_already_done(json!({"key": "a", "value": "1"}))
+        .with_concurrent(json!({"key": "d", "value": "4"})),
+    )
+    .tool(
+        ToolFixtures::new(
+            "count_files",
+            json!({"name": "settings"}),
+            json!({"name": "."}),
+            json!({"name": null}),
+        )
+        .with_missing_resource(json!({"name": "nowhere"})),
+    )
+    .tool(ToolFixtures::new(
+        "mystery",
+        json!({"event": "a"}),
+        json!({"event": "b"}),
+        json!({}),
+    ))
+}
+
+fn has(report: &Report, tool: &str, claim: Claim, case: CaseKind) -> bool {
+    report
+        .contradictions()
+        .iter()
+        .any(|c| c.tool == tool && c.claim == claim && c.case == case)
+}
+
+async fn run(world: &World, cut_off: CutOff) -> Report {
+    all_fixtures(Kit::new(launcher(&world.state, &world.scratch)))
+        .observer(FsObserver::new([&world.state]))
+        .cut_off(cut_off)
+        .run()
+        .await
+        .expect("the matrix runs")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_lie_is_caught_and_honest_tools_are_not_flagged() {
+    let world = world();
+    let report = run(&world, CutOff::AfterResponse).await;
+    let text = report.to_text();
+    eprintln!("{text}");
+
+    // The read-only liar: a touch without a content change is a write.
+    assert!(
+        has(&report, "peek", Claim::ReadOnly, CaseKind::Valid),
+        "{text}"
+    );
+    // The idempotent liar: caught by the repeat, the already-done call, the retry after the
+    // cut-off and the concurrent pair.
+    for case in [
+        CaseKind::Repeat,
+        CaseKind::AlreadyDone,
+        CaseKind::RetryAfterCutOff,
+        CaseKind::Concurrent,
+    ] {
+        assert!(
+            has(&report, "append_event", Claim::Idempotent, case),
+            "{case:?}\n{text}"
+        );
+    }
+    // The non-destructive liar: the first call replaced "dark".
+    assert!(
+        has(
+            &report,
+            "save_setting",
+            Claim::NonDestructive,
+            CaseKind::Valid
+        ),
+        "{text}"
+    );
+    // Nothing else is flagged: every contradiction is one of the three lies.
+    for c in report.contradictions() {
+        assert!(
+            matches!(
+                (c.tool.as_str(), c.claim),
+                ("peek", Claim::ReadOnly)
+                    | ("append_event", Claim::Idempotent)
+                    | ("save_setting", Claim::NonDestructive)
+            ),
+            "unexpected contradiction {c:?}\n{text}"
+        );
+    }
+    for (tool, status) in [
+        ("peek", ToolStatus::Contradicted),
+        ("append_event", ToolStatus::Contradicted),
+        ("save_setting", ToolStatus::Contradicted),
+        ("put_once", ToolStatus::Consistent),
+        ("count_files", ToolStatus::Consistent),
+        ("mystery", ToolStatus::Unclassified),
+    ] {
+        assert_eq!(report.tool(tool).unwrap().status, status, "{tool}\n{text}");
+    }
+    assert_eq!(report.unclassified(), ["mystery"], "{text}");
+
+    // The honest writer really wrote (the observer is live), once per fresh key.
+    let put_once = report.tool("put_once").unwrap();
+    let valid = &put_once.cases[0];
+    assert_eq!(valid.case, CaseKind::Valid);
+    assert!(
+        valid.observed[0]
+            .changes
+            .changes
+            .iter()
+            .any(|c| c.item == "state/once/a.txt" && c.kind == ChangeKind::Added),
+        "{text}"
+    );
+    assert_eq!(put_once.cases.len(), 6, "{text}");
+
+    // The text names each lie in the reviewer's shape, and the JSON carries the same.
+    assert!(
+        text.contains("\ncase: valid call\nrequest: peek {\"name\":\"readme.txt\"}\n"),
+        "{text}"
+    );
+    assert!(text.contains("result: contradicts readOnlyHint=true: the tool changed its environment (call: touched state/access.marker)"), "{text}");
+    assert!(text.contains("result: contradicts destructiveHint=false: state was lost or replaced (modified state/settings/theme.txt)"), "{text}");
+    assert!(
+        text.contains("not idempotent without a remote idempotency mechanism"),
+        "{text}"
+    );
+    assert!(text.contains("verdict: unclassified"), "{text}");
+    let json = report.to_json();
+    assert_eq!(
+        json["summary"]["contradictions"].as_u64(),
+        Some(report.contradictions().len() as u64)
+    );
+    assert_eq!(json["tools"][0]["cases"][0]["case"], "valid");
+    assert_eq!(json["tools"][0]["status"], "contradicted");
+
+    // assert_honest fails, with the report.
+    let panic = std::panic::catch_unwind(|| report.assert_honest()).unwrap_err();
+    let message = panic.downcast_ref::<String>().unwrap();
+    assert!(
+        message.contains("contradicted by observed effects"),
+        "{message}"
+    );
+    assert!(message.contains("case: valid call"), "{message}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cut_on_the_first_observed_change_still_catches_the_appender() {
+    let world = world();
+    let report = Kit::new(launcher(&world.state, &world.scratch))
+        .observer(FsObserver::new([&world.state]))
+        .cut_off(CutOff::WhenObserved)
+        .tool(ToolFixtures::new(
+            "append_event",
+            json!({"event": "a"}),
+            json!({"event": "b"}),
+            json!({}),
+        ))
+        .tool(
+            ToolFixtures::new(
+                "put_once",
+                json!({"key": "a", "value": "1"}),
+                json!({"key": "b", "value": "2"}),
+                json!({}),
+            )
+            .with_concurrent(json!({"key": "c", "value": "3"})),
+        )
+        .run()
+        .await
+        .unwrap();
+    let text = report.to_text();
+    assert!(
+        has(&report, "append_event", Claim::Idempotent, CaseKind::Repeat),
+        "{text}"
+    );
+    assert_eq!(
+        report.tool("put_once").unwrap().status,
+        ToolStatus::Consistent,
+        "{text}"
+    );
+    assert!(
+        report.cut_off.contains("as soon as the state changed"),
+        "{text}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn misuse_is_a_typed_error_naming_the_fix() {
+    let world = world();
+    let no_observer = Kit::new(launcher(&world.state, &world.scratch)).run().await;
+    assert!(matches!(no_observer, Err(KitError::NoObserver)));
+
+    let unknown = Kit::new(launcher(&world.state, &world.scratch))
+        .observer(FsObserver::new([&world.state]))
+        .tool(ToolFixtures::new("nope", json!({}), json!({}), json!({})))
+        .run()
+        .await;
+    match unknown {
+        Err(e @ KitError::ToolNotListed { .. }) => assert!(e.to_string().contains("`nope`")),
+        other => panic!("expected ToolNotListed, got {other:?}"),
+    }
+
+    let bad_fixture = Kit::new(launcher(&world.state, &world.scratch))
+        .observer(FsObserver::new([&world.state]))
+        .tool(ToolFixtures::new(
+            "peek",
+            json!("readme.txt"),
+            json!({}),
+            json!({}),
+        ))
+        .run()
+        .await;
+    assert!(matches!(
+        bad_fixture,
+        Err(KitError::Fixture {
+            fixture: "valid",
+            ..
+        })
+    ));
+
+    let no_server = Kit::new(Launcher::child(|| {
+        std::process::Command::new("/nonexistent/toolgate-kit-test-server")
+    }))
+    .observer(FsObserver::new([&world.state]))
+    .run()
+    .await;
+    assert!(
+        matches!(no_server, Err(KitError::Launch { .. })),
+        "{no_server:?}"
+    );
+}
