@@ -170,3 +170,70 @@ pub fn scan_sources(
         .collect();
     Ok((scans, violations))
 }
+
+/// Where a policy's declared effect class contradicts what the tool's contract says about it:
+/// its annotations (read with the spec's conservative defaults when absent) or the entitlements
+/// the scanner found in its handler. `lock --check` reports these as violations.
+///
+/// - `read`: the annotations must claim `readOnlyHint: true`, and the handler must not write
+///   files or spawn processes;
+/// - `write`, `notify`, `wake`, `alert`, `delete`: the annotations must not claim
+///   `readOnlyHint: true`;
+/// - `delete`: the annotations must not claim `destructiveHint: false`.
+pub fn effect_class_violations(
+    policy: &Policy,
+    tools: &[Tool],
+    scans: &BTreeMap<String, ScannedHandler>,
+) -> Vec<Violation> {
+    let mut violations = Vec::new();
+    for (name, class) in policy.effect_classes() {
+        let Some(tool) = tools.iter().find(|t| t.name == name) else {
+            continue;
+        };
+        let hints = tool_definition(tool).annotations.effective();
+        let mut problems = Vec::new();
+        if class.is_read() {
+            if !hints.read_only_hint {
+                problems.push(
+                    "its annotations do not claim readOnlyHint: true (absent hints read as false); annotate the tool read-only or declare the class it has".to_owned(),
+                );
+            }
+            if let Some(scan) = scans.get(name) {
+                let e = &scan.entitlements;
+                let found: Vec<&str> = [
+                    ("filesystemWrite", e.filesystem_write),
+                    ("subprocess", e.subprocess),
+                ]
+                .into_iter()
+                .filter_map(|(family, used)| used.then_some(family))
+                .collect();
+                if !found.is_empty() {
+                    problems.push(format!(
+                        "its handler uses {} (found by the entitlement scan); declare the class that matches what it does",
+                        found.join(", ")
+                    ));
+                }
+            }
+        } else if hints.read_only_hint {
+            problems.push(format!(
+                "its annotations claim readOnlyHint: true, but class `{}` changes something; fix the annotation or the class",
+                class.as_str()
+            ));
+        }
+        if class.as_str() == "delete" && !hints.destructive_hint {
+            problems.push(
+                "its annotations claim destructiveHint: false, but class `delete` destroys; fix the annotation or the class".to_owned(),
+            );
+        }
+        for problem in problems {
+            violations.push(Violation {
+                tool: name.to_owned(),
+                message: format!(
+                    "the policy declares `{name}` as effect class `{}`, but {problem}",
+                    class.as_str()
+                ),
+            });
+        }
+    }
+    violations
+}

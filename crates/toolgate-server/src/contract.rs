@@ -9,7 +9,9 @@ use anyhow::Context as _;
 use toolgate_contract::check::Violation;
 use toolgate_contract::lockfile::Lockfile;
 use toolgate_policy::Policy;
-use toolgate_rmcp::contract::{ScannedHandler, scan_sources, server_contract};
+use toolgate_rmcp::contract::{
+    ScannedHandler, effect_class_violations, scan_sources, server_contract,
+};
 
 use crate::tools::NotesServer;
 
@@ -34,7 +36,8 @@ pub struct LiveLock {
 /// Computes the lockfile from the handlers' source under `sources` (what `cargo xtask lock` does).
 pub fn lock_from_source(policy: &Policy, sources: &Path) -> anyhow::Result<LiveLock> {
     let tools = NotesServer::new().tools();
-    let (scans, violations) = scan_sources(&[PathBuf::from(sources)], &tools)?;
+    let (scans, mut violations) = scan_sources(&[PathBuf::from(sources)], &tools)?;
+    violations.extend(effect_class_violations(policy, &tools, &scans));
     let contract = server_contract(SERVER_NAME, &tools, policy, HAS_COMMIT_STORE, &scans)?;
     Ok(LiveLock {
         lockfile: Lockfile::new(contract, env!("CARGO_PKG_VERSION")),
