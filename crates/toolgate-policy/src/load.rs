@@ -87,10 +87,11 @@ impl Reach<'_> {
             .into_iter()
             .filter(|tool| self.allowed_for_somebody(tool))
             .collect();
-        if list.is_empty() {
-            "none".to_owned()
-        } else {
-            list.join(", ")
+        const SHOWN: usize = 20;
+        match list.len() {
+            0 => "none".to_owned(),
+            n if n > SHOWN => format!("{}, … ({} more)", list[..SHOWN].join(", "), n - SHOWN),
+            _ => list.join(", "),
         }
     }
 

@@ -62,17 +62,53 @@ struct Pattern {
     regex: Regex,
 }
 
-/// A compiled `enum`: the values as written and their canonical JSON, sorted for binary search.
+/// A compiled `enum`: the values as written; strings, booleans and null (whose canonical JSON is
+/// equal exactly when they are) for direct lookup; the canonical JSON of the other values
+/// (numbers, arrays, objects), sorted for binary search.
 #[derive(Debug, Clone)]
 struct EnumValues {
     values: Arc<[Value]>,
+    strings: Vec<String>,
+    scalars: Vec<Value>,
     canonical: Vec<Vec<u8>>,
 }
 
 impl EnumValues {
+    fn new(values: Vec<Value>) -> Self {
+        let mut strings = Vec::new();
+        let mut scalars = Vec::new();
+        let mut canonical = Vec::new();
+        for value in &values {
+            match value {
+                Value::String(text) => strings.push(text.clone()),
+                Value::Bool(_) | Value::Null => scalars.push(value.clone()),
+                other => canonical.push(toolgate_canon::canonical_value(other)),
+            }
+        }
+        strings.sort();
+        strings.dedup();
+        canonical.sort();
+        canonical.dedup();
+        EnumValues {
+            values: values.into(),
+            strings,
+            scalars,
+            canonical,
+        }
+    }
+
     fn contains(&self, value: &Value) -> bool {
-        let bytes = toolgate_canon::canonical_value(value);
-        self.canonical.binary_search(&bytes).is_ok()
+        match value {
+            Value::String(text) => self.strings.binary_search(text).is_ok(),
+            Value::Bool(_) | Value::Null => self.scalars.contains(value),
+            other => {
+                !self.canonical.is_empty()
+                    && self
+                        .canonical
+                        .binary_search(&toolgate_canon::canonical_value(other))
+                        .is_ok()
+            }
+        }
     }
 }
 
@@ -200,12 +236,18 @@ impl PathRule {
     /// value or one containing a NUL byte is [`Violation::BadPath`]. No file system access happens
     /// here: symbolic links are the caller's to resolve (the gate does, at call time).
     pub fn normalise(&self, value: &str) -> Result<PathBuf, Violation> {
+        let parts = self.inside(value)?;
+        Ok(PathBuf::from(format!("/{}", parts.join("/"))))
+    }
+
+    /// The normalised components of `value` when it lies inside a root.
+    fn inside<'a>(&'a self, value: &'a str) -> Result<Vec<&'a str>, Violation> {
         if value.is_empty() || value.contains('\0') {
             return Err(Violation::BadPath {
                 roots: self.roots.clone(),
             });
         }
-        let mut parts: Vec<&str> = Vec::new();
+        let mut parts: Vec<&str> = Vec::with_capacity(self.base_parts.len() + 8);
         if !value.starts_with('/') {
             parts.extend(self.base_parts.iter().map(String::as_str));
         }
@@ -227,7 +269,7 @@ impl PathRule {
         if !inside {
             return Err(self.escapes());
         }
-        Ok(PathBuf::from(format!("/{}", parts.join("/"))))
+        Ok(parts)
     }
 
     fn escapes(&self) -> Violation {
@@ -395,14 +437,7 @@ impl ArgRule {
                     ));
                 }
             }
-            let mut canonical: Vec<Vec<u8>> =
-                values.iter().map(toolgate_canon::canonical_value).collect();
-            canonical.sort();
-            canonical.dedup();
-            rule.one_of = Some(EnumValues {
-                values: values.into(),
-                canonical,
-            });
+            rule.one_of = Some(EnumValues::new(values));
         }
         Ok(rule)
     }
@@ -530,7 +565,7 @@ impl ArgRule {
             });
         }
         if let Some(path) = &self.path {
-            path.normalise(text)?;
+            path.inside(text)?;
         }
         Ok(())
     }

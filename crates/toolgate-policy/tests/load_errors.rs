@@ -596,3 +596,12 @@ fn untrusted_output_settings() {
     );
     rejects(base(json!({"max_chars": 10})), &["missing field `fields`"]);
 }
+
+#[test]
+fn long_lists_of_allowed_tools_are_cut() {
+    let allow: Vec<String> = (0..30).map(|i| format!("t{i:02}")).collect();
+    rejects(
+        json!({"version": 1, "allow": allow, "effects": {"u": "read"}}),
+        &["(t00, t01,", "t19, … (10 more))"],
+    );
+}
