@@ -257,11 +257,15 @@ pub async fn run() -> anyhow::Result<bool> {
             json!({"request_id": "req-demo-0002", "text": "hi", "txt": "typo"}),
         ))
         .await;
+    // write_note declares an output schema, so the details are the text's last line only.
     let details = misspelt
         .as_ref()
         .ok()
         .filter(|r| r.is_error == Some(true))
-        .and_then(|r| r.structured_content.clone())
+        .and_then(|r| r.content.first())
+        .and_then(|c| c.as_text())
+        .and_then(|t| t.text.lines().last())
+        .and_then(|line| serde_json::from_str::<Value>(line).ok())
         .unwrap_or(Value::Null);
     println!("    details: {details}");
     t.expect(
