@@ -10,14 +10,12 @@
 //      (the SDK also validates structuredContent against each tool's outputSchema);
 //   3. rm_rf called directly rejects with the SDK's McpError, code -32602, and the file it
 //      names still exists;
-//   4. read_ledger: exactly the one note written in step 2.
+//   4. read_ledger: exactly the one note written in step 2;
+//   5. an argument refusal (write_note with an undeclared argument) reaches the caller as an
+//      isError result whose text starts with "Error:" and ends with its JSON details. This SDK
+//      validates structuredContent against the tool's outputSchema even when isError is true, so
+//      the gate leaves structuredContent off refusals of tools that declare an output schema.
 // Exits 0 when every check passes, 1 with a message naming the failed check.
-//
-// Known (not checked here): this SDK's Client.callTool validates structuredContent against the
-// tool's outputSchema even when isError is true, and toolgate's gate refusals (e.g. an argument
-// rule) put their JSON details in structuredContent. A refused write_note therefore reaches a
-// TypeScript caller as McpError -32602 "Structured content does not match the tool's output
-// schema" instead of the refusal result. The Python SDK skips validation on isError results.
 
 import { copyFileSync, mkdtempSync, readFileSync, rmSync, writeFileSync, accessSync, constants } from 'node:fs';
 import { createRequire } from 'node:module';
@@ -110,6 +108,18 @@ async function scenario(client, workdir) {
     `read_ledger: expected exactly the one note ${requestId}, got ${JSON.stringify(notes)}`,
   );
   console.log('  read_ledger: the one note, text intact');
+
+  const refusal = await client.callTool({
+    name: 'write_note',
+    arguments: { request_id: 'interop-refused-0001', text: 'x', colour: 'red' },
+  });
+  check(refusal.isError === true, `a refused write_note must be an isError result: ${JSON.stringify(refusal)}`);
+  const refusalText = refusal.content?.[0]?.text ?? '';
+  check(refusalText.startsWith('Error:'), `refusal text must start with Error: ${refusalText}`);
+  const detailsLine = refusalText.trim().split('\n').pop();
+  const details = JSON.parse(detailsLine);
+  check(details.rule === 'input_schema.unknown_argument', `refusal details: ${detailsLine}`);
+  console.log(`  refusal: isError result, rule ${details.rule}`);
 }
 
 async function main(serverPath, policyPath) {
