@@ -14,6 +14,7 @@
 mod checkpoint;
 mod error;
 mod file;
+mod memory;
 mod record;
 mod segments;
 mod tail;
@@ -27,6 +28,7 @@ pub use error::AuditError;
 #[cfg(feature = "fault-injection")]
 pub use file::FaultHook;
 pub use file::{AuditConfig, AuditStats, FileAuditLog, Recovery};
+pub use memory::MemoryAuditLog;
 pub use record::MAX_LINE_BYTES;
 pub use segments::read_records;
 pub use toolgate_canon::{HmacKey, KeyError};
@@ -143,4 +145,13 @@ pub struct AppendReceipt {
 pub trait AuditSink: Send + Sync + std::fmt::Debug {
     /// Chains `entry` onto the log. Returns only after the record is durable.
     fn append(&self, entry: &AuditEntry) -> Result<AppendReceipt, AuditError>;
+
+    /// Whether `append` may block the calling thread on I/O (the file log fsyncs; a database
+    /// sink waits for the server). An async caller then runs it off its executor's threads
+    /// (toolgate-rmcp uses tokio's blocking pool, at the price of a thread hand-off per record);
+    /// a sink that only touches memory says `false` and is called directly. The default is the
+    /// safe answer, `true`.
+    fn may_block(&self) -> bool {
+        true
+    }
 }

@@ -72,7 +72,12 @@ pub(crate) fn representable(ts: u64) -> u64 {
 }
 
 /// Builds the line for `entry` chained onto `prev`. `extra` adds fields beyond the entry's own (used
-/// by the recovery record).
+/// by the recovery record; a key repeated there replaces the entry's field).
+///
+/// Each member is canonicalized once: the hashed body is the members in RFC 8785 order and the
+/// line is the same members with `sha256` inserted at its place in that order, so the line is the
+/// canonical form of the record without a second pass over it (checked against the canonicalizer
+/// in the tests below and by every `check_line`).
 pub(crate) fn seal(
     entry: &AuditEntry,
     extra: Vec<(&'static str, Value)>,
@@ -81,40 +86,74 @@ pub(crate) fn seal(
     prev: Sha256Digest,
 ) -> Sealed {
     let prev_hex = prev.to_hex();
-    let mut record = Map::new();
-    record.insert("ts".into(), Value::from(ts));
-    record.insert("request_id".into(), Value::from(entry.request_id.as_str()));
-    record.insert("method".into(), Value::from(entry.method.as_str()));
-    record.insert("name".into(), Value::from(entry.name.as_str()));
-    record.insert("decision".into(), Value::from(entry.decision.as_str()));
-    record.insert("outcome".into(), Value::from(entry.outcome.as_str()));
-    record.insert(
-        "args_digest".into(),
-        Value::from(entry.args_digest.to_hex()),
-    );
-    record.insert("prev_sha256".into(), Value::from(prev_hex.as_str()));
-    record.insert("seq".into(), Value::from(seq));
+    let mut members: Vec<(&str, Value)> = vec![
+        ("ts", Value::from(ts)),
+        ("request_id", Value::from(entry.request_id.as_str())),
+        ("method", Value::from(entry.method.as_str())),
+        ("name", Value::from(entry.name.as_str())),
+        ("decision", Value::from(entry.decision.as_str())),
+        ("outcome", Value::from(entry.outcome.as_str())),
+        ("args_digest", Value::from(entry.args_digest.to_hex())),
+        ("prev_sha256", Value::from(prev_hex.as_str())),
+        ("seq", Value::from(seq)),
+    ];
     if let Some(reason) = &entry.reason {
-        record.insert("reason".into(), Value::from(reason.as_str()));
+        members.push(("reason", Value::from(reason.as_str())));
     }
     if let Some(digest) = entry.policy_digest {
-        record.insert("policy_digest".into(), Value::from(digest.to_hex()));
+        members.push(("policy_digest", Value::from(digest.to_hex())));
     }
     if let Some(digest) = entry.contract_digest {
-        record.insert("contract_digest".into(), Value::from(digest.to_hex()));
+        members.push(("contract_digest", Value::from(digest.to_hex())));
     }
     for (key, value) in extra {
-        record.insert(key.into(), value);
+        members.retain(|(k, _)| *k != key);
+        members.push((key, value));
     }
-    let mut record = Value::Object(record);
-    let body = canonical_value(&record);
+    // `sha256` is added after hashing; a caller-supplied one would be replaced by it, as before.
+    members.retain(|(k, _)| *k != "sha256");
+    members.sort_by(|(a, _), (b, _)| utf16_order(a, b));
+    let members: Vec<(&str, Vec<u8>)> = members
+        .into_iter()
+        .map(|(key, value)| {
+            let mut bytes = canonical_value(&Value::from(key));
+            bytes.push(b':');
+            bytes.extend(canonical_value(&value));
+            (key, bytes)
+        })
+        .collect();
+    let body = join_members(members.iter().map(|(_, m)| m.as_slice()));
     let sha256 = Sha256Digest::of_parts(&[prev_hex.as_bytes(), &body]);
-    if let Value::Object(map) = &mut record {
-        map.insert("sha256".into(), Value::from(sha256.to_hex()));
-    }
-    let mut line = canonical_value(&record);
+    let sha_member = format!("\"sha256\":\"{}\"", sha256.to_hex()).into_bytes();
+    let at = members.partition_point(|(key, _)| utf16_order(key, "sha256").is_lt());
+    let mut line = join_members(
+        members[..at]
+            .iter()
+            .map(|(_, m)| m.as_slice())
+            .chain(std::iter::once(sha_member.as_slice()))
+            .chain(members[at..].iter().map(|(_, m)| m.as_slice())),
+    );
     line.push(b'\n');
     Sealed { line, sha256 }
+}
+
+/// RFC 8785's member order: by the keys' UTF-16 code units.
+fn utf16_order(a: &str, b: &str) -> std::cmp::Ordering {
+    a.encode_utf16().cmp(b.encode_utf16())
+}
+
+/// `{` + the members separated by `,` + `}`.
+fn join_members<'a>(members: impl Iterator<Item = &'a [u8]>) -> Vec<u8> {
+    let mut out = Vec::with_capacity(512);
+    out.push(b'{');
+    for (i, member) in members.enumerate() {
+        if i > 0 {
+            out.push(b',');
+        }
+        out.extend_from_slice(member);
+    }
+    out.push(b'}');
+    out
 }
 
 /// Checks one line (without its `\n`) in isolation: a JSON object with hex `prev_sha256` and
@@ -292,6 +331,57 @@ mod tests {
         assert!(text.contains("\"reason\":\"policy allow\""), "{text}");
         assert!(text.contains("\"seq\":2,"), "{text}");
         assert_eq!(link.seq, SeqField::Valid(2));
+    }
+
+    #[test]
+    fn sealed_line_is_the_canonical_record() {
+        let entry = AuditEntry::tool_call(
+            "r-\u{1F600}\n\"x\"",
+            "wr\u{e000}te",
+            Decision::Deny,
+            "denied",
+            Sha256Digest::of(b"{}"),
+        )
+        .with_reason("r\u{7f}\u{2028}");
+        let extras: Vec<Vec<(&'static str, Value)>> = vec![
+            vec![],
+            vec![("a", Value::from(1))],
+            vec![("zz", serde_json::json!({"b": [1, "\u{10000}"], "a": null}))],
+            vec![("sha", Value::from(2)), ("sha256x", Value::from(3))],
+            vec![("\u{e000}", Value::from(4)), ("\u{1F600}", Value::from(5))],
+            vec![
+                ("outcome", Value::from("replaced")),
+                ("sha256", Value::from("x")),
+            ],
+        ];
+        for extra in extras {
+            let sealed = seal(
+                &entry,
+                extra.clone(),
+                9_007_199_254_740_993,
+                3,
+                Sha256Digest::ZERO,
+            );
+            let line = sealed.line.strip_suffix(b"\n").unwrap();
+            let mut record: Value = serde_json::from_slice(line).unwrap();
+            assert_eq!(canonical_value(&record), line, "{extra:?}");
+            let map = record.as_object_mut().unwrap();
+            assert_eq!(
+                map.remove("sha256"),
+                Some(Value::from(sealed.sha256.to_hex()))
+            );
+            for (key, value) in extra.iter().filter(|(k, _)| *k != "sha256") {
+                assert_eq!(map.get(*key), Some(value), "{key}");
+            }
+            let body = canonical_value(&record);
+            let prev = Sha256Digest::ZERO.to_hex();
+            assert_eq!(
+                Sha256Digest::of_parts(&[prev.as_bytes(), &body]),
+                sealed.sha256,
+                "{extra:?}"
+            );
+            check_line(line).unwrap();
+        }
     }
 
     #[test]

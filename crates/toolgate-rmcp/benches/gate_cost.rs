@@ -2,8 +2,12 @@
 //! `tokio::io::duplex` to an rmcp client, called sequentially (one request in flight), measured
 //!
 //! - `ungated`: the bare handler, the baseline (rmcp client + server + transport);
-//! - `gated_shm`: the same handler inside `Gated`, audit log on tmpfs (`/dev/shm`), where fsync is
-//!   nearly free, so `gated_shm - ungated` is the gate's own work;
+//! - `gated_mem`: the same handler inside `Gated` with a `MemoryAuditLog` (every record sealed and
+//!   chained exactly as in the file, kept in memory; it never blocks, so the gate appends from the
+//!   calling task), so `gated_mem - ungated` is the gate's own work;
+//! - `gated_shm`: the file audit log on tmpfs (`/dev/shm`), where fsync is nearly free, so
+//!   `gated_shm - gated_mem` is the file log's system calls plus the hand-off of each append to
+//!   tokio's blocking pool (the file log may block, so it is never called on a runtime thread);
 //! - `gated_disk`: the audit log on the normal disk (a tempdir under the working directory, or
 //!   `GATE_BENCH_DIR`), so `gated_disk - gated_shm` is what the audit record's fsync costs.
 //!
@@ -12,7 +16,8 @@
 //!
 //! Run: `cargo bench -p toolgate-rmcp --bench gate_cost`. After criterion's report the bench
 //! prints a summary measured separately, the variants interleaved round by round so that load
-//! changes on a shared machine hit them alike, with the medians and the two differences.
+//! changes on a shared machine hit them alike, with the medians, the differences, and the number of
+//! thread wake-ups per call (which, unlike times, does not depend on the machine's load).
 
 // A bench reports to stdout by design.
 #![allow(clippy::print_stdout)]
@@ -35,7 +40,7 @@ use schemars::JsonSchema;
 use serde::Deserialize;
 use serde_json::{Map, Value, json};
 use tokio::runtime::Runtime;
-use toolgate_audit::{AuditEntry, AuditSink as _, Decision, FileAuditLog};
+use toolgate_audit::{AuditEntry, AuditSink, Decision, FileAuditLog, MemoryAuditLog};
 use toolgate_canon::Sha256Digest;
 use toolgate_policy::Policy;
 use toolgate_rmcp::Gated;
@@ -112,16 +117,24 @@ async fn call(client: &Client, arguments: &Map<String, Value>) {
 }
 
 /// CPU time used so far by this process's live threads (client, server, runtime workers and
-/// blocking pool alike), from `/proc/self/task/*/schedstat`, in nanoseconds; 0 where unavailable.
-fn cpu_ns() -> u64 {
+/// blocking pool alike), in nanoseconds, and how many times they were scheduled onto a CPU (each
+/// wake-up of a sleeping thread is one), from `/proc/self/task/*/schedstat`; 0 where unavailable.
+/// The second count does not depend on the machine's load, so it shows thread hand-offs even when
+/// times are noisy.
+fn cpu_ns() -> (u64, u64) {
     let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
-        return 0;
+        return (0, 0);
     };
     tasks
         .filter_map(Result::ok)
         .filter_map(|task| std::fs::read_to_string(task.path().join("schedstat")).ok())
-        .filter_map(|stat| stat.split_whitespace().next()?.parse::<u64>().ok())
-        .sum()
+        .filter_map(|stat| {
+            let mut fields = stat.split_whitespace();
+            let ns = fields.next()?.parse::<u64>().ok()?;
+            let slices = fields.nth(1)?.parse::<u64>().ok()?;
+            Some((ns, slices))
+        })
+        .fold((0, 0), |(ns, sl), (n, s)| (ns + n, sl + s))
 }
 
 /// `iters` sequential calls; the elapsed time.
@@ -153,15 +166,24 @@ fn ungated(rt: &Runtime) -> Variant {
 
 fn gated(rt: &Runtime, name: &'static str, dir: tempfile::TempDir) -> Variant {
     let audit = FileAuditLog::open(dir.path().join("audit.jsonl")).unwrap();
+    gated_with(rt, name, Arc::new(audit), Some(dir))
+}
+
+fn gated_with(
+    rt: &Runtime,
+    name: &'static str,
+    audit: Arc<dyn AuditSink>,
+    dir: Option<tempfile::TempDir>,
+) -> Variant {
     let gated = Gated::builder(Tools::new())
         .policy(Policy::from_json(POLICY).unwrap())
-        .audit(Arc::new(audit))
+        .audit(audit)
         .build()
         .unwrap();
     Variant {
         name,
         client: rt.block_on(connect(gated)),
-        _dir: Some(dir),
+        _dir: dir,
     }
 }
 
@@ -176,7 +198,10 @@ fn disk_base() -> PathBuf {
 }
 
 fn variants(rt: &Runtime) -> Vec<Variant> {
-    let mut all = vec![ungated(rt)];
+    let mut all = vec![
+        ungated(rt),
+        gated_with(rt, "gated_mem", Arc::new(MemoryAuditLog::new()), None),
+    ];
     if shm_available() {
         all.push(gated(
             rt,
@@ -267,13 +292,15 @@ fn summary(rt: &Runtime, variants: &[Variant], rounds: usize, calls: u64) {
     // Per variant: (wall us/call, CPU us/call) of each round.
     let mut wall: Vec<Vec<f64>> = vec![Vec::new(); variants.len()];
     let mut cpu: Vec<Vec<f64>> = vec![Vec::new(); variants.len()];
+    let mut wakes: Vec<Vec<f64>> = vec![Vec::new(); variants.len()];
     for _ in 0..rounds {
         for (i, variant) in variants.iter().enumerate() {
-            let cpu_before = cpu_ns();
+            let (cpu_before, slices_before) = cpu_ns();
             let elapsed = run(rt, &variant.client, calls);
-            let cpu_used = cpu_ns().saturating_sub(cpu_before);
+            let (cpu_after, slices_after) = cpu_ns();
             wall[i].push(elapsed.as_secs_f64() * 1e6 / calls as f64);
-            cpu[i].push(cpu_used as f64 / 1e3 / calls as f64);
+            cpu[i].push(cpu_after.saturating_sub(cpu_before) as f64 / 1e3 / calls as f64);
+            wakes[i].push(slices_after.saturating_sub(slices_before) as f64 / calls as f64);
         }
     }
     println!(
@@ -286,9 +313,13 @@ fn summary(rt: &Runtime, variants: &[Variant], rounds: usize, calls: u64) {
     for (i, variant) in variants.iter().enumerate() {
         let lo = wall[i].iter().copied().fold(f64::INFINITY, f64::min);
         let hi = wall[i].iter().copied().fold(0.0, f64::max);
-        let (w, c) = (median(&mut wall[i]), median(&mut cpu[i]));
+        let (w, c, s) = (
+            median(&mut wall[i]),
+            median(&mut cpu[i]),
+            median(&mut wakes[i]),
+        );
         println!(
-            "  {:<11} wall {w:>8.1} us (rounds {lo:.1} .. {hi:.1})  CPU {c:>7.1} us",
+            "  {:<11} wall {w:>8.1} us (rounds {lo:.1} .. {hi:.1})  CPU {c:>7.1} us  thread wake-ups {s:>5.1}",
             variant.name
         );
         medians.push((variant.name, w, c));
@@ -299,9 +330,23 @@ fn summary(rt: &Runtime, variants: &[Variant], rounds: usize, calls: u64) {
             .find(|(n, _, _)| *n == name)
             .map(|(_, w, c)| (*w, *c))
     };
+    if let (Some(ungated), Some(mem)) = (of("ungated"), of("gated_mem")) {
+        println!(
+            "  gate work (gated_mem - ungated): wall {:.1} us/call, CPU {:.1} us/call (target <= 20 us)",
+            mem.0 - ungated.0,
+            mem.1 - ungated.1
+        );
+    }
+    if let (Some(mem), Some(shm)) = (of("gated_mem"), of("gated_shm")) {
+        println!(
+            "  audit file on tmpfs, thread hand-off included (gated_shm - gated_mem): wall {:.1} us/call, CPU {:.1} us/call",
+            shm.0 - mem.0,
+            shm.1 - mem.1
+        );
+    }
     if let (Some(ungated), Some(shm)) = (of("ungated"), of("gated_shm")) {
         println!(
-            "  gate work (gated_shm - ungated): wall {:.1} us/call, CPU {:.1} us/call (target <= 20 us)",
+            "  gate with the file log on tmpfs (gated_shm - ungated): wall {:.1} us/call, CPU {:.1} us/call",
             shm.0 - ungated.0,
             shm.1 - ungated.1
         );

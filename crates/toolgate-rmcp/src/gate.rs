@@ -445,8 +445,16 @@ impl<H: ServerHandler> Gated<H> {
         }
     }
 
-    /// Appends one record on the blocking pool (the file sink fsyncs).
+    /// Appends one record: on the blocking pool when the sink may block (the file sink fsyncs),
+    /// directly otherwise (no thread hand-off for a sink that never waits on I/O).
     async fn record(&self, entry: AuditEntry) -> Result<(), String> {
+        if !self.audit.may_block() {
+            return self
+                .audit
+                .append(&entry)
+                .map(drop)
+                .map_err(|error| error.to_string());
+        }
         let audit = Arc::clone(&self.audit);
         match tokio::task::spawn_blocking(move || audit.append(&entry)).await {
             Ok(Ok(_)) => Ok(()),
