@@ -9,9 +9,31 @@ use toolgate_policy::{Decision, Policy};
 
 const MIX: &str = r#"{"version":1,"allow":["a","b","c"],"deny":["c","d"],"arg_rules":{"a":{"x":{"min_len":1,"max_len":5},"y":{}}},"idempotency":{"b":{"effect":"unsafe","window_secs":60}}}"#;
 
+const REFERENCE_BEFORE_EFFECTS: &str = r#"{
+  "version": 1,
+  "allow": ["write_note", "read_ledger"],
+  "deny": ["rm_rf"],
+  "arg_rules": {
+    "write_note": {
+      "request_id": {"min_len": 8},
+      "text": {"max_len": 2000}
+    }
+  },
+  "idempotency": {
+    "write_note": {
+      "key_argument": "request_id",
+      "effect": "idempotent",
+      "replay_marker": {"pointer": "/status", "value": "replay"}
+    }
+  }
+}
+"#;
+
 fn baseline() -> Vec<(&'static str, &'static str, &'static str, &'static str)> {
     // (policy, tool or "digest", hex)
-    let reference = include_str!("../../../fixtures/policy.json");
+    // The reference policy as it was before it declared effect classes and a kill-switch exemption
+    // (fixtures/policy.json before commit ddb9136): new keys legitimately change the digest.
+    let reference = REFERENCE_BEFORE_EFFECTS;
     let seed = include_str!("../../../fixtures/policies/seed.json");
     vec![
         (
