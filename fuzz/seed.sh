@@ -62,9 +62,9 @@ done
 # lockfile_parse: the lockfiles.
 add lockfile_parse "${locks[@]}"
 
-# gate_args: tool index, principal index, arguments. Tools: 0 read_ledger, 1 rm_rf, 2 write_note,
-# 3 search_notes, 4 delete_notes, 5 send_reminder, 6 read_file, 7 admin_reset, 8 not_a_tool.
-# Principals: 0 anonymous, 1 alice@example.com, 2 ci-bot.
+# gate_args: tool index, principal index (+0x80: the tool has an output schema), arguments. Tools:
+# 0 read_ledger, 1 rm_rf, 2 write_note, 3 search_notes, 4 delete_notes, 5 send_reminder,
+# 6 read_file, 7 admin_reset, 8 not_a_tool. Principals: 0 anonymous, 1 alice@example.com, 2 ci-bot.
 add_text gate_args '\x00\x00{}'
 add_text gate_args '\x02\x00{"request_id":"abcdefgh","text":"hello"}'
 add_text gate_args '\x02\x02{"request_id":"abcdefgh","text":"h\xc3\xa9llo","extra":1}'
@@ -78,6 +78,8 @@ add_text gate_args '\x06\x00{"path":"/srv/notes/\xe2\x98\x83"}'
 add_text gate_args '\x07\x01{"scope":["a","a"],"reason":"\xe2\x98\x83\xe2\x98\x83"}'
 add_text gate_args '\x07\x01{"scope":"all"}'
 add_text gate_args '\x08\x00{"a":1}'
+add_text gate_args '\x02\x80{"request_id":"abc","text":"x"}'
+add_text gate_args '\x03\x80{"query":"\xe2\x98\x83","limit":51}'
 
 for target in audit_chain lockfile_roundtrip; do
     mkdir -p "corpus/$target"

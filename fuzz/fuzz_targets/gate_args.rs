@@ -1,10 +1,12 @@
 //! The gate's argument handling (step 4 of the tools/call pipeline: input shape, policy argument
 //! rules, JSON Schema, path containment, and the refusal it renders), through
 //! `toolgate_rmcp::fuzzing`, with the reference policy `fixtures/policies/full.json` and fixed tool
-//! schemas. The first byte picks the tool, the second the principal, the rest is the `arguments`
-//! JSON. Properties: no panic; a tool is refused as a whole exactly when the policy hides it; a
-//! refusal's text starts with `Error:`, ends with a JSON line equal to its `structuredContent`,
-//! whose `rule` is the audited rule; refusals never echo argument values (with ASCII policy and
+//! schemas. The first byte picks the tool, the second the principal (low seven bits) and whether
+//! the tool declares an output schema (high bit), the rest is the `arguments` JSON. Properties: no
+//! panic; a tool is refused as a whole exactly when the policy hides it; a refusal's text starts
+//! with `Error:` and ends with a JSON line whose `rule` is the audited rule, equal to its
+//! `structuredContent` when the tool has no output schema and with no `structuredContent` when it
+//! has one; refusals never echo argument values (with ASCII policy and
 //! schemas, the only non-ASCII character a refusal may contain is the policy's `…`); admitted
 //! arguments satisfy the policy and an independently compiled JSON Schema validator; the verdict
 //! is the same with a warm validator cache.
@@ -137,7 +139,8 @@ fuzz_target!(|data: &[u8]| {
     };
     let fixture = fixture();
     let (tool, schema, validator) = &fixture.tools[usize::from(*tool_byte) % fixture.tools.len()];
-    let principal = PRINCIPALS[usize::from(*principal_byte) % PRINCIPALS.len()];
+    let principal = PRINCIPALS[usize::from(*principal_byte & 0x7f) % PRINCIPALS.len()];
+    let has_output_schema = *principal_byte & 0x80 != 0;
     let arguments: Option<Map<String, Value>> = if rest.is_empty() {
         None
     } else {
@@ -149,9 +152,14 @@ fuzz_target!(|data: &[u8]| {
     let arguments = arguments.as_ref();
     let policy = &fixture.policy;
 
-    let verdict = fixture
-        .checker
-        .check(policy, principal, tool, schema, arguments);
+    let verdict = fixture.checker.check(
+        policy,
+        principal,
+        tool,
+        schema,
+        has_output_schema,
+        arguments,
+    );
     match &verdict {
         Verdict::ToolRefused(rule) => {
             assert!(
@@ -166,14 +174,22 @@ fuzz_target!(|data: &[u8]| {
         } => {
             assert!(policy.visible_for(principal, tool));
             assert!(text.starts_with("Error:"), "{text}");
-            let structured = structured
-                .as_ref()
-                .expect("a refusal has structuredContent");
             let last = text.lines().last().unwrap_or_default();
             let details: Value = serde_json::from_str(last).expect("the last line is JSON");
-            assert_eq!(&details, structured);
             assert_eq!(details["rule"].as_str(), Some(rule.as_str()), "{text}");
-            let all = format!("{text}{structured}");
+            let all = if has_output_schema {
+                assert_eq!(
+                    structured, &None,
+                    "a refusal of a tool with an output schema has no structuredContent"
+                );
+                text.clone()
+            } else {
+                let structured = structured
+                    .as_ref()
+                    .expect("a refusal of a tool without an output schema has structuredContent");
+                assert_eq!(&details, structured);
+                format!("{text}{structured}")
+            };
             if let Some(c) = all.chars().find(|c| !c.is_ascii() && *c != '…') {
                 panic!("refusal echoes the caller's text ({c:?}): {all}");
             }
@@ -185,8 +201,13 @@ fuzz_target!(|data: &[u8]| {
             assert!(validator.is_valid(&instance), "admitted against the schema");
         }
     }
-    let again = fixture
-        .checker
-        .check(policy, principal, tool, schema, arguments);
+    let again = fixture.checker.check(
+        policy,
+        principal,
+        tool,
+        schema,
+        has_output_schema,
+        arguments,
+    );
     assert_eq!(again, verdict, "the verdict changed with a warm cache");
 });

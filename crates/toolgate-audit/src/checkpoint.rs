@@ -25,7 +25,7 @@ pub struct Checkpoint {
     pub ts: u64,
     /// [`HmacKey::key_id`] of the key that signed it.
     pub key_id: String,
-    /// HMAC-SHA256 over [`MAC_PREFIX`] and the canonical JSON of the other fields.
+    /// HMAC-SHA256 over `MAC_PREFIX` and the canonical JSON of the other fields.
     pub mac: [u8; 32],
 }
 

@@ -197,7 +197,7 @@ pub struct ProbeResult {
 }
 
 /// For each case: current = current_output(tool, input); score = judge.similarity(...). A failing
-/// probe (current_output error, judge error, score NaN or outside [0,1]) degrades to the neutral
+/// probe (current_output error, judge error, score NaN or outside \[0,1\]) degrades to the neutral
 /// score 0.5 (level Medium) with `degraded` saying why, instead of blocking.
 ///
 /// Results are in the order of `cases`, one per case; a failure never stops the other probes.

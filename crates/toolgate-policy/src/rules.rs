@@ -158,6 +158,7 @@ impl PathRule {
         }
         let (base, base_parts) = match inherited {
             Some(top) => (top.base.clone(), top.base_parts.clone()),
+            // `raw.roots` is non-empty (checked at the top), so both vectors have an element 0.
             None => (roots[0].clone(), root_parts[0].clone()),
         };
         Ok(PathRule {
@@ -216,6 +217,7 @@ impl PathRule {
                     .zip(&self.base_parts)
                     .take_while(|(a, b)| a == b)
                     .count();
+                // `common` counts a prefix of `base_parts`, so it is at most its length.
                 let up = u64::try_from(self.base_parts.len() - common).unwrap_or(u64::MAX);
                 let rest = chars(&dir[common..]);
                 let relative = if up == 0 && rest == 0 {

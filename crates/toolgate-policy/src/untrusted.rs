@@ -20,6 +20,32 @@ pub const MAX_UNTRUSTED_MAX_CHARS: u64 = 100_000;
 /// How many `$ref` hops `rewrite_schema` follows at one node before giving up on it.
 const MAX_REF_HOPS: usize = 32;
 
+/// How deep and how far `rewrite_schema` walks (schema nodes, combinator branches included).
+/// Combinators and `$ref`s do not consume pointer segments, so a self-referential schema would
+/// otherwise recurse forever (or branch exponentially); what lies beyond is left as it is.
+const MAX_SCHEMA_DEPTH: usize = 64;
+const MAX_SCHEMA_STEPS: usize = 10_000;
+/// How many `$ref`s one walk inlines (each is a copy of the referenced schema).
+const MAX_SCHEMA_INLINES: usize = 256;
+
+/// The state of one `rewrite_schema` walk: the original schema (for `$ref`s) and the work left.
+struct Walk<'a> {
+    root: &'a Value,
+    steps_left: usize,
+    inlines_left: usize,
+}
+
+impl Walk<'_> {
+    /// Whether one more node at `depth` may be visited.
+    fn enter(&mut self, depth: usize) -> bool {
+        if depth > MAX_SCHEMA_DEPTH || self.steps_left == 0 {
+            return false;
+        }
+        self.steps_left -= 1;
+        true
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum Segment {
     /// `*`: every array element or object member.
@@ -97,10 +123,17 @@ impl UntrustedOutput {
     /// `$ref`s on the way are inlined (the `$defs` themselves are not changed), and
     /// `allOf`/`anyOf`/`oneOf` branches are followed. A matched schema that admits strings and other
     /// types becomes `anyOf` [wrapper, the rest]. Paths that match nothing are left as they are.
+    /// The walk is bounded (depth 64, 10,000 nodes, 256 inlined `$ref`s); beyond that the schema
+    /// is left unchanged, so self-referential schemas terminate.
     pub fn rewrite_schema(&self, schema: &mut Value) {
         let root = schema.clone();
         let paths: Vec<&[Segment]> = self.paths.iter().map(Vec::as_slice).collect();
-        rewrite_at(schema, &paths, &root);
+        let mut walk = Walk {
+            root: &root,
+            steps_left: MAX_SCHEMA_STEPS,
+            inlines_left: MAX_SCHEMA_INLINES,
+        };
+        rewrite_at(schema, &paths, &mut walk, 0);
     }
 }
 
@@ -232,10 +265,14 @@ fn wrapper_schema(description: Option<&Value>) -> Value {
     })
 }
 
-/// Replaces a local `$ref` (`#/...`) at `node` with the schema it points to (sibling keywords kept
+/// Replaces a local `$ref` (`#` or `#/...`) at `node` with the schema it points to (sibling keywords kept
 /// where the target does not set them), so rewriting below it changes this use only.
-fn inline_ref(node: &mut Value, root: &Value) {
+fn inline_ref(node: &mut Value, walk: &mut Walk<'_>) {
+    let root = walk.root;
     for _ in 0..MAX_REF_HOPS {
+        if walk.inlines_left == 0 {
+            return;
+        }
         let Some(Value::String(reference)) = node.get("$ref") else {
             return;
         };
@@ -254,28 +291,32 @@ fn inline_ref(node: &mut Value, root: &Value) {
             }
         }
         *node = Value::Object(merged);
+        walk.inlines_left -= 1;
     }
 }
 
-fn rewrite_at(node: &mut Value, paths: &[&[Segment]], root: &Value) {
-    inline_ref(node, root);
+fn rewrite_at(node: &mut Value, paths: &[&[Segment]], walk: &mut Walk<'_>, depth: usize) {
+    if !walk.enter(depth) {
+        return;
+    }
+    inline_ref(node, walk);
     let ends = paths.iter().any(|path| path.is_empty());
     let rest: Vec<&[Segment]> = paths.iter().copied().filter(|p| !p.is_empty()).collect();
     if !rest.is_empty()
         && let Value::Object(map) = node
     {
-        descend(map, &rest, root);
+        descend(map, &rest, walk, depth + 1);
     }
     if ends {
-        finalise(node, root);
+        finalise(node, walk, depth + 1);
     }
 }
 
-fn descend(map: &mut Map<String, Value>, paths: &[&[Segment]], root: &Value) {
+fn descend(map: &mut Map<String, Value>, paths: &[&[Segment]], walk: &mut Walk<'_>, depth: usize) {
     for combinator in ["allOf", "anyOf", "oneOf"] {
         if let Some(Value::Array(branches)) = map.get_mut(combinator) {
             for branch in branches {
-                rewrite_at(branch, paths, root);
+                rewrite_at(branch, paths, walk, depth);
             }
         }
     }
@@ -308,7 +349,7 @@ fn descend(map: &mut Map<String, Value>, paths: &[&[Segment]], root: &Value) {
         for (key, schema) in properties.iter_mut() {
             let next = next_paths(paths, Some(key));
             if !next.is_empty() {
-                rewrite_at(schema, &next, root);
+                rewrite_at(schema, &next, walk, depth);
             }
         }
     }
@@ -316,25 +357,28 @@ fn descend(map: &mut Map<String, Value>, paths: &[&[Segment]], root: &Value) {
         let next = next_paths(paths, None);
         for keyword in ["additionalProperties", "items"] {
             if let Some(schema @ Value::Object(_)) = map.get_mut(keyword) {
-                rewrite_at(schema, &next, root);
+                rewrite_at(schema, &next, walk, depth);
             }
         }
         for keyword in ["prefixItems", "items"] {
             if let Some(Value::Array(schemas)) = map.get_mut(keyword) {
                 for schema in schemas {
-                    rewrite_at(schema, &next, root);
+                    rewrite_at(schema, &next, walk, depth);
                 }
             }
         }
         if let Some(Value::Object(patterns)) = map.get_mut("patternProperties") {
             for schema in patterns.values_mut() {
-                rewrite_at(schema, &next, root);
+                rewrite_at(schema, &next, walk, depth);
             }
         }
     }
 }
 
-fn finalise(node: &mut Value, root: &Value) {
+fn finalise(node: &mut Value, walk: &mut Walk<'_>, depth: usize) {
+    if !walk.enter(depth) {
+        return;
+    }
     let Value::Object(map) = node else {
         // `true` already admits the wrapper; `false` admits nothing to wrap.
         return;
@@ -361,8 +405,8 @@ fn finalise(node: &mut Value, root: &Value) {
                 for combinator in combinators {
                     if let Some(Value::Array(branches)) = map.get_mut(combinator) {
                         for branch in branches {
-                            inline_ref(branch, root);
-                            finalise(branch, root);
+                            inline_ref(branch, walk);
+                            finalise(branch, walk, depth + 1);
                         }
                     }
                 }

@@ -9,7 +9,7 @@ use toolgate_policy::{Decision, Policy};
 
 const MIX: &str = r#"{"version":1,"allow":["a","b","c"],"deny":["c","d"],"arg_rules":{"a":{"x":{"min_len":1,"max_len":5},"y":{}}},"idempotency":{"b":{"effect":"unsafe","window_secs":60}}}"#;
 
-const REFERENCE_BEFORE_EFFECTS: &str = r#"{
+const REFERENCE_AT_2173C21: &str = r#"{
   "version": 1,
   "allow": ["write_note", "read_ledger"],
   "deny": ["rm_rf"],
@@ -31,9 +31,9 @@ const REFERENCE_BEFORE_EFFECTS: &str = r#"{
 
 fn baseline() -> Vec<(&'static str, &'static str, &'static str, &'static str)> {
     // (policy, tool or "digest", hex)
-    // The reference policy as it was before it declared effect classes and a kill-switch exemption
-    // (fixtures/policy.json before commit ddb9136): new keys legitimately change the digest.
-    let reference = REFERENCE_BEFORE_EFFECTS;
+    // The reference policy as it was at that commit (fixtures/policy.json has since gained
+    // `effects` and `kill_switch`, which change its digest on purpose).
+    let reference = REFERENCE_AT_2173C21;
     let seed = include_str!("../../../fixtures/policies/seed.json");
     vec![
         (

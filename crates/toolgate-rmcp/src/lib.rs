@@ -35,3 +35,8 @@ pub use state::{GateState, PolicyHandle, Reload, ReloadError, Reloaded};
 #[doc = include_str!("../../../README.md")]
 #[cfg(doctest)]
 pub struct ReadmeDoctests;
+
+/// The server authors' guide (`docs/GUIDE.md`) is compiled as a doc test too.
+#[doc = include_str!("../../../docs/GUIDE.md")]
+#[cfg(doctest)]
+pub struct GuideDoctests;

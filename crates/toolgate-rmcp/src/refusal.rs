@@ -1,6 +1,9 @@
 //! The one shape of every argument refusal: an `isError` tool result whose text starts with
 //! `Error:`, names the field, the rule and the fix, then the tool's current input contract, and
-//! ends with one line of JSON details; `structuredContent` carries the same JSON.
+//! ends with one line of JSON details; `structuredContent` carries the same JSON when the tool
+//! declares no `outputSchema`. A tool with an output schema promises that shape for its structured
+//! results, and clients validate it even on errors (the official TypeScript SDK turns a mismatch
+//! into a protocol error that hides the refusal), so there the details travel in the text only.
 //!
 //! Refusals never echo argument values: the caller already has them, and a refusal that quotes
 //! them would let a model reflect arbitrary text through the server (and into logs).
@@ -46,8 +49,8 @@ impl Refusal {
     }
 
     /// The tool result: message, a blank line, `note` (the contract block, may be empty), and the
-    /// details as the last line.
-    pub(crate) fn into_result(self, note: &str) -> CallToolResult {
+    /// details as the last line; `structuredContent` too unless the tool has an output schema.
+    pub(crate) fn into_result(self, note: &str, has_output_schema: bool) -> CallToolResult {
         let line = serde_json::to_string(&self.details).unwrap_or_else(|_| "{}".to_owned());
         let text = if note.is_empty() {
             format!("{}\n{line}", self.message)
@@ -55,7 +58,9 @@ impl Refusal {
             format!("{}\n\n{note}\n{line}", self.message)
         };
         let mut result = CallToolResult::error(vec![ContentBlock::text(text)]);
-        result.structured_content = Some(self.details);
+        if !has_output_schema {
+            result.structured_content = Some(self.details);
+        }
         result
     }
 }
@@ -86,7 +91,12 @@ mod tests {
                 .to_owned(),
             "shorten `f` to at most 3 characters",
         );
-        let result = refusal.clone().into_result("<contract_awareness/>");
+        let result = refusal.clone().into_result("<contract_awareness/>", false);
+        let typed = refusal.clone().into_result("", true);
+        assert_eq!(
+            typed.structured_content, None,
+            "a tool with an output schema"
+        );
         assert_eq!(result.is_error, Some(true));
         assert_eq!(result.structured_content.as_ref(), Some(&refusal.details));
         let text = result.content[0]

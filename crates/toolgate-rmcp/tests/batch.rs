@@ -56,8 +56,6 @@ struct CancelArgs {
 
 #[derive(Debug, Deserialize, JsonSchema)]
 struct NotifyArgs {
-    // Declared for the tool's input schema; the test handler does not read it.
-    #[allow(dead_code)]
     guest: String,
 }
 
@@ -92,10 +90,10 @@ impl Tools {
     async fn notify_guest(
         &self,
         Extension(_permit): Extension<Permit>,
-        Parameters(_args): Parameters<NotifyArgs>,
+        Parameters(args): Parameters<NotifyArgs>,
     ) -> String {
         self.world.sent.fetch_add(1, Ordering::SeqCst);
-        "sent".to_owned()
+        format!("sent to {}", args.guest)
     }
 }
 

@@ -5,6 +5,12 @@
 //! Run with `cargo bench -p toolgate-server --bench stdio`. Every `write_note` appends an audit
 //! record and commits a note, each with its fsyncs, so the numbers mostly measure the disk; the
 //! replay row shows the cost of a call that finds its note already committed.
+//!
+//! `STDIO_BENCH_SERVER="/path/to/python /path/to/server.py"` drives another server with the same
+//! tools instead (the reference article's Python server, for comparison): the command is split
+//! on whitespace, and the ledger directory and policy are passed the article's way, as
+//! `LEDGER_DIR` and `POLICY_PATH`, rather than as flags. `STDIO_BENCH_NOTES` changes the number of
+//! notes (default 2000).
 
 // A bench reports to stdout by design.
 #![allow(clippy::print_stdout)]
@@ -17,7 +23,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
-/// Sequential write_note calls (and as many replays).
+/// Sequential write_note calls (and as many replays), unless `STDIO_BENCH_NOTES` says otherwise.
 const NOTES: usize = 2000;
 /// Sequential read_ledger calls once all notes are written (each lists every note).
 const READS: usize = 50;
@@ -39,11 +45,27 @@ fn meta() -> Value {
 impl Server {
     fn spawn(ledger: &std::path::Path) -> Self {
         let policy = concat!(env!("CARGO_MANIFEST_DIR"), "/../../fixtures/policy.json");
-        let mut child = Command::new(env!("CARGO_BIN_EXE_toolgate-server"))
-            .arg("--policy")
-            .arg(policy)
-            .arg("--ledger")
-            .arg(ledger)
+        let mut command = match std::env::var("STDIO_BENCH_SERVER") {
+            Ok(line) => {
+                let mut words = line.split_whitespace();
+                let mut command = Command::new(words.next().expect("STDIO_BENCH_SERVER is empty"));
+                command
+                    .args(words)
+                    .env("LEDGER_DIR", ledger)
+                    .env("POLICY_PATH", policy);
+                command
+            }
+            Err(_) => {
+                let mut command = Command::new(env!("CARGO_BIN_EXE_toolgate-server"));
+                command
+                    .arg("--policy")
+                    .arg(policy)
+                    .arg("--ledger")
+                    .arg(ledger);
+                command
+            }
+        };
+        let mut child = command
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
@@ -96,15 +118,34 @@ impl Server {
         result.clone()
     }
 
-    /// VmHWM (peak resident set) of the server process, in KiB.
-    fn peak_rss_kib(&self) -> u64 {
+    /// A `/proc/<pid>/status` field of the server process in KiB (`VmHWM`: peak resident set).
+    fn status_kib(&self, field: &str) -> u64 {
         let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id()))
             .expect("/proc is readable (Linux)");
         status
             .lines()
-            .find_map(|line| line.strip_prefix("VmHWM:"))
+            .find_map(|line| line.strip_prefix(field)?.strip_prefix(':'))
             .and_then(|rest| rest.trim().trim_end_matches("kB").trim().parse().ok())
-            .expect("VmHWM is present")
+            .unwrap_or_else(|| panic!("{field} is present"))
+    }
+
+    /// Resident set now and at its peak, and the thread count: where the memory goes by stage.
+    fn memory(&self, stage: &str) -> String {
+        let threads = std::fs::read_to_string(format!("/proc/{}/status", self.child.id()))
+            .ok()
+            .and_then(|s| {
+                s.lines()
+                    .find_map(|l| l.strip_prefix("Threads:"))
+                    .map(|t| t.trim().to_owned())
+            })
+            .unwrap_or_default();
+        format!(
+            "memory {stage:<15} VmRSS {:>6} KiB (anon {:>6}, file {:>6})  VmHWM {:>6} KiB  threads {threads}",
+            self.status_kib("VmRSS"),
+            self.status_kib("RssAnon"),
+            self.status_kib("RssFile"),
+            self.status_kib("VmHWM"),
+        )
     }
 
     fn close(mut self) {
@@ -125,6 +166,9 @@ fn row(name: &str, calls: usize, elapsed: Duration) {
 }
 
 fn main() {
+    let notes = std::env::var("STDIO_BENCH_NOTES")
+        .map(|n| n.parse().expect("STDIO_BENCH_NOTES is a number"))
+        .unwrap_or(NOTES);
     let ledger = tempfile::tempdir().unwrap();
     let mut server = Server::spawn(ledger.path());
 
@@ -134,7 +178,9 @@ fn main() {
         "discover failed: {discover}"
     );
 
-    println!("toolgate-server over stdio, one request in flight, 2026-07-28 flow");
+    let name = std::env::var("STDIO_BENCH_SERVER").unwrap_or_else(|_| "toolgate-server".into());
+    println!("{name} over stdio, one request in flight, 2026-07-28 flow");
+    let mut memory = vec![server.memory("after discover")];
     println!(
         "| {:<24} | {:>6} | {:>10} | {:>10} |",
         "operation", "calls", "calls/s", "mean us"
@@ -142,18 +188,20 @@ fn main() {
     println!("|{:-<26}|{:->8}|{:->12}|{:->12}|", "", "", "", "");
 
     let start = Instant::now();
-    for i in 0..NOTES {
+    for i in 0..notes {
         let result = server.call("write_note", args(i));
         assert_eq!(result["structuredContent"]["status"], "committed");
     }
-    row("write_note (committed)", NOTES, start.elapsed());
+    row("write_note (committed)", notes, start.elapsed());
+    memory.push(server.memory("after writes"));
 
     let start = Instant::now();
-    for i in 0..NOTES {
+    for i in 0..notes {
         let result = server.call("write_note", args(i));
         assert_eq!(result["structuredContent"]["status"], "replay");
     }
-    row("write_note (replay)", NOTES, start.elapsed());
+    row("write_note (replay)", notes, start.elapsed());
+    memory.push(server.memory("after replays"));
 
     let start = Instant::now();
     for _ in 0..READS {
@@ -162,16 +210,20 @@ fn main() {
             result["structuredContent"]["notes"]
                 .as_array()
                 .map(Vec::len),
-            Some(NOTES)
+            Some(notes)
         );
     }
     row(
-        &format!("read_ledger ({NOTES} notes)"),
+        &format!("read_ledger ({notes} notes)"),
         READS,
         start.elapsed(),
     );
 
-    let peak = server.peak_rss_kib();
+    memory.push(server.memory("after reads"));
+    for line in &memory {
+        println!("{line}");
+    }
+    let peak = server.status_kib("VmHWM");
     println!(
         "server peak RSS (VmHWM): {peak} KiB ({:.1} MiB)",
         peak as f64 / 1024.0

@@ -248,6 +248,86 @@ pub async fn run() -> anyhow::Result<bool> {
         .unwrap_or(0);
     t.expect(notes == 1, "exactly one note file exists");
 
+    t.heading(
+        "an argument the schema does not declare: refused with the rule, the fix and JSON details",
+    );
+    let misspelt = client
+        .call_tool(call(
+            "write_note",
+            json!({"request_id": "req-demo-0002", "text": "hi", "txt": "typo"}),
+        ))
+        .await;
+    // write_note declares an output schema, so the details are the text's last line only.
+    let details = misspelt
+        .as_ref()
+        .ok()
+        .filter(|r| r.is_error == Some(true))
+        .and_then(|r| r.content.first())
+        .and_then(|c| c.as_text())
+        .and_then(|t| t.text.lines().last())
+        .and_then(|line| serde_json::from_str::<Value>(line).ok())
+        .unwrap_or(Value::Null);
+    println!("    details: {details}");
+    t.expect(
+        details["rule"] == "input_schema.unknown_argument",
+        "the unknown argument is refused before the handler runs",
+    );
+
+    t.heading(
+        "kill switch: `toolgate-server halt` stops writes on the running server, without a restart",
+    );
+    let options = crate::ServerOptions {
+        policy: policy.clone(),
+        ledger: ledger.clone(),
+        ..crate::ServerOptions::default()
+    };
+    crate::halt(&options, "demo incident", "demo")?;
+    let halted = client
+        .call_tool(call(
+            "write_note",
+            json!({"request_id": "req-demo-0002", "text": "during the halt"}),
+        ))
+        .await;
+    let halted_code = match &halted {
+        Err(ServiceError::McpError(error)) => {
+            println!(
+                "    write_note  -> JSON-RPC error {}: {}",
+                error.code.0, error.message
+            );
+            Some(error.code.0)
+        }
+        other => {
+            println!("    unexpected reply: {other:?}");
+            None
+        }
+    };
+    t.expect(
+        halted_code == Some(toolgate_rmcp::HALTED),
+        "write_note is refused while halted (JSON-RPC -32001)",
+    );
+    let exempt = client.call_tool(call("read_ledger", json!({}))).await;
+    t.expect(
+        exempt.as_ref().is_ok_and(|r| r.is_error != Some(true)),
+        "read_ledger, exempt by policy, still answers",
+    );
+    crate::resume(&options)?;
+    let resumed = client
+        .call_tool(call(
+            "write_note",
+            json!({"request_id": "req-demo-0002", "text": "after resume"}),
+        ))
+        .await;
+    let status = resumed
+        .as_ref()
+        .ok()
+        .and_then(|r| r.structured_content.clone())
+        .unwrap_or(Value::Null);
+    println!("    after resume: write_note -> {status}");
+    t.expect(
+        status["status"] == "committed",
+        "writes work again after resume",
+    );
+
     client.cancel().await.context("cannot close the session")?;
 
     t.heading("audit verify: every decision is in the SHA-256 chain");
@@ -255,7 +335,7 @@ pub async fn run() -> anyhow::Result<bool> {
     for line in audit.lines() {
         let record: Value = serde_json::from_str(line).unwrap_or(Value::Null);
         println!(
-            "    {:<12} {:<6} {:<13} {:<24} sha256 {}…",
+            "    {:<12} {:<6} {:<13} {:<30} sha256 {}…",
             record["name"].as_str().unwrap_or("?"),
             record["decision"].as_str().unwrap_or("?"),
             record["outcome"].as_str().unwrap_or("?"),
@@ -276,8 +356,8 @@ pub async fn run() -> anyhow::Result<bool> {
         Some(problem) => println!("    BROKEN: {problem}"),
     }
     t.expect(
-        report.problem.is_none() && report.records == 6,
-        "the chain verifies with 6 records",
+        report.problem.is_none() && report.records == 12,
+        "the chain verifies with 12 records",
     );
 
     println!(

@@ -33,6 +33,17 @@ fn operator(env: &TestEnv, args: &[&str]) -> std::process::Output {
     run_to_end(command)
 }
 
+/// The JSON details on the last line of a refusal's text (tools with an output schema carry them
+/// only there; others repeat them in structuredContent).
+fn details(reply: &Value) -> Value {
+    let text = first_text(reply);
+    let details: Value = serde_json::from_str(text.lines().last().unwrap()).unwrap();
+    if let Some(structured) = result_of(reply).get("structuredContent") {
+        assert_eq!(structured, &details, "{reply}");
+    }
+    details
+}
+
 fn error_code(reply: &Value) -> Option<i64> {
     reply.get("error").and_then(|e| e["code"].as_i64())
 }
@@ -378,16 +389,13 @@ fn rate_limits_and_argument_validation_refuse_with_details() {
     let limited = server.call("read_ledger", json!({}));
     let result = result_of(&limited);
     assert_eq!(result["isError"], true);
-    assert_eq!(result["structuredContent"]["error"], "rate_limited");
-    assert!(
-        result["structuredContent"]["retry_after_secs"]
-            .as_u64()
-            .unwrap()
-            >= 1
-    );
+    // read_ledger declares an output schema: the details are the text's last line only.
+    assert!(result.get("structuredContent").is_none(), "{limited}");
+    let limited = details(&limited);
+    assert_eq!(limited["error"], "rate_limited");
+    assert!(limited["retry_after_secs"].as_u64().unwrap() >= 1);
 
-    // Unknown field: refused with the allowed list; the text ends with the JSON details, which
-    // structuredContent repeats.
+    // Unknown field: refused with the allowed list; the text ends with the JSON details.
     let unknown = server.call(
         "write_note",
         json!({"request_id": "req-v-0001", "text": "x", "colour": "red"}),
@@ -399,22 +407,18 @@ fn rate_limits_and_argument_validation_refuse_with_details() {
         text.starts_with("Error:") && text.contains("`colour`"),
         "{text}"
     );
-    let last: Value = serde_json::from_str(text.lines().last().unwrap()).unwrap();
-    assert_eq!(last, result["structuredContent"]);
+    let last = details(&unknown);
     assert_eq!(last["rule"], "input_schema.unknown_argument");
     assert_eq!(last["constraint"]["allowed"], json!(["request_id", "text"]));
 
     // A JSON Schema type error and a policy pattern rule, each audited with its rule id.
     let typed = server.call("write_note", json!({"request_id": "req-v-0001", "text": 5}));
-    assert_eq!(
-        result_of(&typed)["structuredContent"]["rule"],
-        "input_schema.type"
-    );
+    assert_eq!(details(&typed)["rule"], "input_schema.type");
     let patterned = server.call(
         "write_note",
         json!({"request_id": "REQ_UPPER_1", "text": "x"}),
     );
-    let rule = result_of(&patterned)["structuredContent"]["rule"].clone();
+    let rule = details(&patterned)["rule"].clone();
     assert_eq!(rule, "arg_rules.write_note.request_id.pattern");
     assert!(!first_text(&patterned).contains("REQ_UPPER_1"));
     let reasons: Vec<Value> = audit_records(&env.audit_path())
@@ -458,7 +462,11 @@ fn path_rules_refuse_traversal_and_symlink_escapes() {
         let reply = server.call("rm_rf", json!({"path": path}));
         let result = result_of(&reply).clone();
         assert_eq!(result["isError"], true, "{reply}");
-        assert_eq!(result["structuredContent"]["rule"], rule, "{reply}");
+        assert_eq!(details(&reply)["rule"], rule, "{reply}");
+        assert_eq!(
+            result["structuredContent"]["rule"], rule,
+            "rm_rf has no output schema: {reply}"
+        );
         let text = first_text(&reply);
         assert!(
             text.starts_with("Error:") && text.contains("`path`"),

@@ -146,7 +146,9 @@ impl<H: ServerHandler> Gated<H> {
                 tracing::error!(tool = %recorded_name, %error, "could not audit a refused call");
             }
             let note = self.contract_note(&name, &input);
-            return Ok(refusal.into_result(&note).into());
+            return Ok(refusal
+                .into_result(&note, tool.output_schema.is_some())
+                .into());
         }
 
         if policy
@@ -545,7 +547,10 @@ impl<H: ServerHandler> Gated<H> {
                         "fix": fix,
                     }),
                 };
-                let result = refusal.into_result(&self.contract_note(&name, input));
+                let result = refusal.into_result(
+                    &self.contract_note(&name, input),
+                    tool.output_schema.is_some(),
+                );
                 (Ok(result.into()), true)
             }
             other => (other, false),

@@ -91,11 +91,12 @@ impl<H: ServerHandler> Gated<H> {
                     )
                     .with_reason("confirm.prepare_failed");
                 self.record_or_log(entry).await;
-                return Ok(error_result(
+                return Ok(error_result_for(
                     &format!(
                         "Error: `{name}` could not be prepared for confirmation ({why}); nothing was executed. Fix the arguments and call it again"
                     ),
                     json!({"error": "prepare_failed", "tool": name}),
+                    tool.output_schema.is_some(),
                 ));
             }
         };
@@ -121,9 +122,10 @@ impl<H: ServerHandler> Gated<H> {
                     )
                     .with_reason(format!("confirm.{}", error.code()));
                 self.record_or_log(entry).await;
-                return Ok(error_result(
+                return Ok(error_result_for(
                     &format!("Error: {error}"),
                     json!({"error": error.code(), "tool": name}),
+                    tool.output_schema.is_some(),
                 ));
             }
         };
@@ -203,7 +205,7 @@ impl<H: ServerHandler> Gated<H> {
         }) {
             self.record_or_log(refuse(refusal.rule.clone(), "not_executed"))
                 .await;
-            return Ok(refusal.into_result("").into());
+            return Ok(refusal.into_result("", false).into());
         }
         let token = arguments
             .get("confirm_token")
@@ -364,11 +366,20 @@ impl<H: ServerHandler> Gated<H> {
     }
 }
 
-fn error_result(text: &str, details: Value) -> CallToolResponse {
+/// An error result whose last text line is `details` (JSON); `structuredContent` repeats it
+/// unless the tool answered for has an output schema (see `refusal.rs`).
+fn error_result_for(text: &str, details: Value, has_output_schema: bool) -> CallToolResponse {
     let line = serde_json::to_string(&details).unwrap_or_default();
     let mut result = CallToolResult::error(vec![ContentBlock::text(format!("{text}\n{line}"))]);
-    result.structured_content = Some(details);
+    if !has_output_schema {
+        result.structured_content = Some(details);
+    }
     result.into()
+}
+
+/// An error result of the gate's own confirmation tools (which have no output schema).
+fn error_result(text: &str, details: Value) -> CallToolResponse {
+    error_result_for(text, details, false)
 }
 
 /// The definitions of the gate's own confirmation tools.

@@ -1,0 +1,155 @@
+//! SHA-256 as toolgate computes it (`Sha256Digest::of`, the `sha2` crate), next to coreutils'
+//! `sha256sum` over the same bytes.
+//!
+//! Criterion rows: `of` over 1 MiB in memory, and `of_parts` over one audit-record-sized message
+//! (64-byte previous hash + 470 bytes); and, for scale, the canonical JSON of an audit-record-like
+//! value (`canonical_value`) next to plain `serde_json::to_vec` of it. Then a comparison outside criterion: a 64 MiB file hashed
+//! by reading it and calling `Sha256Digest::of`, against `sha256sum FILE` (process start
+//! included, page cache warm), median of 7 runs each, in MB/s, plus `sha256sum` of a 1 MiB file
+//! to show its fixed cost.
+//!
+//! Run: `cargo bench -p toolgate-canon --bench digest`.
+
+// A bench reports to stdout by design.
+#![allow(clippy::print_stdout)]
+// Set-up failures in a bench should stop it loudly with the cause.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::hint::black_box;
+use std::path::Path;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use criterion::{Criterion, Throughput};
+use toolgate_canon::{Sha256Digest, canonical_value};
+
+const MIB: usize = 1024 * 1024;
+
+/// Deterministic, incompressible-looking bytes (xorshift).
+fn bytes(len: usize) -> Vec<u8> {
+    let mut state: u64 = 0x9E37_79B9_7F4A_7C15;
+    (0..len)
+        .map(|_| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            (state >> 24) as u8
+        })
+        .collect()
+}
+
+fn criterion_groups(c: &mut Criterion) {
+    let data = bytes(MIB);
+    let mut group = c.benchmark_group("sha256");
+    group.throughput(Throughput::Bytes(MIB as u64));
+    group.bench_function("of_1MiB", |b| {
+        b.iter(|| black_box(Sha256Digest::of(black_box(&data))))
+    });
+    let prev = [b'0'; 64];
+    let record = bytes(470);
+    group.throughput(Throughput::Bytes(64 + 470));
+    group.bench_function("of_parts_audit_record", |b| {
+        b.iter(|| {
+            black_box(Sha256Digest::of_parts(&[
+                black_box(&prev[..]),
+                black_box(&record[..]),
+            ]))
+        })
+    });
+    // What sealing an audit record costs besides the hash: the canonical bytes of a typical
+    // record (the audit log canonicalizes each record twice, before and after adding `sha256`).
+    let record = serde_json::json!({
+        "ts": 1_767_225_600_000_000_000u64,
+        "seq": 1234,
+        "request_id": "bench-00000001",
+        "method": "tools/call",
+        "name": "write_note",
+        "decision": "allow",
+        "outcome": "committed",
+        "reason": "allow",
+        "args_digest": Sha256Digest::of(b"{}").to_hex(),
+        "policy_digest": Sha256Digest::of(b"policy").to_hex(),
+        "prev_sha256": "0".repeat(64),
+    });
+    group.throughput(Throughput::Elements(1));
+    group.bench_function("canonical_value_audit_record", |b| {
+        b.iter(|| black_box(canonical_value(black_box(&record))))
+    });
+    group.bench_function("serde_json_to_vec_audit_record", |b| {
+        b.iter(|| black_box(serde_json::to_vec(black_box(&record)).unwrap()))
+    });
+    group.finish();
+}
+
+fn median(mut samples: Vec<Duration>) -> Duration {
+    samples.sort();
+    samples[samples.len() / 2]
+}
+
+fn time<T>(runs: usize, mut f: impl FnMut() -> T) -> Duration {
+    median(
+        (0..runs)
+            .map(|_| {
+                let start = Instant::now();
+                black_box(f());
+                start.elapsed()
+            })
+            .collect(),
+    )
+}
+
+/// `sha256sum FILE`'s hex digest, or `None` when the tool is missing.
+fn sha256sum(path: &Path) -> Option<String> {
+    let out = Command::new("sha256sum").arg(path).output().ok()?;
+    out.status
+        .success()
+        .then(|| String::from_utf8_lossy(&out.stdout)[..64].to_owned())
+}
+
+fn against_sha256sum(file_mib: usize, runs: usize) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("data");
+    std::fs::write(&path, bytes(file_mib * MIB)).unwrap();
+    let small = dir.path().join("small");
+    std::fs::write(&small, bytes(MIB)).unwrap();
+
+    // Warm the page cache, and check both compute the same digest.
+    let ours = Sha256Digest::of(&std::fs::read(&path).unwrap()).to_hex();
+    let Some(theirs) = sha256sum(&path) else {
+        println!("sha256sum is not available: comparison skipped");
+        return;
+    };
+    assert_eq!(ours, theirs, "sha256sum disagrees with Sha256Digest::of");
+
+    let size = (file_mib * MIB) as f64;
+    let ours = time(runs, || Sha256Digest::of(&std::fs::read(&path).unwrap()));
+    let theirs = time(runs, || sha256sum(&path));
+    let small_theirs = time(runs, || sha256sum(&small));
+    let rate = |d: Duration| size / 1e6 / d.as_secs_f64();
+    println!(
+        "{file_mib} MiB file, median of {runs}: read + Sha256Digest::of {:.1} ms ({:.0} MB/s); sha256sum {:.1} ms ({:.0} MB/s, process included); ratio {:.2}x",
+        ours.as_secs_f64() * 1e3,
+        rate(ours),
+        theirs.as_secs_f64() * 1e3,
+        rate(theirs),
+        ours.as_secs_f64() / theirs.as_secs_f64(),
+    );
+    println!(
+        "sha256sum of a 1 MiB file: {:.2} ms (mostly process start)",
+        small_theirs.as_secs_f64() * 1e3
+    );
+}
+
+fn main() {
+    // `cargo bench` passes `--bench`; under `cargo test --benches` criterion runs each function
+    // once, and the file comparison is a small smoke run.
+    let full = std::env::args().any(|a| a == "--bench");
+    let mut c = Criterion::default().configure_from_args();
+    criterion_groups(&mut c);
+    c.final_summary();
+    if full {
+        against_sha256sum(64, 7);
+    } else {
+        against_sha256sum(1, 1);
+    }
+}

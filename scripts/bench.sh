@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# Runs every toolgate benchmark in order and keeps the whole output with the machine's context
+# (date, kernel, filesystems, load average) in target/bench/bench-<timestamp>.log.
+# docs/BENCHMARKS.md says what each one measures and records the latest figures.
+#
+#   scripts/bench.sh            all benches
+#   scripts/bench.sh gate stdio only the named ones (audit commit canon policy contract gate stdio)
+#   REFERENCE_SERVER="/venv/bin/python /path/server.py" scripts/bench.sh reference
+#                               the stdio driver against another server with the same tools (the
+#                               reference article's Python server: see docs/BENCHMARKS.md); it is
+#                               given LEDGER_DIR and POLICY_PATH instead of flags
+#
+# Criterion options can be passed through BENCH_ARGS, e.g. BENCH_ARGS="--warm-up-time 1".
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+target="${CARGO_TARGET_DIR:-target}"
+mkdir -p "$target/bench"
+log="$target/bench/bench-$(date -u +%Y%m%dT%H%M%SZ).log"
+read -r -a extra <<<"${BENCH_ARGS:-}"
+
+all=(audit commit canon policy contract gate stdio)
+selected=("$@")
+[ ${#selected[@]} -eq 0 ] && selected=("${all[@]}")
+
+context() {
+    echo "date:   $(date -u +%Y-%m-%dT%H:%M:%SZ)"
+    echo "kernel: $(uname -srm)"
+    echo "cpu:    $(nproc) x $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | xargs)"
+    echo "fs:     cwd $(df -T . | awk 'NR==2 {print $2" on "$1}'), /tmp $(df -T /tmp | awk 'NR==2 {print $2}'), /dev/shm $(df -T /dev/shm 2>/dev/null | awk 'NR==2 {print $2}')"
+    echo "load:   $(cut -d' ' -f1-3 /proc/loadavg)"
+}
+
+run() {
+    local name=$1
+    shift
+    echo
+    echo "=== $name: $* (load $(cut -d' ' -f1-3 /proc/loadavg))"
+    "$@"
+}
+
+bench() {
+    cargo bench --locked -q "$@"
+}
+
+{
+    context
+    # Build everything first so compilation does not overlap the measurements.
+    echo "building benches..."
+    cargo bench --locked -q --workspace --no-run 2>&1 | tail -n 3
+    for name in "${selected[@]}"; do
+        case $name in
+            audit) run audit bench -p toolgate-audit --bench append ;;
+            commit) run commit bench -p toolgate-commit --bench effect ;;
+            canon) run canon bench -p toolgate-canon --bench digest -- "${extra[@]}" ;;
+            policy) run policy bench -p toolgate-policy --bench decide -- "${extra[@]}" ;;
+            contract) run contract bench -p toolgate-contract --bench scan ;;
+            gate) run gate bench -p toolgate-rmcp --bench gate_cost -- "${extra[@]}" ;;
+            stdio) run stdio bench -p toolgate-server --bench stdio ;;
+            reference)
+                if [ -z "${REFERENCE_SERVER:-}" ]; then
+                    echo "=== reference: skipped (set REFERENCE_SERVER to the server's command line)"
+                else
+                    STDIO_BENCH_SERVER="$REFERENCE_SERVER" run reference bench -p toolgate-server --bench stdio
+                fi
+                ;;
+            *) echo "unknown bench: $name (one of: ${all[*]} reference)" >&2; exit 2 ;;
+        esac
+    done
+    echo
+    echo "=== done (load $(cut -d' ' -f1-3 /proc/loadavg))"
+} 2>&1 | tee "$log"
+echo "log: $log"

@@ -1,0 +1,196 @@
+#!/usr/bin/env python3
+"""Drive toolgate-server with the official MCP Python SDK's own stdio client.
+
+Usage: python_client.py SERVER_BINARY POLICY_JSON
+
+Runs the same scenario twice, each time against a fresh server process with a fresh
+temporary ledger: once over the 2025-11-25 `initialize` handshake and once over the
+2026-07-28 `server/discover` flow. Each run:
+
+  1. lists tools: write_note and read_ledger present, rm_rf absent;
+  2. calls write_note twice with the same request_id and text: "committed", then "replay";
+  3. calls rm_rf directly: it must surface as the SDK's MCPError with code -32602,
+     and the file it names must still exist;
+  4. calls read_ledger: exactly the one note written in step 2.
+
+Uses only the SDK's public client API (ClientSession, stdio_client, StdioServerParameters,
+MCPError). Exits 0 when every check passes, 1 with a message naming the failed check.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import tempfile
+from importlib.metadata import version as dist_version
+from pathlib import Path
+from typing import Any
+
+import anyio
+from mcp import ClientSession, MCPError, StdioServerParameters, stdio_client
+from mcp.types import PaginatedRequestParams
+
+EXPECTED_SDK_VERSION = "2.1.1"
+INVALID_PARAMS = -32602
+SESSION_TIMEOUT_SECONDS = 60
+
+
+class CheckFailed(Exception):
+    pass
+
+
+def check(condition: bool, message: str) -> None:
+    if not condition:
+        raise CheckFailed(message)
+
+
+def first_leaf(error: BaseException) -> BaseException:
+    while isinstance(error, BaseExceptionGroup) and error.exceptions:
+        error = error.exceptions[0]
+    return error
+
+
+async def list_tool_names(session: ClientSession) -> list[str]:
+    names: list[str] = []
+    cursor: str | None = None
+    while True:
+        if cursor is None:
+            result = await session.list_tools()
+        else:
+            result = await session.list_tools(params=PaginatedRequestParams(cursor=cursor))
+        names.extend(tool.name for tool in result.tools)
+        cursor = result.next_cursor
+        if cursor is None:
+            return names
+
+
+async def call_write_note(session: ClientSession, request_id: str, text: str) -> dict[str, Any]:
+    result = await session.call_tool("write_note", {"request_id": request_id, "text": text})
+    check(not result.is_error, f"write_note returned isError=true: {result.content!r}")
+    sc = result.structured_content
+    check(isinstance(sc, dict), f"write_note structuredContent is not an object: {sc!r}")
+    return sc
+
+
+async def scenario(session: ClientSession, mode: str, workdir: Path) -> None:
+    if mode == "initialize":
+        init = await session.initialize()
+        check(
+            init.protocol_version == "2025-11-25",
+            f"initialize negotiated {init.protocol_version!r}, expected '2025-11-25'",
+        )
+        print(f"  initialize: protocol {init.protocol_version}, server {init.server_info.name} {init.server_info.version}")
+    else:
+        await session.discover()
+        check(
+            session.protocol_version == "2026-07-28",
+            f"server/discover adopted {session.protocol_version!r}, expected '2026-07-28'",
+        )
+        info = session.server_info
+        print(f"  server/discover: protocol {session.protocol_version}, server {info.name if info else '?'}")
+
+    names = await list_tool_names(session)
+    check("write_note" in names, f"tools/list lacks write_note: {names}")
+    check("read_ledger" in names, f"tools/list lacks read_ledger: {names}")
+    check("rm_rf" not in names, f"tools/list shows the denied tool rm_rf: {names}")
+    print(f"  tools/list: {sorted(names)} (rm_rf absent)")
+
+    request_id = f"interop-py-{mode}-0001"
+    text = f"written by the official Python SDK {EXPECTED_SDK_VERSION} over {mode}"
+
+    first = await call_write_note(session, request_id, text)
+    check(
+        first == {"request_id": request_id, "status": "committed"},
+        f"first write_note: expected committed for {request_id!r}, got {first!r}",
+    )
+    second = await call_write_note(session, request_id, text)
+    check(
+        second == {"request_id": request_id, "status": "replay"},
+        f"repeated write_note: expected replay for {request_id!r}, got {second!r}",
+    )
+    print("  write_note x2: committed, then replay")
+
+    target = workdir / "precious.txt"
+    target.write_text("must survive rm_rf\n")
+    try:
+        result = await session.call_tool("rm_rf", {"path": str(target)})
+    except MCPError as err:
+        check(err.code == INVALID_PARAMS, f"rm_rf: expected error code {INVALID_PARAMS}, got {err.code} ({err.message!r})")
+        check("not found" in err.message.lower(), f"rm_rf: expected a 'tool not found' message, got {err.message!r}")
+        print(f"  rm_rf: MCPError {err.code} {err.message!r}")
+    else:
+        raise CheckFailed(f"rm_rf did not raise MCPError; the SDK returned {result!r}")
+    check(target.read_text() == "must survive rm_rf\n", "rm_rf changed its target file")
+
+    ledger = await session.call_tool("read_ledger", {})
+    check(not ledger.is_error, f"read_ledger returned isError=true: {ledger.content!r}")
+    sc = ledger.structured_content
+    check(isinstance(sc, dict) and isinstance(sc.get("notes"), list), f"read_ledger structuredContent: {sc!r}")
+    notes = [{"request_id": n.get("request_id"), "text": n.get("text")} for n in sc["notes"]]
+    check(
+        notes == [{"request_id": request_id, "text": text}],
+        f"read_ledger: expected exactly the one note {request_id!r}, got {sc['notes']!r}",
+    )
+    print("  read_ledger: the one note, text intact")
+
+
+async def run_mode(server: str, policy: Path, mode: str) -> None:
+    workdir = Path(tempfile.mkdtemp(prefix=f"toolgate-interop-py-{mode}-"))
+    errlog_path = workdir / "server.stderr"
+    try:
+        shutil.copyfile(policy, workdir / "policy.json")
+        params = StdioServerParameters(
+            command=server,
+            args=["--policy", str(workdir / "policy.json"), "--ledger", str(workdir / "ledger")],
+            cwd=str(workdir),
+        )
+        print(f"python SDK {dist_version('mcp')}, {mode} flow:")
+        with errlog_path.open("w") as errlog:
+            try:
+                with anyio.fail_after(SESSION_TIMEOUT_SECONDS):
+                    async with stdio_client(params, errlog=errlog) as (read, write):
+                        async with ClientSession(read, write) as session:
+                            await scenario(session, mode, workdir)
+            except BaseException:
+                errlog.flush()
+                tail = errlog_path.read_text(errors="replace").splitlines()[-20:]
+                if tail:
+                    print(f"  server stderr (last {len(tail)} lines):", file=sys.stderr)
+                    for line in tail:
+                        print(f"    {line}", file=sys.stderr)
+                raise
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+async def main(server: str, policy: Path) -> None:
+    installed = dist_version("mcp")
+    check(installed == EXPECTED_SDK_VERSION, f"expected mcp=={EXPECTED_SDK_VERSION}, found {installed}")
+    for mode in ("initialize", "discover"):
+        await run_mode(server, policy, mode)
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 3:
+        print(__doc__.splitlines()[2], file=sys.stderr)
+        sys.exit(2)
+    server_path, policy_path = sys.argv[1], Path(sys.argv[2])
+    if not os.access(server_path, os.X_OK):
+        print(f"python_client: server binary {server_path} is not executable", file=sys.stderr)
+        sys.exit(2)
+    try:
+        try:
+            anyio.run(main, server_path, policy_path)
+        except BaseExceptionGroup as group:  # task groups may wrap the one real failure
+            raise first_leaf(group) from group
+    except CheckFailed as failure:
+        print(f"FAIL (python SDK client): {failure}", file=sys.stderr)
+        sys.exit(1)
+    except TimeoutError:
+        print(f"FAIL (python SDK client): no answer within {SESSION_TIMEOUT_SECONDS}s", file=sys.stderr)
+        sys.exit(1)
+    except Exception as error:  # an SDK exception is an interop failure too: name it
+        print(f"FAIL (python SDK client): {type(error).__name__}: {error}", file=sys.stderr)
+        sys.exit(1)
+    print("python SDK client: all checks passed")

@@ -1,0 +1,94 @@
+#!/usr/bin/env bash
+# Interop: drive toolgate-server with the official MCP SDK clients, over stdio.
+#
+#   tests/interop/run.sh [SERVER_BINARY]
+#
+# Without SERVER_BINARY, builds it with `cargo build --locked -p toolgate-server`.
+# Python: a virtual environment under TARGET/interop/venv (TARGET is $CARGO_TARGET_DIR, else
+# ./target), installed from requirements.txt (mcp==2.1.1 and every dependency, pinned with hashes)
+# and reused while that file is unchanged. To change the pin, edit requirements.in and run
+#   pip-compile --generate-hashes --strip-extras --no-emit-index-url --no-emit-find-links \
+#     --output-file requirements.txt requirements.in    (pip-tools, with Python 3.11)
+# TypeScript: `npm ci` in tests/interop from
+# package-lock.json (@modelcontextprotocol/sdk 1.32.2), skipped while node_modules matches it.
+# Each client starts its own server processes with fresh temporary ledgers; see the scripts.
+set -euo pipefail
+
+here="$(cd "$(dirname "$0")" && pwd)"
+root="$(cd "$here/../.." && pwd)"
+target_dir="${CARGO_TARGET_DIR:-$root/target}"
+cache_dir="$target_dir/interop"
+policy="$root/fixtures/policy.json"
+
+die() {
+    echo "interop: $*" >&2
+    exit 1
+}
+
+sha256() { sha256sum "$1" | cut -d' ' -f1; }
+
+step_start=$SECONDS
+step() {
+    echo "-- $* (+$((SECONDS - step_start))s)"
+}
+
+# --- the server -------------------------------------------------------------------------------
+if [[ $# -gt 1 ]]; then
+    die "usage: tests/interop/run.sh [SERVER_BINARY]"
+elif [[ $# -eq 1 ]]; then
+    server="$1"
+else
+    step "building toolgate-server"
+    (cd "$root" && cargo build --locked -q -p toolgate-server)
+    server="$target_dir/debug/toolgate-server"
+fi
+[[ -x "$server" ]] || die "server binary '$server' does not exist or is not executable"
+server="$(cd "$(dirname "$server")" && pwd)/$(basename "$server")"
+[[ -f "$policy" ]] || die "missing $policy"
+
+# --- Python: the official SDK, mcp==2.1.1 ------------------------------------------------------
+python="${PYTHON:-python3}"
+command -v "$python" >/dev/null || die "'$python' not found; the Python SDK client needs Python >= 3.11"
+# requirements.txt was compiled for Python 3.11 (older ones need backports it does not list).
+"$python" -c 'import sys; sys.exit(sys.version_info < (3, 11))' ||
+    die "$("$python" --version 2>&1) is too old: tests/interop/requirements.txt is compiled for Python 3.11"
+
+venv="$cache_dir/venv"
+requirements="$here/requirements.txt"
+stamp="$venv/.toolgate-requirements.sha256"
+if [[ -x "$venv/bin/python" && -f "$stamp" && "$(cat "$stamp")" == "$(sha256 "$requirements")" ]]; then
+    step "reusing $venv"
+else
+    step "creating $venv and installing tests/interop/requirements.txt (mcp==2.1.1, hashes required)"
+    rm -rf "$venv"
+    mkdir -p "$cache_dir"
+    "$python" -m venv "$venv"
+    "$venv/bin/python" -m pip install --quiet --disable-pip-version-check --no-input \
+        --require-hashes --only-binary=:all: -r "$requirements" ||
+        die "pip could not install tests/interop/requirements.txt into $venv"
+    sha256 "$requirements" >"$stamp"
+fi
+
+step "python SDK client"
+"$venv/bin/python" "$here/python_client.py" "$server" "$policy"
+
+# --- TypeScript: the official SDK, @modelcontextprotocol/sdk ----------------------------------
+command -v node >/dev/null || die "node not found; the TypeScript SDK client needs Node >= 18"
+command -v npm >/dev/null || die "npm not found; the TypeScript SDK client needs it to install the SDK"
+node -e 'process.exit(Number(process.versions.node.split(".")[0]) >= 18 ? 0 : 1)' ||
+    die "Node $(node --version) is too old; @modelcontextprotocol/sdk needs Node >= 18"
+
+lock="$here/package-lock.json"
+npm_stamp="$here/node_modules/.toolgate-package-lock.sha256"
+if [[ -f "$npm_stamp" && "$(cat "$npm_stamp")" == "$(sha256 "$lock")" ]]; then
+    step "reusing tests/interop/node_modules"
+else
+    step "npm ci in tests/interop"
+    (cd "$here" && npm ci --no-audit --no-fund --loglevel=error) || die "npm ci failed in tests/interop"
+    sha256 "$lock" >"$npm_stamp"
+fi
+
+step "typescript SDK client"
+node "$here/typescript_client.mjs" "$server" "$policy"
+
+step "interop passed"

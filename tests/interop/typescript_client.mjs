@@ -1,0 +1,185 @@
+#!/usr/bin/env node
+// Drive toolgate-server with the official MCP TypeScript SDK's own stdio client.
+//
+// Usage: node typescript_client.mjs SERVER_BINARY POLICY_JSON
+//
+// One fresh server process and temporary ledger, over the SDK's initialize handshake
+// (this SDK version speaks up to 2025-11-25; it has no server/discover):
+//   1. tools/list: write_note and read_ledger present, rm_rf absent;
+//   2. write_note twice with the same request_id and text: "committed", then "replay"
+//      (the SDK also validates structuredContent against each tool's outputSchema);
+//   3. rm_rf called directly rejects with the SDK's McpError, code -32602, and the file it
+//      names still exists;
+//   4. read_ledger: exactly the one note written in step 2;
+//   5. an argument refusal (write_note with an undeclared argument) reaches the caller as an
+//      isError result whose text starts with "Error:" and ends with its JSON details. This SDK
+//      validates structuredContent against the tool's outputSchema even when isError is true, so
+//      the gate leaves structuredContent off refusals of tools that declare an output schema.
+// Exits 0 when every check passes, 1 with a message naming the failed check.
+
+import { copyFileSync, mkdtempSync, readFileSync, rmSync, writeFileSync, accessSync, constants } from 'node:fs';
+import { createRequire } from 'node:module';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { isDeepStrictEqual } from 'node:util';
+
+import { Client } from '@modelcontextprotocol/sdk/client/index.js';
+import { StdioClientTransport } from '@modelcontextprotocol/sdk/client/stdio.js';
+import { ErrorCode, McpError } from '@modelcontextprotocol/sdk/types.js';
+
+const EXPECTED_SDK_VERSION = '1.32.2';
+const TIMEOUT_MS = 60_000;
+
+class CheckFailed extends Error {}
+
+function check(condition, message) {
+  if (!condition) throw new CheckFailed(message);
+}
+
+function sdkVersion() {
+  const require = createRequire(import.meta.url);
+  const pkgPath = join(require.resolve('@modelcontextprotocol/sdk/client/index.js'), '..', '..', '..', '..', 'package.json');
+  return JSON.parse(readFileSync(pkgPath, 'utf8')).version;
+}
+
+async function listToolNames(client) {
+  const names = [];
+  let cursor;
+  do {
+    const result = await client.listTools(cursor === undefined ? undefined : { cursor });
+    names.push(...result.tools.map((tool) => tool.name));
+    cursor = result.nextCursor;
+  } while (cursor !== undefined);
+  return names;
+}
+
+async function writeNote(client, requestId, text) {
+  const result = await client.callTool({ name: 'write_note', arguments: { request_id: requestId, text } });
+  check(!result.isError, `write_note returned isError=true: ${JSON.stringify(result.content)}`);
+  return result.structuredContent;
+}
+
+async function scenario(client, workdir) {
+  const server = client.getServerVersion();
+  console.log(`  initialize: server ${server?.name} ${server?.version}`);
+
+  const names = await listToolNames(client);
+  check(names.includes('write_note'), `tools/list lacks write_note: ${JSON.stringify(names)}`);
+  check(names.includes('read_ledger'), `tools/list lacks read_ledger: ${JSON.stringify(names)}`);
+  check(!names.includes('rm_rf'), `tools/list shows the denied tool rm_rf: ${JSON.stringify(names)}`);
+  console.log(`  tools/list: ${JSON.stringify([...names].sort())} (rm_rf absent)`);
+
+  const requestId = 'interop-ts-initialize-0001';
+  const text = `written by the official TypeScript SDK ${EXPECTED_SDK_VERSION}`;
+  const first = await writeNote(client, requestId, text);
+  check(
+    isDeepStrictEqual(first, { request_id: requestId, status: 'committed' }),
+    `first write_note: expected committed, got ${JSON.stringify(first)}`,
+  );
+  const second = await writeNote(client, requestId, text);
+  check(
+    isDeepStrictEqual(second, { request_id: requestId, status: 'replay' }),
+    `repeated write_note: expected replay, got ${JSON.stringify(second)}`,
+  );
+  console.log('  write_note x2: committed, then replay');
+
+  const target = join(workdir, 'precious.txt');
+  writeFileSync(target, 'must survive rm_rf\n');
+  let refused;
+  try {
+    const result = await client.callTool({ name: 'rm_rf', arguments: { path: target } });
+    throw new CheckFailed(`rm_rf did not reject; the SDK returned ${JSON.stringify(result)}`);
+  } catch (error) {
+    if (error instanceof CheckFailed) throw error;
+    refused = error;
+  }
+  check(refused instanceof McpError, `rm_rf: expected McpError, got ${refused?.name}: ${refused?.message}`);
+  check(refused.code === ErrorCode.InvalidParams, `rm_rf: expected code -32602, got ${refused.code} (${refused.message})`);
+  check(/not found/i.test(refused.message), `rm_rf: expected a 'tool not found' message, got ${refused.message}`);
+  check(readFileSync(target, 'utf8') === 'must survive rm_rf\n', 'rm_rf changed its target file');
+  console.log(`  rm_rf: McpError ${refused.code} ${JSON.stringify(refused.message)}`);
+
+  const ledger = await client.callTool({ name: 'read_ledger', arguments: {} });
+  check(!ledger.isError, `read_ledger returned isError=true: ${JSON.stringify(ledger.content)}`);
+  const notes = ledger.structuredContent?.notes;
+  check(Array.isArray(notes), `read_ledger structuredContent: ${JSON.stringify(ledger.structuredContent)}`);
+  check(
+    isDeepStrictEqual(notes.map((n) => ({ request_id: n.request_id, text: n.text })), [{ request_id: requestId, text }]),
+    `read_ledger: expected exactly the one note ${requestId}, got ${JSON.stringify(notes)}`,
+  );
+  console.log('  read_ledger: the one note, text intact');
+
+  const refusal = await client.callTool({
+    name: 'write_note',
+    arguments: { request_id: 'interop-refused-0001', text: 'x', colour: 'red' },
+  });
+  check(refusal.isError === true, `a refused write_note must be an isError result: ${JSON.stringify(refusal)}`);
+  const refusalText = refusal.content?.[0]?.text ?? '';
+  check(refusalText.startsWith('Error:'), `refusal text must start with Error: ${refusalText}`);
+  const detailsLine = refusalText.trim().split('\n').pop();
+  const details = JSON.parse(detailsLine);
+  check(details.rule === 'input_schema.unknown_argument', `refusal details: ${detailsLine}`);
+  console.log(`  refusal: isError result, rule ${details.rule}`);
+}
+
+async function main(serverPath, policyPath) {
+  const installed = sdkVersion();
+  check(installed === EXPECTED_SDK_VERSION, `expected @modelcontextprotocol/sdk ${EXPECTED_SDK_VERSION}, found ${installed}`);
+  console.log(`typescript SDK ${installed} on Node ${process.versions.node}, initialize flow:`);
+
+  const workdir = mkdtempSync(join(tmpdir(), 'toolgate-interop-ts-'));
+  const stderrLines = [];
+  const transport = new StdioClientTransport({
+    command: serverPath,
+    args: ['--policy', join(workdir, 'policy.json'), '--ledger', join(workdir, 'ledger')],
+    cwd: workdir,
+    stderr: 'pipe',
+  });
+  transport.stderr?.on('data', (chunk) => stderrLines.push(...chunk.toString().split('\n').filter(Boolean)));
+  const client = new Client({ name: 'toolgate-interop-ts', version: '0.0.0' });
+  let timer;
+  try {
+    copyFileSync(policyPath, join(workdir, 'policy.json'));
+    const timeout = new Promise((_, reject) => {
+      timer = setTimeout(() => reject(new CheckFailed(`no answer within ${TIMEOUT_MS / 1000}s`)), TIMEOUT_MS);
+    });
+    await Promise.race([
+      (async () => {
+        await client.connect(transport);
+        await scenario(client, workdir);
+      })(),
+      timeout,
+    ]);
+  } catch (error) {
+    const tail = stderrLines.slice(-20);
+    if (tail.length > 0) {
+      console.error(`  server stderr (last ${tail.length} lines):`);
+      for (const line of tail) console.error(`    ${line}`);
+    }
+    throw error;
+  } finally {
+    clearTimeout(timer);
+    await client.close().catch(() => {});
+    rmSync(workdir, { recursive: true, force: true });
+  }
+}
+
+const [serverPath, policyPath] = process.argv.slice(2);
+if (!serverPath || !policyPath) {
+  console.error('usage: node typescript_client.mjs SERVER_BINARY POLICY_JSON');
+  process.exit(2);
+}
+try {
+  accessSync(serverPath, constants.X_OK);
+} catch {
+  console.error(`typescript_client: server binary ${serverPath} is not executable`);
+  process.exit(2);
+}
+try {
+  await main(serverPath, policyPath);
+  console.log('typescript SDK client: all checks passed');
+} catch (error) {
+  const what = error instanceof CheckFailed ? error.message : `${error?.name}: ${error?.message}`;
+  console.error(`FAIL (typescript SDK client): ${what}`);
+  process.exit(1);
+}
