@@ -43,6 +43,8 @@ use crate::permit::Permit;
 use crate::refusal::Refusal;
 use crate::schema::SchemaCache;
 use crate::state::{GateState, PolicyHandle};
+#[cfg(feature = "fuzzing")]
+pub(crate) use call::argument_refusal;
 
 /// The message of the JSON-RPC error (-32602) for a tool that is denied or does not exist. The two
 /// cases are deliberately identical so a caller cannot probe which hidden tools exist.
@@ -376,11 +378,7 @@ impl<H: ServerHandler> Gated<H> {
             .get(tool)
             .map(Vec::as_slice)
             .unwrap_or_default();
-        let current = InputContract {
-            required: input.required.clone(),
-            allowed: input.allowed.clone(),
-        };
-        contract_awareness(tool, &current, changes, MAX_CONTRACT_CHANGES)
+        contract_note(tool, input, changes)
     }
 
     /// Records, in every audit line of a tool, that tool's contract digest (from toolgate.lock or
@@ -462,6 +460,16 @@ impl<H: ServerHandler> Gated<H> {
             Err(_) => Err("the audit task was cancelled".to_owned()),
         }
     }
+}
+
+/// The contract block of an argument refusal of `tool`: its input contract and the `changes` since
+/// the previous lockfile.
+pub(crate) fn contract_note(tool: &str, input: &InputShape, changes: &[Change]) -> String {
+    let current = InputContract {
+        required: input.required.clone(),
+        allowed: input.allowed.clone(),
+    };
+    contract_awareness(tool, &current, changes, MAX_CONTRACT_CHANGES)
 }
 
 /// The refusal of a call whose arguments break a policy rule.

@@ -12,6 +12,9 @@
 
 pub mod contract;
 mod exactly_once;
+#[cfg(feature = "fuzzing")]
+#[doc(hidden)]
+pub mod fuzzing;
 mod gate;
 pub mod harness;
 mod input;

@@ -15,7 +15,8 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use rmcp::model::{
-    CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, ErrorCode, Tool,
+    CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, ErrorCode, JsonObject,
+    Tool,
 };
 use rmcp::service::RequestContext;
 use rmcp::{ErrorData as McpError, RoleServer, ServerHandler};
@@ -34,6 +35,7 @@ use crate::exactly_once;
 use crate::input::InputShape;
 use crate::permit::Permit;
 use crate::refusal::Refusal;
+use crate::schema::SchemaCache;
 use crate::state::GateState;
 
 /// At most this many batch matches are returned with a count mismatch.
@@ -120,18 +122,16 @@ impl<H: ServerHandler> Gated<H> {
         // Argument refusals are tool results (isError), not protocol errors: the spec puts input
         // validation there, and the model can correct its call in the same turn.
         let input = InputShape::of_schema(&tool.input_schema);
-        let mut refusal = input
-            .problem(&name, arguments)
-            .or_else(|| match &decision {
-                Decision::DenyArgs(violation) => Some(policy_refusal(violation)),
-                _ => None,
-            })
-            .or_else(|| {
-                self.schemas
-                    .check(&name, &tool.input_schema, arguments)
-                    .err()
-            })
-            .or_else(|| path_refusal(&policy, &self.principal, &name, arguments));
+        let mut refusal = argument_refusal(
+            &self.schemas,
+            &policy,
+            &decision,
+            &self.principal,
+            &name,
+            &input,
+            &tool.input_schema,
+            arguments,
+        );
         if refusal.is_none() {
             refusal = self.batch_refusal(&policy, &name, arguments).await;
         }
@@ -621,6 +621,30 @@ fn limit(rate: toolgate_policy::Rate) -> Limit {
         burst: rate.burst,
         per_minute: rate.per_minute,
     }
+}
+
+/// Step 4 of the pipeline: the first refusal of a call's arguments, in this order: the input
+/// schema's top-level shape (required and unknown arguments), the policy's argument rules (from
+/// `decision`), the full JSON Schema, then path containment through symbolic links.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn argument_refusal(
+    schemas: &SchemaCache,
+    policy: &Policy,
+    decision: &Decision,
+    principal: &str,
+    name: &str,
+    input: &InputShape,
+    input_schema: &Arc<JsonObject>,
+    arguments: Option<&Map<String, Value>>,
+) -> Option<Refusal> {
+    input
+        .problem(name, arguments)
+        .or_else(|| match decision {
+            Decision::DenyArgs(violation) => Some(policy_refusal(violation)),
+            _ => None,
+        })
+        .or_else(|| schemas.check(name, input_schema, arguments).err())
+        .or_else(|| path_refusal(policy, principal, name, arguments))
 }
 
 /// The refusal of a path argument that lies inside its roots lexically but leaves them through a

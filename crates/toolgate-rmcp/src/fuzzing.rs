@@ -1,0 +1,94 @@
+//! Entry points for the fuzz targets in `fuzz/` (feature `fuzzing`; not a stable API, see
+//! `docs/fuzzing.md`).
+//!
+//! Building a [`crate::Gated`] needs an MCP session for every call, which is too slow to fuzz;
+//! [`ArgumentChecker`] runs the same code the gate runs on a call's arguments once the tool is
+//! known and allowed (step 4 of the tools/call pipeline in `gate/call.rs`) and renders the
+//! refusal as the gate would (without `structuredContent` for a tool that declares an
+//! `outputSchema`, see `refusal.rs`).
+
+use std::sync::Arc;
+
+use rmcp::model::JsonObject;
+use serde_json::{Map, Value};
+use toolgate_policy::{Decision, Policy};
+
+use crate::gate::{argument_refusal, contract_note};
+use crate::input::InputShape;
+use crate::schema::SchemaCache;
+
+/// What the gate does with a call's arguments.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Verdict {
+    /// The policy refuses the tool as a whole for this principal (the gate answers -32602 before
+    /// looking at the arguments); the rule that decided.
+    ToolRefused(String),
+    /// The arguments are refused: the rule recorded in the audit line, and the `isError` tool
+    /// result's text and `structuredContent` (absent when the tool has an output schema).
+    ArgumentsRefused {
+        /// The audit reason.
+        rule: String,
+        /// The text content of the tool result.
+        text: String,
+        /// The result's `structuredContent`.
+        structured: Option<Value>,
+    },
+    /// Nothing about the arguments stops the call here (later steps: batch, rate, confirmation).
+    Admitted,
+}
+
+/// The gate's argument checks with a validator cache, as one `Gated` holds them.
+#[derive(Debug, Default)]
+pub struct ArgumentChecker {
+    schemas: SchemaCache,
+}
+
+impl ArgumentChecker {
+    /// An empty validator cache.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Decides the arguments of a call of `tool` (whose input schema is `input_schema`, and which
+    /// declares an output schema when `has_output_schema`) by `principal` under `policy`.
+    pub fn check(
+        &self,
+        policy: &Policy,
+        principal: &str,
+        tool: &str,
+        input_schema: &Arc<JsonObject>,
+        has_output_schema: bool,
+        arguments: Option<&Map<String, Value>>,
+    ) -> Verdict {
+        let decision = policy.decide_for(principal, tool, arguments);
+        if let Decision::DenyTool(denial) = &decision {
+            return Verdict::ToolRefused(denial.rule());
+        }
+        let input = InputShape::of_schema(input_schema);
+        let Some(refusal) = argument_refusal(
+            &self.schemas,
+            policy,
+            &decision,
+            principal,
+            tool,
+            &input,
+            input_schema,
+            arguments,
+        ) else {
+            return Verdict::Admitted;
+        };
+        let rule = refusal.rule.clone();
+        let result = refusal.into_result(&contract_note(tool, &input, &[]), has_output_schema);
+        let text = result
+            .content
+            .iter()
+            .filter_map(|block| block.as_text().map(|t| t.text.clone()))
+            .collect::<Vec<_>>()
+            .join("\n");
+        Verdict::ArgumentsRefused {
+            rule,
+            text,
+            structured: result.structured_content,
+        }
+    }
+}
