@@ -379,3 +379,35 @@ async fn without_the_gate_a_permit_handler_fails_before_its_body() {
     assert!(setup.observed.echo_ran.load(Ordering::SeqCst));
     client.cancel().await.unwrap();
 }
+
+/// A sink that never blocks is appended to from the calling task (no blocking-pool hand-off), on
+/// a current-thread runtime as well as a multi-thread one, and its records are the same chained
+/// lines the file log writes.
+#[tokio::test]
+async fn a_non_blocking_sink_is_appended_to_inline_and_its_chain_verifies() {
+    let (_setup, tools) = fresh();
+    let audit = Arc::new(toolgate_audit::MemoryAuditLog::new());
+    let gated = Gated::builder(tools)
+        .policy(Policy::from_json(POLICY).unwrap())
+        .audit(audit.clone())
+        .build()
+        .unwrap();
+    let client = connect(gated).await;
+    let _ = call(&client, "secret", json!({})).await;
+    let result = call(&client, "echo", json!({"text": "hi"})).await.unwrap();
+    assert_eq!(first_text(&result), "echo: hi");
+    assert_eq!(audit.records(), 2);
+    let report = toolgate_audit::verify_reader(audit.bytes().as_slice()).unwrap();
+    assert!(report.is_intact(), "{report}");
+    assert_eq!(report.records, 2);
+    let lines: Vec<Value> = audit
+        .bytes()
+        .split(|&b| b == b'\n')
+        .filter(|l| !l.is_empty())
+        .map(|l| serde_json::from_slice(l).unwrap())
+        .collect();
+    assert_eq!(lines[0]["decision"], "deny");
+    assert_eq!(lines[1]["name"], "echo");
+    assert_eq!(lines[1]["outcome"], "executed");
+    client.cancel().await.unwrap();
+}
