@@ -63,12 +63,19 @@ pub(crate) struct LineFault {
 /// RFC 8785 numbers are IEEE-754 doubles, so a nanosecond timestamp (about 1.8e18, above 2^53) is
 /// written rounded to the nearest double in its shortest decimal form. We store that rounded value
 /// so that the receipt, the line and any reader agree on the same integer.
+///
+/// Values within 1,024 of `u64::MAX` (nanoseconds after the year 2554) round up to 2^64, which no
+/// `u64` holds and a reader would parse as a float; they are clamped to the largest double below
+/// 2^64 instead, so the writer never produces a line the verifier rejects.
 pub(crate) fn representable(ts: u64) -> u64 {
+    /// The largest double below 2^64 (2^64 - 2^11) as RFC 8785 writes it: the shortest decimal
+    /// that rounds to it.
+    const LARGEST_BELOW_2_64: u64 = 18_446_744_073_709_550_000;
     let text = canonical_value(&Value::from(ts));
     std::str::from_utf8(&text)
         .ok()
         .and_then(|s| s.parse::<u64>().ok())
-        .unwrap_or(ts)
+        .unwrap_or(LARGEST_BELOW_2_64)
 }
 
 /// Builds the line for `entry` chained onto `prev`. `extra` adds fields beyond the entry's own (used
@@ -415,6 +422,14 @@ mod tests {
             assert_eq!(representable(ts), ts, "raw {raw}");
         }
         assert_eq!(representable(12_345), 12_345);
+        // Found by fuzzing: a timestamp that rounds to 2^64 used to be written as
+        // 18446744073709552000, which the verifier (integers only) rejected.
+        for raw in [u64::MAX, u64::MAX - 1_023, 0xFFFF_FFFF_FFFF_FC00] {
+            assert_eq!(representable(raw), 18_446_744_073_709_550_000, "raw {raw}");
+        }
+        let entry = AuditEntry::tool_call("r", "t", Decision::Allow, "x", Sha256Digest::ZERO);
+        let sealed = seal(&entry, vec![], representable(u64::MAX), 1, Sha256Digest::ZERO);
+        check_line(sealed.line.strip_suffix(b"\n").unwrap()).unwrap();
     }
 
     #[test]
