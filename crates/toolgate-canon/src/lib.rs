@@ -4,12 +4,17 @@
 //! sections) is a SHA-256 over the canonical bytes produced here, so two independent programs that
 //! agree on RFC 8785 agree on every digest. This crate performs no I/O.
 //!
-//! Canonicalization is delegated to `serde_json_canonicalizer`, which the tests below check against
-//! the test vectors of RFC 8785 (appendix B numbers, section 3.2.3 key ordering by UTF-16 code units,
-//! and the appendix's complete example).
+//! The writer is this crate's own (module `jcs`). Its output is byte-for-byte that of the
+//! `serde_json_canonicalizer` 0.4 crate, which produced every digest written before it, including
+//! that crate's quirks (every number goes through `f64`, so integers above 2^53 are rounded; a
+//! non-finite float nested in a value is written `null`); a differential property test against
+//! that crate guards the equivalence, and the tests below check the test vectors of RFC 8785
+//! (appendix B numbers, section 3.2.3 key ordering by UTF-16 code units, and the appendix's
+//! complete example).
 
 #![forbid(unsafe_code)]
 
+mod jcs;
 mod key;
 
 pub use key::{HmacKey, KeyError, MIN_KEY_BYTES};
@@ -24,8 +29,9 @@ use sha2::{Digest as _, Sha256};
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum CanonError {
-    /// The value has no RFC 8785 form (a non-finite number, a map with non-string keys, or a
-    /// `Serialize` impl that failed). Represent it as a JSON string or integer instead.
+    /// The value has no RFC 8785 form: a non-finite number as the whole value, a map key that is
+    /// not a string, number, bool or char, two keys that are the same string, or a `Serialize`
+    /// impl that failed. Represent it as a JSON string or integer instead.
     #[error(
         "value cannot be written as canonical JSON (RFC 8785): {0}; use only JSON-representable values"
     )]
@@ -36,22 +42,24 @@ pub enum CanonError {
 ///
 /// Keys are sorted by UTF-16 code units, there is no insignificant whitespace, strings are UTF-8 without
 /// `\u` escapes for non-ASCII, and numbers use the ECMAScript shortest round-trip form.
+///
+/// Numbers are written as ECMAScript writes the `f64` nearest to them, whatever their Rust type
+/// (so `u64` values above 2^53 are rounded). A non-finite float is an error when it is the whole
+/// value and `null` when nested; a map key that is not a string, a number, a bool or a char, two
+/// keys that are the same string, or a failing `Serialize` impl are errors.
 pub fn to_canonical_vec<T: Serialize>(value: &T) -> Result<Vec<u8>, CanonError> {
-    serde_json_canonicalizer::to_vec(value).map_err(|e| CanonError::NotRepresentable(e.to_string()))
+    jcs::to_vec(value).map_err(|e| CanonError::NotRepresentable(e.to_string()))
 }
 
-/// The canonical bytes of a `serde_json::Value`.
+/// The canonical bytes of a `serde_json::Value`: the same bytes as
+/// `to_canonical_vec(value)`, written by walking the value directly.
 ///
-/// A `Value` built by `serde_json` always has string keys and finite numbers, so this cannot fail;
-/// the single fallible path is kept private to that invariant.
+/// A `Value` always has string keys, distinct within an object, and finite numbers, so this cannot
+/// fail.
 pub fn canonical_value(value: &serde_json::Value) -> Vec<u8> {
-    match to_canonical_vec(value) {
-        Ok(bytes) => bytes,
-        // serde_json::Value cannot hold NaN or infinities and its maps have string keys, which are
-        // the only inputs the canonicalizer rejects. Fall back to serde_json's compact form rather
-        // than panic; it is identical for values without floats or unsorted keys.
-        Err(_) => serde_json::to_vec(value).unwrap_or_default(),
-    }
+    let mut out = Vec::with_capacity(jcs::INITIAL_CAPACITY);
+    jcs::write_value(&mut out, value);
+    out
 }
 
 /// Whether `bytes` are exactly the canonical form of the JSON they encode.
@@ -293,6 +301,29 @@ mod tests {
         assert_eq!(Sha256Digest::of_parts(&[b"a", b"bc"]), digest);
         let json = serde_json::to_value(digest).expect("serializes");
         assert_eq!(json, json!(digest.to_hex()));
+    }
+
+    /// Digests of parsed JSON depend on `serde_json` parsing floats exactly (`float_roundtrip`):
+    /// without it `44392119048899982e7` parses one ulp off and canonicalizes to other bytes.
+    /// `serde_json_canonicalizer` used to turn the feature on for every build; it is now only a
+    /// dev-dependency, whose features reach test builds but not release builds, so a parsing test
+    /// would pass either way. Check the manifest instead.
+    #[test]
+    fn serde_json_parses_floats_exactly_in_every_build() {
+        let manifest = include_str!("../Cargo.toml");
+        let dependencies = manifest
+            .split("[dependencies]")
+            .nth(1)
+            .and_then(|rest| rest.split("\n[").next())
+            .expect("the manifest has a [dependencies] table");
+        assert!(
+            dependencies
+                .lines()
+                .any(|line| line.starts_with("serde_json ") && line.contains("float_roundtrip")),
+            "toolgate-canon must depend on serde_json with the float_roundtrip feature"
+        );
+        let value: serde_json::Value = serde_json::from_str("44392119048899982e7").expect("JSON");
+        assert_eq!(canonical_value(&value), b"4.439211904889998e+23");
     }
 
     #[test]
