@@ -428,7 +428,13 @@ mod tests {
             assert_eq!(representable(raw), 18_446_744_073_709_550_000, "raw {raw}");
         }
         let entry = AuditEntry::tool_call("r", "t", Decision::Allow, "x", Sha256Digest::ZERO);
-        let sealed = seal(&entry, vec![], representable(u64::MAX), 1, Sha256Digest::ZERO);
+        let sealed = seal(
+            &entry,
+            vec![],
+            representable(u64::MAX),
+            1,
+            Sha256Digest::ZERO,
+        );
         check_line(sealed.line.strip_suffix(b"\n").unwrap()).unwrap();
     }
 

@@ -1,7 +1,9 @@
 //! Durable begin+complete cycles per second, sequential and with 16 concurrent callers, for
 //! idempotent effects (1 fdatasync per sequential cycle) and unsafe ones (2), next to this
 //! machine's raw fsync rate measured in the same run (run: `cargo bench -p toolgate-commit --bench
-//! effect`; set `EFFECT_BENCH_DIR` to measure another filesystem).
+//! effect`; set `EFFECT_BENCH_DIR` to measure another filesystem). Last, the sequential ratio to
+//! one-fsync-per-commit measured in interleaved pairs (one of each, alternately), which stays
+//! meaningful when the disk's fsync rate drifts during the run.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::print_stdout)]
 
@@ -132,6 +134,52 @@ fn concurrent(dir: &Path, kind: EffectKind) -> (f64, f64) {
     (rate, (fsyncs(&storage) - before) as f64 / total as f64)
 }
 
+/// Pairs in the interleaved comparison.
+const PAIRS: usize = 400;
+
+/// The sequential rate of `kind` as a fraction of one-fsync-per-commit, measured pair by pair: one
+/// one-fsync commit, then one store cycle, `PAIRS` times, each side's time summed. The disk's
+/// fsync rate drifts by several times within seconds on a shared virtual disk; alternating single
+/// operations exposes both sides to the same drift, so the ratio (of the summed times, which is
+/// the ratio of the two throughputs) stays meaningful. Also returns the ratio over each tenth of
+/// the run, sorted, to show its spread.
+fn interleaved_ratio(dir: &Path, kind: EffectKind) -> (f64, Vec<f64>) {
+    const RECORD_BYTES: usize = 400;
+    std::fs::create_dir_all(dir).unwrap();
+    let mut file = OpenOptions::new()
+        .create(true)
+        .truncate(true)
+        .write(true)
+        .open(dir.join("one-fsync-per-commit"))
+        .unwrap();
+    file.write_all(&vec![0u8; RECORD_BYTES * PAIRS + 4096])
+        .unwrap();
+    file.sync_all().unwrap();
+    file.seek(SeekFrom::Start(0)).unwrap();
+    let record = vec![b'r'; RECORD_BYTES];
+    let (store, _storage) = counted_store(&dir.join("store"));
+    let (mut one, mut ours) = (Vec::with_capacity(PAIRS), Vec::with_capacity(PAIRS));
+    for i in 0..PAIRS {
+        let start = Instant::now();
+        file.write_all(&record).unwrap();
+        file.sync_data().unwrap();
+        one.push(start.elapsed().as_secs_f64());
+        let start = Instant::now();
+        cycle(&store, kind, format!("pair-{i}"));
+        ours.push(start.elapsed().as_secs_f64());
+    }
+    let ratio = |a: &[f64], b: &[f64]| a.iter().sum::<f64>() / b.iter().sum::<f64>();
+    let tenth = PAIRS / 10;
+    let mut tenths: Vec<f64> = (0..10)
+        .map(|t| {
+            let r = t * tenth..(t + 1) * tenth;
+            ratio(&one[r.clone()], &ours[r])
+        })
+        .collect();
+    tenths.sort_by(f64::total_cmp);
+    (ratio(&one, &ours), tenths)
+}
+
 fn main() {
     let base = std::env::var_os("EFFECT_BENCH_DIR")
         .map(std::path::PathBuf::from)
@@ -158,6 +206,17 @@ fn main() {
             "{name:<10} {THREADS} concurrent callers ({} keys):    {conc_rate:>9.0} /s  ({conc_fsyncs:.2} fsyncs per cycle, {:.2}x sequential)",
             THREADS * PER_THREAD,
             conc_rate / seq_rate
+        );
+    }
+    for (name, kind) in [
+        ("idempotent", EffectKind::Idempotent),
+        ("unsafe", EffectKind::Unsafe),
+    ] {
+        let (ratio, tenths) = interleaved_ratio(&tmp.path().join(format!("pairs-{name}")), kind);
+        println!(
+            "{name:<10} sequential / one-fsync-per-commit, {PAIRS} interleaved pairs: {ratio:.2} (tenths of the run: {:.2} .. {:.2})",
+            tenths[0],
+            tenths[tenths.len() - 1]
         );
     }
 }
