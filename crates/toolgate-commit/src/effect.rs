@@ -41,7 +41,9 @@
 //!
 //! # Concurrency and durability
 //!
-//! Each store keeps an index (name -> latest record) built at open from the journal. Every call
+//! Each store keeps an index (name -> latest record) built at open from the journal; a completed
+//! record's result is kept there as its canonical JSON text (the bytes of its journal line), not
+//! as a `serde_json::Value` tree, so a record costs a few hundred bytes. Every call
 //! is a job for a group commit: the first waiting caller becomes the leader and, under an exclusive
 //! `flock` of `dir/.lock`, applies the lines other processes appended since it last looked, decides
 //! every queued job in order against the index (the compare-and-swap: decision and append under
@@ -98,6 +100,7 @@
 mod record;
 mod storage;
 
+use std::collections::hash_map::Entry;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fmt;
 use std::fs::{File, OpenOptions};
@@ -110,7 +113,8 @@ use serde_json::Value;
 use toolgate_canon::Sha256Digest;
 
 use record::{
-    Liveness, Owner, Record, State, encode_line, liveness, now_ns, parse_line, pid_alive,
+    Liveness, Owner, Record, State, StoredResult, encode_line, liveness, now_ns, parse_line,
+    pid_alive,
 };
 pub use storage::{FaultyStorage, FsStorage, Op, Storage};
 
@@ -469,8 +473,12 @@ struct Journal {
     /// The identity of `file`, compared with the path's under the lock to notice a compaction by
     /// another process or store instance.
     file_id: FileId,
-    /// The latest state of every record (removed ones are absent).
-    index: HashMap<Sha256Digest, Live>,
+    /// The latest state of every record (removed ones are absent). Boxed: the table then holds
+    /// 40 bytes per slot instead of 190, and a hash table keeps up to half its slots empty.
+    index: HashMap<Sha256Digest, Box<Live>>,
+    /// The principal and tool names the records share (usually a handful for any number of
+    /// records); names no record uses any more are dropped at compaction.
+    names: HashSet<Arc<str>>,
     /// The sum of `line_len` over `index`: the used length a compaction would leave.
     live_bytes: u64,
     /// Offset just past the last complete line known to this store (the logical end).
@@ -500,6 +508,7 @@ impl Journal {
             file,
             file_id,
             index: HashMap::new(),
+            names: HashSet::new(),
             live_bytes: 0,
             end: 0,
             size: 0,
@@ -514,6 +523,7 @@ impl Journal {
     /// Forgets everything read from the file (which is kept), so the next refresh reads it whole.
     fn reset(&mut self) {
         self.index.clear();
+        self.names.clear();
         self.live_bytes = 0;
         self.end = 0;
         self.size = 0;
@@ -527,18 +537,45 @@ impl Journal {
         self.index.get(name).map(|live| &live.record)
     }
 
+    /// The shared copy of a principal or tool name.
+    fn intern(&mut self, text: &str) -> Arc<str> {
+        if let Some(shared) = self.names.get(text) {
+            return Arc::clone(shared);
+        }
+        let shared: Arc<str> = text.into();
+        self.names.insert(Arc::clone(&shared));
+        shared
+    }
+
+    /// Drops names that no record uses any more (only this set holds them).
+    fn forget_unused_names(&mut self) {
+        self.names.retain(|name| Arc::strong_count(name) > 1);
+    }
+
     /// Applies a line (of `line_len` bytes) that sets `name` to `record` (`None`: removed). The
     /// line is not known durable yet.
     fn set(&mut self, name: Sha256Digest, record: Option<Record>, line_len: u64) {
-        let old = match record {
-            Some(record) => self.index.insert(name, Live { record, line_len }),
-            None => self.index.remove(&name),
+        let old_len = match record {
+            Some(mut record) => {
+                record.principal = self.intern(&record.principal);
+                record.tool = self.intern(&record.tool);
+                let live = Live { record, line_len };
+                self.live_bytes = self.live_bytes.saturating_add(line_len);
+                match self.index.entry(name) {
+                    // The record's box is reused for its new state.
+                    Entry::Occupied(mut slot) => {
+                        Some(std::mem::replace(&mut **slot.get_mut(), live).line_len)
+                    }
+                    Entry::Vacant(slot) => {
+                        slot.insert(Box::new(live));
+                        None
+                    }
+                }
+            }
+            None => self.index.remove(&name).map(|old| old.line_len),
         };
-        if let Some(old) = old {
-            self.live_bytes = self.live_bytes.saturating_sub(old.line_len);
-        }
-        if self.index.contains_key(&name) {
-            self.live_bytes = self.live_bytes.saturating_add(line_len);
+        if let Some(old_len) = old_len {
+            self.live_bytes = self.live_bytes.saturating_sub(old_len);
         }
         self.undurable.insert(name);
     }
@@ -574,9 +611,10 @@ enum Job {
         owner: Owner,
         record: Record,
     },
+    /// `result: None` is [`Resolution::Forget`].
     Resolve {
         name: Sha256Digest,
-        resolution: Resolution,
+        result: Option<StoredResult>,
     },
     Prune {
         now: u64,
@@ -645,7 +683,7 @@ impl Drop for DirLock<'_> {
 
 /// What a record means for a `begin`.
 enum Decision {
-    Replay(Value),
+    Replay(StoredResult),
     ReplayFailure(String),
     Conflict,
     Indeterminate,
@@ -842,7 +880,15 @@ impl EffectStore {
                 Answer::Done | Answer::Pruned(_) => unreachable!("begin answers a decision"),
             };
             match decision {
-                Decision::Replay(value) => {
+                Decision::Replay(stored) => {
+                    // Parsed here, outside the batch: the index keeps only the text.
+                    let value = stored.to_value().map_err(|e| EffectError::Corrupt {
+                        path: self.journal_path.clone(),
+                        reason: format!(
+                            "the stored result of sha256:{name} does not parse ({:?} error)",
+                            e.classify()
+                        ),
+                    })?;
                     self.count(&req.scope.tool, |c| c.replayed += 1);
                     return Ok(Begin::Replay(value));
                 }
@@ -881,7 +927,10 @@ impl EffectStore {
 
     /// Stores `result` as the outcome of `ticket`'s execution; durable when this returns `Ok`.
     pub fn complete(&self, ticket: Ticket, result: &Value) -> Result<(), EffectError> {
-        self.finish(ticket, State::Completed(result.clone()))?;
+        // Canonicalized once, here, before the batch: the journal line and the index both use
+        // this text.
+        let stored = StoredResult::from_value(result)?;
+        self.finish(ticket, State::Completed(stored))?;
         Ok(())
     }
 
@@ -891,7 +940,7 @@ impl EffectStore {
         self.finish(
             ticket,
             State::Failed {
-                error: error.to_owned(),
+                error: error.into(),
                 retryable,
             },
         )
@@ -949,7 +998,11 @@ impl EffectStore {
         resolution: Resolution,
     ) -> Result<(), EffectError> {
         let name = record_name(scope, key)?;
-        self.submit(Job::Resolve { name, resolution })?;
+        let result = match &resolution {
+            Resolution::Completed(result) => Some(StoredResult::from_value(result)?),
+            Resolution::Forget => None,
+        };
+        self.submit(Job::Resolve { name, result })?;
         Ok(())
     }
 
@@ -967,8 +1020,9 @@ impl EffectStore {
             lease_until_ns: ticket.lease_until_ns,
             created_ns: ticket.created_ns,
             finished_ns: Some(now_ns(SystemTime::now())),
-            principal: ticket.scope.principal.clone(),
-            tool: ticket.scope.tool.clone(),
+            // Replaced by the interned names when the record enters the index.
+            principal: ticket.scope.principal.as_str().into(),
+            tool: ticket.scope.tool.as_str().into(),
         };
         // On an error the ticket is dropped: its record then has a dead owner, unless the outcome
         // line reached the journal (a failed fdatasync), in which case a retry replays it after
@@ -1126,8 +1180,8 @@ impl EffectStore {
                     lease_until_ns: now.saturating_add(lease),
                     created_ns: now,
                     finished_ns: None,
-                    principal: req.scope.principal,
-                    tool: req.scope.tool,
+                    principal: journal.intern(&req.scope.principal),
+                    tool: journal.intern(&req.scope.tool),
                 };
                 let line = encode_line(&name, Some(&record))?;
                 batch.lines.extend(&line);
@@ -1151,7 +1205,7 @@ impl EffectStore {
                 batch.needs_sync = true;
                 let ours = journal
                     .record(&name)
-                    .is_some_and(|r| r.state == State::InProgress && r.owner == owner);
+                    .is_some_and(|r| r.state.is_in_progress() && r.owner == owner);
                 if !ours {
                     return Err(EffectError::LostOwnership { key_digest: name });
                 }
@@ -1160,7 +1214,7 @@ impl EffectStore {
                 journal.set(name, Some(record), line.len() as u64);
                 Ok(Answer::Done)
             }
-            Job::Resolve { name, resolution } => {
+            Job::Resolve { name, result } => {
                 batch.needs_sync = true;
                 let not = |state| EffectError::NotIndeterminate {
                     key_digest: name,
@@ -1175,9 +1229,9 @@ impl EffectStore {
                 if liveness(&record.owner, record.lease_until_ns, now) == Liveness::Live {
                     return Err(not("in_progress (owner alive)"));
                 }
-                let (line, record) = match resolution {
-                    Resolution::Forget => (encode_line(&name, None)?, None),
-                    Resolution::Completed(result) => {
+                let (line, record) = match result {
+                    None => (encode_line(&name, None)?, None),
+                    Some(result) => {
                         let completed = Record {
                             state: State::Completed(result),
                             finished_ns: Some(now),
@@ -1352,6 +1406,7 @@ impl EffectStore {
         journal.synced = true;
         journal.undurable.clear();
         journal.auto_compact_floor = 0;
+        journal.forget_unused_names();
         Ok(stats)
     }
 
@@ -1568,7 +1623,10 @@ impl EffectStore {
 
     fn count(&self, tool: &str, bump: impl FnOnce(&mut Counters)) {
         let mut counters = self.counters.lock().unwrap_or_else(PoisonError::into_inner);
-        bump(counters.entry(tool.to_owned()).or_default());
+        match counters.get_mut(tool) {
+            Some(counts) => bump(counts),
+            None => bump(counters.entry(tool.to_owned()).or_default()),
+        }
     }
 
     #[cfg(feature = "fault-injection")]
@@ -1587,7 +1645,7 @@ fn decide(
     kind: EffectKind,
     now: u64,
 ) -> Result<Decision, EffectError> {
-    if record.principal != req.scope.principal || record.tool != req.scope.tool {
+    if *record.principal != *req.scope.principal || *record.tool != *req.scope.tool {
         return Err(EffectError::Corrupt {
             path: path.to_path_buf(),
             reason: "a record's principal or tool does not match its name".to_owned(),
@@ -1597,11 +1655,11 @@ fn decide(
         return Ok(Decision::Conflict);
     }
     Ok(match &record.state {
-        State::Completed(value) => Decision::Replay(value.clone()),
+        State::Completed(result) => Decision::Replay(result.clone()),
         State::Failed {
             error,
             retryable: false,
-        } => Decision::ReplayFailure(error.clone()),
+        } => Decision::ReplayFailure(error.to_string()),
         State::Failed {
             retryable: true, ..
         } => Decision::Take,

@@ -135,6 +135,57 @@ fn replay_after_reopen_returns_the_same_bytes_and_conflict_never_executes() {
 }
 
 #[test]
+fn replay_in_the_same_process_returns_the_value_as_given() {
+    // The index keeps a result as its canonical text; a value that would not read back from it
+    // exactly (floats, integers beyond 2^53) is replayed as given all the same.
+    let tmp = tempfile::tempdir().unwrap();
+    let store = open(tmp.path());
+    let results = [
+        json!({"content": [{"type": "text", "text": "{\"a\":1}"}], "isError": false}),
+        json!({"z": 1.0, "a": [1.5, "é\u{2028}\"\\", {"k": null}], "n": 1e21, "big": u64::MAX}),
+        json!(-0.0),
+    ];
+    for (i, result) in results.iter().enumerate() {
+        let r = req(&format!("same-process-{i}"), "fp");
+        execute(&store, &r, EffectKind::Idempotent, result);
+        match store.begin(&r, EffectKind::Idempotent).unwrap() {
+            Begin::Replay(v) => assert_eq!(
+                serde_json::to_string(&v).unwrap(),
+                serde_json::to_string(result).unwrap()
+            ),
+            other => panic!("expected Replay, got {other:?}"),
+        }
+    }
+}
+
+#[test]
+fn a_null_result_is_replayed_after_reopen() {
+    // `"result":null` is a present result: reading it as absent made the record unreadable.
+    let tmp = tempfile::tempdir().unwrap();
+    {
+        let store = open(tmp.path());
+        execute(&store, &req("null", "fp"), EffectKind::Unsafe, &Value::Null);
+    }
+    assert!(
+        String::from_utf8(journal_bytes(tmp.path()))
+            .unwrap()
+            .contains(r#""result":null,"state":"completed""#)
+    );
+    let store = open(tmp.path());
+    match store.begin(&req("null", "fp"), EffectKind::Unsafe).unwrap() {
+        Begin::Replay(v) => assert_eq!(v, Value::Null),
+        other => panic!("expected Replay, got {other:?}"),
+    }
+    store.compact().unwrap();
+    drop(store);
+    let store = open(tmp.path());
+    assert!(matches!(
+        store.begin(&req("null", "fp"), EffectKind::Unsafe).unwrap(),
+        Begin::Replay(Value::Null)
+    ));
+}
+
+#[test]
 fn failures_retryable_and_not() {
     let tmp = tempfile::tempdir().unwrap();
     let store = open(tmp.path());

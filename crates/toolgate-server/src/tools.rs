@@ -4,7 +4,7 @@
 use rmcp::handler::server::router::tool::ToolRouter;
 use rmcp::handler::server::tool::Extension;
 use rmcp::handler::server::wrapper::Parameters;
-use rmcp::model::{ServerCapabilities, ServerConfig};
+use rmcp::model::{CallToolResult, ServerCapabilities, ServerConfig};
 use rmcp::{Json, ServerHandler, tool, tool_handler, tool_router};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -38,6 +38,16 @@ pub struct Note {
     pub request_id: String,
     /// The note's text.
     pub text: String,
+}
+
+/// A stored note checked in place: what [`Note`] accepts, without copying its strings.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct NoteRef<'a> {
+    #[serde(rename = "request_id")]
+    _request_id: &'a str,
+    #[serde(rename = "text")]
+    _text: &'a str,
 }
 
 /// Result of `read_ledger`.
@@ -114,32 +124,47 @@ impl NotesServer {
     }
 
     /// Observe every committed note, sorted by file name.
-    #[tool(annotations(
-        title = "Read ledger",
-        read_only_hint = true,
-        destructive_hint = false,
-        idempotent_hint = true,
-        open_world_hint = false
-    ))]
+    #[tool(
+        annotations(
+            title = "Read ledger",
+            read_only_hint = true,
+            destructive_hint = false,
+            idempotent_hint = true,
+            open_world_hint = false
+        ),
+        // What `Json<ReadLedgerResult>` would declare: the result is that object.
+        output_schema = rmcp::handler::server::tool::schema_for_output::<ReadLedgerResult>()
+    )]
     async fn read_ledger(
         &self,
         Extension(permit): Extension<Permit>,
-    ) -> Result<Json<ReadLedgerResult>, String> {
+    ) -> Result<CallToolResult, String> {
         let payloads = permit.observe().await.map_err(tool_error)?;
-        let notes = payloads
-            .into_iter()
-            .enumerate()
-            .map(|(index, payload)| {
-                // The serde message could quote stored text; report only where and what kind.
-                serde_json::from_value::<Note>(payload).map_err(|e| {
-                    format!(
-                        "Error: ledger entry {index} (in file-name order) is not a note ({:?} error); inspect LEDGER_DIR/notes",
-                        e.classify()
-                    )
-                })
-            })
-            .collect::<Result<Vec<_>, _>>()?;
-        Ok(Json(ReadLedgerResult { notes }))
+        for (index, payload) in payloads.iter().enumerate() {
+            // Checked where it lies (its strings borrowed), so that the payloads themselves become
+            // the result: converting every note into a `Note` and back into a new JSON tree, as
+            // `Json<ReadLedgerResult>` would, copies the whole ledger once more per call.
+            // The serde message could quote stored text; report only where and what kind.
+            // An object only: serde would also read a note from a two-element array, which
+            // `Note` used to turn into an object but which would now go out as it is.
+            let checked = match payload {
+                serde_json::Value::Object(_) => NoteRef::deserialize(payload).map(drop),
+                _ => Err(serde::de::Error::custom("not an object")),
+            };
+            checked.map_err(|e: serde_json::Error| {
+                format!(
+                    "Error: ledger entry {index} (in file-name order) is not a note ({:?} error); inspect LEDGER_DIR/notes",
+                    e.classify()
+                )
+            })?;
+        }
+        // The same JSON as `ReadLedgerResult { notes }` serializes to: an object whose `notes`
+        // are the checked notes in file-name order.
+        let mut result = serde_json::Map::new();
+        result.insert("notes".to_owned(), serde_json::Value::Array(payloads));
+        Ok(CallToolResult::structured(serde_json::Value::Object(
+            result,
+        )))
     }
 
     /// Registered only to prove that the list gate and the call gate are independent. It never
