@@ -43,13 +43,17 @@
 //!
 //! Each store keeps an index (name -> latest record) built at open from the journal; a completed
 //! record's result is kept there as its canonical JSON text (the bytes of its journal line), not
-//! as a `serde_json::Value` tree, so a record costs a few hundred bytes. Every call
-//! is a job for a group commit: the first waiting caller becomes the leader and, under an exclusive
+//! as a `serde_json::Value` tree, so a record costs a few hundred bytes. Every call is a job for a
+//! pipelined group commit: the first waiting caller becomes the leader and, under an exclusive
 //! `flock` of `dir/.lock`, applies the lines other processes appended since it last looked, decides
 //! every queued job in order against the index (the compare-and-swap: decision and append under
-//! one lock, on the latest state), writes all new lines with one write and makes them durable with
-//! one `fdatasync` (skipped when no answer of the batch needs it, below), then wakes the others. A call returns only after the `fdatasync` covering its
-//! line (or every not yet durable line its answer depends on) succeeded. The journal grows in
+//! one lock, on the latest state) and writes all new lines with one write. It then releases the
+//! lock, hands the lead to the next waiting caller, and makes its lines durable with one
+//! `fdatasync` (skipped when no answer of the batch needs it, below; shared when another leader's
+//! `fdatasync` started after its write), while the next batch is decided and written; then it
+//! wakes its own callers. A call returns only after an `fdatasync` covering its line (or every not
+//! yet durable line its answer depends on) succeeded: durability is tracked as an offset of the
+//! journal, and each record remembers where its latest line ends. The journal grows in
 //! zero-filled chunks so appends do not change its size; a torn last line is zeroed at open, a
 //! corrupt complete line is `Corrupt` naming the line. `docs/commit-store.md` has the details.
 //!
@@ -74,9 +78,9 @@
 //!   later page of unsynced lines but not an earlier one, `open` zeroes a fragment after the
 //!   logical end and reports whole lines there as `Corrupt`.)
 //!
-//! Answers never rest on a line that is not durable: the store tracks which records' latest lines
-//! were written or read since its last successful `fdatasync`, and a job whose answer depends on
-//! one (a `Conflict`, `InProgress`, `Replay` or takeover decided on it, any `complete`, `fail`,
+//! Answers never rest on a line that is not durable: a record's latest line (written by this
+//! store or read from another's appends) is durable once this store's `fdatasync`s reach its end
+//! offset, and a job whose answer depends on one that is not yet (a `Conflict`, `InProgress`, `Replay` or takeover decided on it, any `complete`, `fail`,
 //! `resolve`, `prune`) makes its batch fdatasync before answering. So a batch skips the
 //! `fdatasync` only when its jobs are idempotent begins that wrote a line and answers that read
 //! durable lines only.
@@ -459,6 +463,9 @@ const COMPACT_MIN_BYTES: u64 = 4 << 20;
 struct Live {
     record: Record,
     line_len: u64,
+    /// The offset just past that line in the current journal file: the line is durable once
+    /// [`Durability::durable`] reaches it.
+    line_end: u64,
 }
 
 /// `(st_dev, st_ino)` of an open file: a compaction replaces the journal by another inode.
@@ -468,8 +475,11 @@ type FileId = (u64, u64);
 /// `compact` take, always together with the `flock`.
 #[derive(Debug)]
 struct Journal {
-    /// The journal, opened once (read and write); reopened when a compaction replaced it.
-    file: File,
+    /// The journal, opened once (read and write); reopened when a compaction replaced it. Shared
+    /// with batch leaders that fdatasync it after releasing the lock.
+    file: Arc<File>,
+    /// Which journal file `file` is, counted from 0 at open; mirrors [`Durability::epoch`].
+    epoch: u64,
     /// The identity of `file`, compared with the path's under the lock to notice a compaction by
     /// another process or store instance.
     file_id: FileId,
@@ -488,13 +498,10 @@ struct Journal {
     size: u64,
     /// How many complete lines precede `end` (to name a corrupt line).
     lines: u64,
-    /// Everything before `end` is known durable (fdatasynced by this store since it was read or
-    /// written).
-    synced: bool,
-    /// Names whose latest line may not be durable yet (applied or written since the last
-    /// successful fdatasync). A job whose answer depends on such a line fdatasyncs before it is
-    /// answered; empty whenever `synced`.
-    undurable: HashSet<Sha256Digest>,
+    /// The offset just past the latest removal line (a removed record is absent from `index`, so
+    /// its line's end is kept here): an answer that relies on a record being absent waits until
+    /// this is durable.
+    removed_end: u64,
     /// A write failed part-way, or the file was replaced: rebuild the index from its start.
     reload: bool,
     /// An automatic compaction failed at this used length: the next automatic attempt waits until
@@ -505,7 +512,8 @@ struct Journal {
 impl Journal {
     fn new(file: File, file_id: FileId) -> Self {
         Journal {
-            file,
+            file: Arc::new(file),
+            epoch: 0,
             file_id,
             index: HashMap::new(),
             names: HashSet::new(),
@@ -513,8 +521,7 @@ impl Journal {
             end: 0,
             size: 0,
             lines: 0,
-            synced: false,
-            undurable: HashSet::new(),
+            removed_end: 0,
             reload: false,
             auto_compact_floor: 0,
         }
@@ -528,8 +535,7 @@ impl Journal {
         self.end = 0;
         self.size = 0;
         self.lines = 0;
-        self.synced = false;
-        self.undurable.clear();
+        self.removed_end = 0;
         self.reload = false;
     }
 
@@ -552,14 +558,28 @@ impl Journal {
         self.names.retain(|name| Arc::strong_count(name) > 1);
     }
 
-    /// Applies a line (of `line_len` bytes) that sets `name` to `record` (`None`: removed). The
-    /// line is not known durable yet.
-    fn set(&mut self, name: Sha256Digest, record: Option<Record>, line_len: u64) {
+    /// Whether the latest line about `name` (or, for an absent record, the latest removal line)
+    /// may not be durable yet, given that everything before `durable` is.
+    fn relies_on_undurable(&self, name: &Sha256Digest, durable: u64) -> bool {
+        let end = self
+            .index
+            .get(name)
+            .map_or(self.removed_end, |live| live.line_end);
+        end > durable
+    }
+
+    /// Applies a line (of `line_len` bytes, ending at offset `line_end`) that sets `name` to
+    /// `record` (`None`: removed).
+    fn set(&mut self, name: Sha256Digest, record: Option<Record>, line_len: u64, line_end: u64) {
         let old_len = match record {
             Some(mut record) => {
                 record.principal = self.intern(&record.principal);
                 record.tool = self.intern(&record.tool);
-                let live = Live { record, line_len };
+                let live = Live {
+                    record,
+                    line_len,
+                    line_end,
+                };
                 self.live_bytes = self.live_bytes.saturating_add(line_len);
                 match self.index.entry(name) {
                     // The record's box is reused for its new state.
@@ -572,12 +592,14 @@ impl Journal {
                     }
                 }
             }
-            None => self.index.remove(&name).map(|old| old.line_len),
+            None => {
+                self.removed_end = self.removed_end.max(line_end);
+                self.index.remove(&name).map(|old| old.line_len)
+            }
         };
         if let Some(old_len) = old_len {
             self.live_bytes = self.live_bytes.saturating_sub(old_len);
         }
-        self.undurable.insert(name);
     }
 }
 
@@ -634,14 +656,86 @@ enum Answer {
     Pruned(u64),
 }
 
-/// The group-commit queue: the first waiter becomes the leader and runs every queued job in one
-/// batch (one write, one `fdatasync`); the others wait for their answers.
+/// The group-commit queue: the first caller becomes the leader and runs every queued job in one
+/// batch (one write, at most one `fdatasync`); the others wait for their answers. Once its batch
+/// is written the leader hands the lead to the first caller that queued meanwhile, so the next
+/// batch is decided and written while this one is being fdatasynced.
 #[derive(Default)]
 struct Queue {
-    pending: Vec<(u64, Job)>,
-    done: HashMap<u64, Result<Answer, EffectError>>,
-    next_id: u64,
+    pending: Vec<(Job, Arc<Waiter>)>,
+    /// A leader is deciding and writing a batch (or was just handed the lead).
     leading: bool,
+}
+
+/// One caller waiting in [`EffectStore::submit`], woken exactly once: with its answer, or to lead
+/// the next batch. Each caller has its own, so a batch wakes only its own callers.
+#[derive(Default)]
+struct Waiter {
+    slot: Mutex<Option<Wake>>,
+    cond: Condvar,
+}
+
+enum Wake {
+    Lead,
+    Answer(Result<Answer, EffectError>),
+}
+
+impl Waiter {
+    fn wake(&self, wake: Wake) {
+        *self.slot.lock().unwrap_or_else(PoisonError::into_inner) = Some(wake);
+        self.cond.notify_one();
+    }
+
+    fn wait(&self) -> Wake {
+        let mut slot = self.slot.lock().unwrap_or_else(PoisonError::into_inner);
+        loop {
+            if let Some(wake) = slot.take() {
+                return wake;
+            }
+            slot = self.cond.wait(slot).unwrap_or_else(PoisonError::into_inner);
+        }
+    }
+}
+
+/// What this store knows to be durable in its current journal file. It has its own mutex, so a
+/// leader can fdatasync its batch (or wait for another leader's fdatasync) after releasing the
+/// journal lock and the `flock`, while the next leader decides and writes the next batch.
+///
+/// Invariant: `durable <= written`, and every byte before `written` was in the file (written by
+/// this store, or read from it under the lock) before any fdatasync that counts it started.
+#[derive(Debug, Default)]
+struct Durability {
+    /// Which journal file: bumped, under the journal lock, when a compaction replaced the file.
+    /// Everything in the old file was made durable before that (by this store's compaction, or by
+    /// the other process's, which read this store's lines under the lock before its fdatasync),
+    /// so a wait for an older epoch is over.
+    epoch: u64,
+    /// The end of what this store wrote to the current file or read from it.
+    written: u64,
+    /// Everything before this offset of the current file is durable (fdatasynced by this store
+    /// after it was written or read).
+    durable: u64,
+    /// An fdatasync is running; a leader that needs one waits for it first, since it may cover
+    /// its lines.
+    syncing: bool,
+}
+
+/// A batch's pending durability: everything before `target` in journal file `epoch` must be
+/// durable before its answers are given.
+struct SyncTarget {
+    file: Arc<File>,
+    epoch: u64,
+    target: u64,
+}
+
+/// A batch decided and written, not yet answered.
+struct Decided {
+    answers: Vec<(Arc<Waiter>, Result<Answer, EffectError>)>,
+    /// Owners of the `in_progress` records written (marked aborted if the batch fails).
+    takers: Vec<Owner>,
+    /// `Ok(None)`: nothing to wait for; `Err`: the write (or a sync under the lock) failed, and
+    /// every answer of the batch becomes that error.
+    sync: Result<Option<SyncTarget>, EffectError>,
 }
 
 /// A store of effect outcomes in one directory. `Send + Sync`; share it in an `Arc`.
@@ -656,7 +750,9 @@ pub struct EffectStore {
     lock_file: File,
     journal: Mutex<Journal>,
     queue: Mutex<Queue>,
-    queue_cond: Condvar,
+    durability: Mutex<Durability>,
+    /// Signalled when an fdatasync of the journal ends.
+    durability_cond: Condvar,
     counters: Mutex<BTreeMap<String, Counters>>,
 }
 
@@ -695,6 +791,8 @@ enum Decision {
 /// What the jobs of one batch produced, besides their answers.
 #[derive(Default)]
 struct Batch {
+    /// Everything before this offset of the journal was durable when the batch started.
+    durable: u64,
     /// The new journal lines, in order.
     lines: Vec<u8>,
     /// Owners of the `in_progress` records written (marked aborted if the batch fails).
@@ -797,7 +895,8 @@ impl EffectStore {
             lock_file,
             journal: Mutex::new(Journal::new(journal_file, id)),
             queue: Mutex::default(),
-            queue_cond: Condvar::new(),
+            durability: Mutex::default(),
+            durability_cond: Condvar::new(),
             counters: Mutex::default(),
         };
         {
@@ -817,7 +916,7 @@ impl EffectStore {
                 .len();
             journal.size = journal.size.max(size);
             let legacy = store.migrate(&mut journal)?;
-            store.sync(&mut journal)?;
+            store.sync_locked(&journal)?;
             for path in &legacy {
                 store
                     .storage
@@ -1051,83 +1150,141 @@ impl EffectStore {
         self.journal.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
+    fn durability(&self) -> MutexGuard<'_, Durability> {
+        self.durability
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
     /// Queues `job` and returns its answer: either another caller's batch carries it, or this
-    /// caller becomes the leader and runs every queued job in one batch.
+    /// caller leads a batch of every queued job. A leader decides and writes its batch under the
+    /// journal lock and the `flock`, hands the lead on, and only then waits for the `fdatasync`
+    /// its answers need, so the next batch is decided and written during it (one `fdatasync` can
+    /// then cover several batches).
     fn submit(&self, job: Job) -> Result<Answer, EffectError> {
+        let me = Arc::new(Waiter::default());
         let mut queue = self.queue();
-        let id = queue.next_id;
-        queue.next_id += 1;
-        queue.pending.push((id, job));
-        loop {
-            if let Some(answer) = queue.done.remove(&id) {
-                return answer;
-            }
-            if queue.leading {
-                queue = self
-                    .queue_cond
-                    .wait(queue)
-                    .unwrap_or_else(PoisonError::into_inner);
-                continue;
-            }
-            queue.leading = true;
-            let jobs = std::mem::take(&mut queue.pending);
+        queue.pending.push((job, Arc::clone(&me)));
+        if queue.leading {
             drop(queue);
-            let answers = self.run_batch(jobs);
-            queue = self.queue();
-            queue.done.extend(answers);
-            queue.leading = false;
-            self.queue_cond.notify_all();
+            match me.wait() {
+                Wake::Answer(answer) => return answer,
+                Wake::Lead => queue = self.queue(),
+            }
+        } else {
+            queue.leading = true;
+        }
+        let jobs = std::mem::take(&mut queue.pending);
+        drop(queue);
+        let decided = self.decide_batch(jobs);
+        {
+            let mut queue = self.queue();
+            match queue.pending.first() {
+                Some((_, next)) => next.wake(Wake::Lead),
+                None => queue.leading = false,
+            }
+        }
+        let mut own = None;
+        for (waiter, answer) in self.settle(decided) {
+            if Arc::ptr_eq(&waiter, &me) {
+                own = Some(answer);
+            } else {
+                waiter.wake(Wake::Answer(answer));
+            }
+        }
+        match own {
+            Some(answer) => answer,
+            None => unreachable!("a leader's own job is in the batch it leads"),
         }
     }
 
-    /// Under the lock: reads what other processes appended, decides every job in order against
-    /// the index (each seeing the ones before it), appends all new lines with one write and makes
-    /// them durable with one `fdatasync`, unless no job needs it (every job is an idempotent
-    /// `begin` that wrote its `in_progress` line and relied on no line that is not yet durable, or
-    /// an answer that relied on durable lines only). If the write or the `fdatasync` fails, every
-    /// job of the batch fails. Then, still under the lock, compacts the journal after a `prune`
-    /// or when it grew past the threshold (best-effort: see [`EffectStore::prune`]).
-    fn run_batch(&self, jobs: Vec<(u64, Job)>) -> Vec<(u64, Result<Answer, EffectError>)> {
+    /// Under the journal lock and the `flock`: reads what other processes appended, decides every
+    /// job in order against the index (each seeing the ones before it) and appends all new lines
+    /// with one write. Returns the answers with the durability they wait for: none when every job
+    /// is an idempotent `begin` that wrote its `in_progress` line and relied on no line that is
+    /// not yet durable, or an answer that relied on durable lines only; otherwise everything up
+    /// to the batch's end. After a `prune`, or when the journal grew past the threshold, the
+    /// batch is made durable and the journal compacted here, still under the lock (the
+    /// compaction is best-effort: see [`EffectStore::prune`]).
+    fn decide_batch(&self, jobs: Vec<(Job, Arc<Waiter>)>) -> Decided {
+        let failed = |jobs: Vec<(Job, Arc<Waiter>)>, e: &EffectError| Decided {
+            answers: jobs.into_iter().map(|(_, w)| (w, Err(dup(e)))).collect(),
+            takers: Vec::new(),
+            sync: Ok(None),
+        };
         let mut journal = self.journal();
         let lock = match self.lock() {
             Ok(lock) => lock,
-            Err(e) => return jobs.into_iter().map(|(id, _)| (id, Err(dup(&e)))).collect(),
+            Err(e) => return failed(jobs, &e),
         };
         if let Err(e) = self.refresh(&mut journal) {
-            return jobs.into_iter().map(|(id, _)| (id, Err(dup(&e)))).collect();
+            return failed(jobs, &e);
         }
+        self.note_written(&journal);
         let now = now_ns(SystemTime::now());
-        let mut batch = Batch::default();
-        let mut answers: Vec<(u64, Result<Answer, EffectError>)> = jobs
+        let mut batch = Batch {
+            durable: self.durable_offset(journal.epoch),
+            ..Batch::default()
+        };
+        let answers: Vec<(Arc<Waiter>, Result<Answer, EffectError>)> = jobs
             .into_iter()
-            .map(|(id, job)| (id, self.apply(&mut journal, job, now, &mut batch)))
+            .map(|(job, waiter)| (waiter, self.apply(&mut journal, job, now, &mut batch)))
             .collect();
         let Batch {
             lines,
             takers,
             needs_sync,
             pruned,
+            ..
         } = batch;
-        let durable = self.append(&mut journal, &lines).and_then(|()| {
-            if needs_sync {
-                self.sync(&mut journal)
-            } else {
-                Ok(())
-            }
-        });
-        if durable.is_ok() {
+        let mut sync = self
+            .append(&mut journal, &lines)
+            .map(|()| needs_sync.then_some(journal.end));
+        if sync.is_ok() {
+            self.note_written(&journal);
             let after_prune = pruned && journal.lines > journal.index.len() as u64;
             if after_prune || self.compaction_due(&journal) {
-                // Best-effort: every answer is settled already; a failure leaves the old
-                // journal in use (see `compact`) and only postpones the next automatic attempt.
-                if self.compact_locked(&mut journal).is_err() {
+                if let Ok(Some(_)) = sync {
+                    sync = self.sync_locked(&journal).map(|()| None);
+                }
+                // Every answer is settled by now; a failed compaction leaves the old journal in
+                // use (see `compact`) and only postpones the next automatic attempt.
+                if sync.is_ok() && self.compact_locked(&mut journal).is_err() {
                     journal.auto_compact_floor = journal
                         .end
                         .saturating_add(self.config.compact_min_bytes.max(CHUNK));
                 }
             }
         }
+        let sync = sync.map(|target| {
+            target.map(|target| SyncTarget {
+                file: Arc::clone(&journal.file),
+                epoch: journal.epoch,
+                target,
+            })
+        });
         drop(lock);
+        drop(journal);
+        Decided {
+            answers,
+            takers,
+            sync,
+        }
+    }
+
+    /// Outside every lock: waits until the batch's lines are durable (fdatasyncing them unless
+    /// another leader's fdatasync covers them), then returns its answers. If the write or the
+    /// `fdatasync` failed, every job of the batch fails.
+    fn settle(&self, decided: Decided) -> Vec<(Arc<Waiter>, Result<Answer, EffectError>)> {
+        let Decided {
+            mut answers,
+            takers,
+            sync,
+        } = decided;
+        let durable = sync.and_then(|target| match target {
+            Some(t) => self.wait_durable(&t.file, t.epoch, t.target),
+            None => Ok(()),
+        });
         if let Err(e) = durable {
             for owner in takers {
                 // Its record may be visible, but the effect certainly never started.
@@ -1156,7 +1313,7 @@ impl EffectStore {
                 // The answer depends on the latest line of `name` (or its absence): if that line
                 // is not durable yet (written lazily, or by a process that may have died before
                 // its fdatasync), the answer waits for the batch's fdatasync.
-                let relies_on_undurable = journal.undurable.contains(&name);
+                let relies_on_undurable = journal.relies_on_undurable(&name, batch.durable);
                 let decision = match journal.record(&name) {
                     None => Decision::Take,
                     Some(record) => decide(record, &self.journal_path, &req, kind, now)?,
@@ -1185,6 +1342,7 @@ impl EffectStore {
                 };
                 let line = encode_line(&name, Some(&record))?;
                 batch.lines.extend(&line);
+                let line_end = journal.end + batch.lines.len() as u64;
                 // Live before the lock is released: no one may see the record with an
                 // unregistered nonce and take it for a dead owner's.
                 owner.register_live();
@@ -1194,7 +1352,7 @@ impl EffectStore {
                     created_ns: record.created_ns,
                     lease_until_ns: record.lease_until_ns,
                 };
-                journal.set(name, Some(record), line.len() as u64);
+                journal.set(name, Some(record), line.len() as u64, line_end);
                 Ok(answer)
             }
             Job::Finish {
@@ -1211,7 +1369,8 @@ impl EffectStore {
                 }
                 let line = encode_line(&name, Some(&record))?;
                 batch.lines.extend(&line);
-                journal.set(name, Some(record), line.len() as u64);
+                let line_end = journal.end + batch.lines.len() as u64;
+                journal.set(name, Some(record), line.len() as u64, line_end);
                 Ok(Answer::Done)
             }
             Job::Resolve { name, result } => {
@@ -1241,7 +1400,8 @@ impl EffectStore {
                     }
                 };
                 batch.lines.extend(&line);
-                journal.set(name, record, line.len() as u64);
+                let line_end = journal.end + batch.lines.len() as u64;
+                journal.set(name, record, line.len() as u64, line_end);
                 Ok(Answer::Done)
             }
             Job::Prune { now, ttl } => {
@@ -1260,7 +1420,8 @@ impl EffectStore {
                 for name in &expired {
                     let line = encode_line(name, None)?;
                     batch.lines.extend(&line);
-                    journal.set(*name, None, line.len() as u64);
+                    let line_end = journal.end + batch.lines.len() as u64;
+                    journal.set(*name, None, line.len() as u64, line_end);
                 }
                 Ok(Answer::Pruned(expired.len() as u64))
             }
@@ -1280,7 +1441,6 @@ impl EffectStore {
             let new_size = (new_end / CHUNK + 1) * CHUNK;
             bytes.resize(usize::try_from(new_size - offset).unwrap_or(bytes.len()), 0);
         }
-        journal.synced = false;
         if let Err(e) = self.storage.write_at(&journal.file, offset, &bytes) {
             journal.reload = true;
             return Err(io_err("append to journal", &self.journal_path)(e));
@@ -1291,17 +1451,73 @@ impl EffectStore {
         Ok(())
     }
 
-    /// One `fdatasync` of the journal, unless everything known is durable already.
-    fn sync(&self, journal: &mut Journal) -> Result<(), EffectError> {
-        if journal.synced {
-            return Ok(());
+    /// Everything before `durable` in journal file `epoch` is durable (0 if the file was
+    /// replaced since: its lines are not durable by this store's account yet).
+    fn durable_offset(&self, epoch: u64) -> u64 {
+        let state = self.durability();
+        if state.epoch == epoch {
+            state.durable
+        } else {
+            0
         }
-        self.storage
-            .sync_data(&journal.file)
-            .map_err(io_err("fdatasync journal", &self.journal_path))?;
-        journal.synced = true;
-        journal.undurable.clear();
-        Ok(())
+    }
+
+    /// Under the journal lock: records that everything before `journal.end` is in the file (so
+    /// an fdatasync starting from now on covers it).
+    fn note_written(&self, journal: &Journal) {
+        let mut state = self.durability();
+        if state.epoch == journal.epoch {
+            state.written = state.written.max(journal.end);
+        }
+    }
+
+    /// Under the journal lock: the journal file was replaced (by this store's compaction, or
+    /// another's noticed at refresh), after everything in the old one was made durable. Starts
+    /// the new file's account: its first `durable_end` bytes are durable.
+    fn adopt(&self, journal: &mut Journal, file: File, id: FileId, durable_end: u64) {
+        journal.file = Arc::new(file);
+        journal.file_id = id;
+        journal.epoch += 1;
+        let mut state = self.durability();
+        state.epoch = journal.epoch;
+        state.written = durable_end;
+        state.durable = durable_end;
+    }
+
+    /// Under the journal lock: makes everything this store knows of the journal durable.
+    fn sync_locked(&self, journal: &Journal) -> Result<(), EffectError> {
+        self.wait_durable(&journal.file, journal.epoch, journal.end)
+    }
+
+    /// Returns once everything before `target` in journal file `epoch` is durable: at once if it
+    /// is already, after the running `fdatasync` if that covers it, else after an `fdatasync` of
+    /// its own, which covers everything written so far (other leaders' batches included). Takes
+    /// only the durability mutex, so it may be called with or without the journal lock.
+    fn wait_durable(&self, file: &File, epoch: u64, target: u64) -> Result<(), EffectError> {
+        let mut state = self.durability();
+        loop {
+            if state.epoch != epoch || state.durable >= target {
+                return Ok(());
+            }
+            if state.syncing {
+                state = self
+                    .durability_cond
+                    .wait(state)
+                    .unwrap_or_else(PoisonError::into_inner);
+                continue;
+            }
+            state.syncing = true;
+            let covering = state.written.max(target);
+            drop(state);
+            let synced = self.storage.sync_data(file);
+            state = self.durability();
+            state.syncing = false;
+            self.durability_cond.notify_all();
+            synced.map_err(io_err("fdatasync journal", &self.journal_path))?;
+            if state.epoch == epoch {
+                state.durable = state.durable.max(covering);
+            }
+        }
     }
 
     /// Under the lock: if `effects.journal` is no longer the file this store has open (a compaction
@@ -1329,8 +1545,9 @@ impl EffectStore {
             "fsync directory (journal replaced by a compaction)",
             &self.dir,
         ))?;
-        journal.file = file;
-        journal.file_id = id;
+        // The other store fdatasynced the old file (our lines included: it read them under the
+        // lock) before compacting; the new file's lines are not durable by our account yet.
+        self.adopt(journal, file, id, 0);
         journal.reload = true;
         Ok(())
     }
@@ -1352,7 +1569,7 @@ impl EffectStore {
     /// temporary file, write the new file (lines sorted by name, then zero padding to the next
     /// chunk), fdatasync it, rename it over the journal, fsync the directory.
     fn compact_locked(&self, journal: &mut Journal) -> Result<CompactStats, EffectError> {
-        self.sync(journal)?;
+        self.sync_locked(journal)?;
         let temp = self.dir.join(COMPACT_TEMP_NAME);
         match self.storage.remove(&temp) {
             Ok(()) => {}
@@ -1392,19 +1609,21 @@ impl EffectStore {
             lines_before: journal.lines,
             records: names.len() as u64,
         };
+        let mut line_end = 0;
         for (name, line_len) in names.iter().zip(line_lens) {
+            line_end += line_len;
             if let Some(live) = journal.index.get_mut(name) {
                 live.line_len = line_len;
+                live.line_end = line_end;
             }
         }
-        journal.file = file;
-        journal.file_id = id;
+        // The new file is durable whole (written, fdatasynced, renamed, directory fsynced).
+        self.adopt(journal, file, id, end);
         journal.live_bytes = end;
         journal.end = end;
         journal.size = size;
         journal.lines = stats.records;
-        journal.synced = true;
-        journal.undurable.clear();
+        journal.removed_end = 0;
         journal.auto_compact_floor = 0;
         journal.forget_unused_names();
         Ok(stats)
@@ -1460,12 +1679,13 @@ impl EffectStore {
                 Some(i) if rest[i] == b'\n' => {
                     let line_no = journal.lines + 1;
                     let (name, record) = parse_line(path, line_no, &rest[..i])?;
-                    journal.set(name, record, i as u64 + 1);
-                    journal.lines = line_no;
-                    journal.end += i as u64 + 1;
                     // Bytes appended by someone else: their writer may have died before its
-                    // fdatasync, so they are made durable before anything relies on them.
-                    journal.synced = false;
+                    // fdatasync, so they count as not durable (their end is past what this
+                    // store fdatasynced) until this store makes them so.
+                    let line_end = journal.end + i as u64 + 1;
+                    journal.set(name, record, i as u64 + 1, line_end);
+                    journal.lines = line_no;
+                    journal.end = line_end;
                 }
                 Some(0) => return Ok(()),
                 Some(_) => return self.zero_torn_tail(journal),
@@ -1533,11 +1753,20 @@ impl EffectStore {
             return Ok(());
         };
         let zeros = vec![0; usize::try_from(last + 1 - journal.end).unwrap_or(0)];
-        journal.synced = false;
         self.storage
             .write_at(&journal.file, journal.end, &zeros)
             .map_err(io_err("zero the torn last line of", path))?;
-        self.sync(journal)
+        // The zeroes lie past the logical end, which `wait_durable` does not count, so this
+        // fdatasync is unconditional; it covers every line before the end too.
+        self.storage
+            .sync_data(&journal.file)
+            .map_err(io_err("fdatasync journal", path))?;
+        let mut state = self.durability();
+        if state.epoch == journal.epoch {
+            state.written = state.written.max(journal.end);
+            state.durable = state.durable.max(journal.end);
+        }
+        Ok(())
     }
 
     /// Moves `<hex>.json` record files of the previous layout into the journal (for names the
@@ -1560,7 +1789,8 @@ impl EffectStore {
             if !journal.index.contains_key(&name) {
                 let line = encode_line(&name, Some(&record))?;
                 lines.extend(&line);
-                journal.set(name, Some(record), line.len() as u64);
+                let line_end = journal.end + lines.len() as u64;
+                journal.set(name, Some(record), line.len() as u64, line_end);
             }
             migrated.push(path);
         }
