@@ -7,18 +7,18 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::print_stdout)]
 
-use std::fs::OpenOptions;
-use std::io::{Seek as _, SeekFrom, Write as _};
-use std::path::Path;
+use std::fs::{File, OpenOptions};
+use std::io::{self, Seek as _, SeekFrom, Write as _};
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Barrier};
 use std::thread;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use serde_json::json;
 use toolgate_canon::Sha256Digest;
 use toolgate_commit::effect::{
     Begin, EffectConfig, EffectKind, EffectRequest, EffectStore, FaultyStorage, FsStorage, Op,
-    Scope,
+    Scope, Storage,
 };
 
 const RAW_FSYNCS: u32 = 200;
@@ -90,15 +90,19 @@ fn fsyncs(storage: &FaultyStorage) -> u64 {
 
 /// A store in `dir` on counting storage (no fault armed), so the run reports fsyncs per cycle.
 fn counted_store(dir: &Path) -> (Arc<EffectStore>, Arc<FaultyStorage>) {
-    let storage = Arc::new(FaultyStorage::new(Arc::new(FsStorage)));
+    counted_store_on(dir, Arc::new(FsStorage))
+}
+
+fn counted_store_on(dir: &Path, inner: Arc<dyn Storage>) -> (Arc<EffectStore>, Arc<FaultyStorage>) {
+    let storage = Arc::new(FaultyStorage::new(inner));
     let store =
         Arc::new(EffectStore::open_with_storage(EffectConfig::new(dir), storage.clone()).unwrap());
     (store, storage)
 }
 
 /// (cycles per second, fsyncs per cycle) of `SEQUENTIAL` cycles one after the other.
-fn sequential(dir: &Path, kind: EffectKind) -> (f64, f64) {
-    let (store, storage) = counted_store(dir);
+fn sequential(dir: &Path, kind: EffectKind, inner: Arc<dyn Storage>) -> (f64, f64) {
+    let (store, storage) = counted_store_on(dir, inner);
     let before = fsyncs(&storage);
     let start = Instant::now();
     for i in 0..SEQUENTIAL {
@@ -109,8 +113,8 @@ fn sequential(dir: &Path, kind: EffectKind) -> (f64, f64) {
 }
 
 /// (cycles per second, fsyncs per cycle) of `THREADS` callers doing `PER_THREAD` cycles each.
-fn concurrent(dir: &Path, kind: EffectKind) -> (f64, f64) {
-    let (store, storage) = counted_store(dir);
+fn concurrent(dir: &Path, kind: EffectKind, inner: Arc<dyn Storage>) -> (f64, f64) {
+    let (store, storage) = counted_store_on(dir, inner);
     let before = fsyncs(&storage);
     let barrier = Arc::new(Barrier::new(THREADS + 1));
     let handles: Vec<_> = (0..THREADS)
@@ -195,8 +199,16 @@ fn main() {
         ("idempotent", EffectKind::Idempotent),
         ("unsafe", EffectKind::Unsafe),
     ] {
-        let (seq_rate, seq_fsyncs) = sequential(&tmp.path().join(format!("seq-{name}")), kind);
-        let (conc_rate, conc_fsyncs) = concurrent(&tmp.path().join(format!("conc-{name}")), kind);
+        let (seq_rate, seq_fsyncs) = sequential(
+            &tmp.path().join(format!("seq-{name}")),
+            kind,
+            Arc::new(FsStorage),
+        );
+        let (conc_rate, conc_fsyncs) = concurrent(
+            &tmp.path().join(format!("conc-{name}")),
+            kind,
+            Arc::new(FsStorage),
+        );
         println!(
             "{name:<10} sequential begin+complete ({SEQUENTIAL} keys): {seq_rate:>9.0} /s  ({seq_fsyncs:.2} fsyncs per cycle, {:.2} of raw, {:.2} of one-fsync-per-commit)",
             seq_rate / raw,
@@ -218,5 +230,83 @@ fn main() {
             tenths[0],
             tenths[tenths.len() - 1]
         );
+    }
+    modelled_latencies();
+}
+
+/// The real filesystem whose `fdatasync` also takes `delay` (slept after the real one).
+#[derive(Debug)]
+struct Delayed {
+    delay: Duration,
+}
+
+impl Storage for Delayed {
+    fn read(&self, path: &Path) -> io::Result<Option<Vec<u8>>> {
+        FsStorage.read(path)
+    }
+    fn read_at(&self, file: &File, offset: u64, len: usize) -> io::Result<Vec<u8>> {
+        FsStorage.read_at(file, offset, len)
+    }
+    fn write_at(&self, file: &File, offset: u64, bytes: &[u8]) -> io::Result<()> {
+        FsStorage.write_at(file, offset, bytes)
+    }
+    fn sync_data(&self, file: &File) -> io::Result<()> {
+        FsStorage.sync_data(file)?;
+        thread::sleep(self.delay);
+        Ok(())
+    }
+    fn write_new(&self, path: &Path, bytes: &[u8]) -> io::Result<()> {
+        FsStorage.write_new(path, bytes)
+    }
+    fn fsync_file(&self, path: &Path) -> io::Result<()> {
+        FsStorage.fsync_file(path)
+    }
+    fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
+        FsStorage.rename(from, to)
+    }
+    fn fsync_dir(&self, dir: &Path) -> io::Result<()> {
+        FsStorage.fsync_dir(dir)
+    }
+    fn remove(&self, path: &Path) -> io::Result<()> {
+        FsStorage.remove(path)
+    }
+    fn list(&self, dir: &Path) -> io::Result<Vec<PathBuf>> {
+        FsStorage.list(dir)
+    }
+}
+
+/// The concurrent/sequential ratio as a function of the device's flush latency, which this shared
+/// disk cannot hold still (its fsync rate swings between 300 and 6,000 per second): the store on
+/// tmpfs (`/dev/shm`, where `fdatasync` costs nothing), each `fdatasync` followed by a sleep of
+/// the modelled latency. A sleep of `d` takes somewhat longer than `d`; the measured mean per
+/// `fdatasync` is reported. Skipped without `/dev/shm`.
+fn modelled_latencies() {
+    let shm = Path::new("/dev/shm");
+    if !shm.is_dir() {
+        println!("modelled fsync latency: skipped (no /dev/shm)");
+        return;
+    }
+    for micros in [0u64, 100, 250, 1000] {
+        let delay = Duration::from_micros(micros);
+        let probe = tempfile::tempdir_in(shm).unwrap();
+        let file = File::create(probe.path().join("probe")).unwrap();
+        let start = Instant::now();
+        for _ in 0..50 {
+            Delayed { delay }.sync_data(&file).unwrap();
+        }
+        let per_sync = start.elapsed().as_secs_f64() / 50.0 * 1e6;
+        for (name, kind) in [
+            ("idempotent", EffectKind::Idempotent),
+            ("unsafe", EffectKind::Unsafe),
+        ] {
+            let tmp = tempfile::tempdir_in(shm).unwrap();
+            let (seq, _) = sequential(&tmp.path().join("seq"), kind, Arc::new(Delayed { delay }));
+            let (conc, conc_fsyncs) =
+                concurrent(&tmp.path().join("conc"), kind, Arc::new(Delayed { delay }));
+            println!(
+                "modelled fsync {micros:>4} us (measured {per_sync:>6.0} us) {name:<10} sequential {seq:>7.0} /s, {THREADS} concurrent {conc:>7.0} /s ({conc_fsyncs:.2} fsyncs per cycle): {:.2}x",
+                conc / seq
+            );
+        }
     }
 }

@@ -728,11 +728,17 @@ struct SyncTarget {
     target: u64,
 }
 
+/// One job's answer, decided and written, not yet given.
+struct Pending {
+    waiter: Arc<Waiter>,
+    answer: Result<Answer, EffectError>,
+    /// The answer rests on lines that must be durable before it is given.
+    needs_sync: bool,
+}
+
 /// A batch decided and written, not yet answered.
 struct Decided {
-    answers: Vec<(Arc<Waiter>, Result<Answer, EffectError>)>,
-    /// Owners of the `in_progress` records written (marked aborted if the batch fails).
-    takers: Vec<Owner>,
+    answers: Vec<Pending>,
     /// `Ok(None)`: nothing to wait for; `Err`: the write (or a sync under the lock) failed, and
     /// every answer of the batch becomes that error.
     sync: Result<Option<SyncTarget>, EffectError>,
@@ -795,12 +801,25 @@ struct Batch {
     durable: u64,
     /// The new journal lines, in order.
     lines: Vec<u8>,
-    /// Owners of the `in_progress` records written (marked aborted if the batch fails).
-    takers: Vec<Owner>,
-    /// Some answer needs the batch's lines (or lines it read) durable before it is given.
+    /// The job being decided needs the batch's lines (or lines it read) durable before its answer
+    /// is given (reset for every job).
     needs_sync: bool,
     /// A `prune` ran: compact afterwards.
     pruned: bool,
+}
+
+/// Turns every successful answer into a copy of `e` (the batch's write or `fdatasync` failed). An
+/// `Execute` owner is marked aborted: its record may be visible, but the effect never started.
+fn fail_all(mut answers: Vec<Pending>, e: &EffectError) -> Vec<Pending> {
+    for pending in &mut answers {
+        if let Ok(Answer::Execute { owner, .. }) = &pending.answer {
+            owner.mark_aborted();
+        }
+        if pending.answer.is_ok() {
+            pending.answer = Err(dup(e));
+        }
+    }
+    answers
 }
 
 /// A copy of `e` for every job of a batch that failed as a whole (`io::Error` is not `Clone`).
@@ -1158,9 +1177,9 @@ impl EffectStore {
 
     /// Queues `job` and returns its answer: either another caller's batch carries it, or this
     /// caller leads a batch of every queued job. A leader decides and writes its batch under the
-    /// journal lock and the `flock`, hands the lead on, and only then waits for the `fdatasync`
-    /// its answers need, so the next batch is decided and written during it (one `fdatasync` can
-    /// then cover several batches).
+    /// journal lock and the `flock`, hands the lead on, gives the answers that need no
+    /// `fdatasync`, and only then waits for the one the others need, so the next batch is decided
+    /// and written during it (one `fdatasync` can then cover several batches).
     fn submit(&self, job: Job) -> Result<Answer, EffectError> {
         let me = Arc::new(Waiter::default());
         let mut queue = self.queue();
@@ -1185,13 +1204,29 @@ impl EffectStore {
             }
         }
         let mut own = None;
-        for (waiter, answer) in self.settle(decided) {
-            if Arc::ptr_eq(&waiter, &me) {
-                own = Some(answer);
+        let mut give = |pending: Pending| {
+            if Arc::ptr_eq(&pending.waiter, &me) {
+                own = Some(pending.answer);
             } else {
-                waiter.wake(Wake::Answer(answer));
+                pending.waiter.wake(Wake::Answer(pending.answer));
             }
-        }
+        };
+        let Decided { answers, sync } = decided;
+        let rest = match sync {
+            Err(e) => fail_all(answers, &e),
+            Ok(target) => {
+                let (rest, now): (Vec<Pending>, Vec<Pending>) =
+                    answers.into_iter().partition(|p| p.needs_sync);
+                now.into_iter().for_each(&mut give);
+                let durable =
+                    target.map_or(Ok(()), |t| self.wait_durable(&t.file, t.epoch, t.target));
+                match durable {
+                    Ok(()) => rest,
+                    Err(e) => fail_all(rest, &e),
+                }
+            }
+        };
+        rest.into_iter().for_each(give);
         match own {
             Some(answer) => answer,
             None => unreachable!("a leader's own job is in the batch it leads"),
@@ -1200,16 +1235,22 @@ impl EffectStore {
 
     /// Under the journal lock and the `flock`: reads what other processes appended, decides every
     /// job in order against the index (each seeing the ones before it) and appends all new lines
-    /// with one write. Returns the answers with the durability they wait for: none when every job
-    /// is an idempotent `begin` that wrote its `in_progress` line and relied on no line that is
-    /// not yet durable, or an answer that relied on durable lines only; otherwise everything up
-    /// to the batch's end. After a `prune`, or when the journal grew past the threshold, the
-    /// batch is made durable and the journal compacted here, still under the lock (the
-    /// compaction is best-effort: see [`EffectStore::prune`]).
+    /// with one write. Returns the answers, each noting whether it waits for the batch's lines
+    /// to be durable: not an idempotent `begin` that wrote its `in_progress` line and relied on no
+    /// line that is not yet durable, nor an answer that relied on durable lines only; every other
+    /// does. After a `prune`, or when the journal grew past the threshold, the batch is made
+    /// durable and the journal compacted here, still under the lock (the compaction is
+    /// best-effort: see [`EffectStore::prune`]).
     fn decide_batch(&self, jobs: Vec<(Job, Arc<Waiter>)>) -> Decided {
         let failed = |jobs: Vec<(Job, Arc<Waiter>)>, e: &EffectError| Decided {
-            answers: jobs.into_iter().map(|(_, w)| (w, Err(dup(e)))).collect(),
-            takers: Vec::new(),
+            answers: jobs
+                .into_iter()
+                .map(|(_, waiter)| Pending {
+                    waiter,
+                    answer: Err(dup(e)),
+                    needs_sync: false,
+                })
+                .collect(),
             sync: Ok(None),
         };
         let mut journal = self.journal();
@@ -1226,23 +1267,26 @@ impl EffectStore {
             durable: self.durable_offset(journal.epoch),
             ..Batch::default()
         };
-        let answers: Vec<(Arc<Waiter>, Result<Answer, EffectError>)> = jobs
+        let mut any_sync = false;
+        let answers: Vec<Pending> = jobs
             .into_iter()
-            .map(|(job, waiter)| (waiter, self.apply(&mut journal, job, now, &mut batch)))
+            .map(|(job, waiter)| {
+                batch.needs_sync = false;
+                let answer = self.apply(&mut journal, job, now, &mut batch);
+                any_sync |= batch.needs_sync;
+                Pending {
+                    waiter,
+                    answer,
+                    needs_sync: batch.needs_sync,
+                }
+            })
             .collect();
-        let Batch {
-            lines,
-            takers,
-            needs_sync,
-            pruned,
-            ..
-        } = batch;
         let mut sync = self
-            .append(&mut journal, &lines)
-            .map(|()| needs_sync.then_some(journal.end));
+            .append(&mut journal, &batch.lines)
+            .map(|()| any_sync.then_some(journal.end));
         if sync.is_ok() {
             self.note_written(&journal);
-            let after_prune = pruned && journal.lines > journal.index.len() as u64;
+            let after_prune = batch.pruned && journal.lines > journal.index.len() as u64;
             if after_prune || self.compaction_due(&journal) {
                 if let Ok(Some(_)) = sync {
                     sync = self.sync_locked(&journal).map(|()| None);
@@ -1265,38 +1309,7 @@ impl EffectStore {
         });
         drop(lock);
         drop(journal);
-        Decided {
-            answers,
-            takers,
-            sync,
-        }
-    }
-
-    /// Outside every lock: waits until the batch's lines are durable (fdatasyncing them unless
-    /// another leader's fdatasync covers them), then returns its answers. If the write or the
-    /// `fdatasync` failed, every job of the batch fails.
-    fn settle(&self, decided: Decided) -> Vec<(Arc<Waiter>, Result<Answer, EffectError>)> {
-        let Decided {
-            mut answers,
-            takers,
-            sync,
-        } = decided;
-        let durable = sync.and_then(|target| match target {
-            Some(t) => self.wait_durable(&t.file, t.epoch, t.target),
-            None => Ok(()),
-        });
-        if let Err(e) = durable {
-            for owner in takers {
-                // Its record may be visible, but the effect certainly never started.
-                owner.mark_aborted();
-            }
-            for (_, answer) in &mut answers {
-                if answer.is_ok() {
-                    *answer = Err(dup(&e));
-                }
-            }
-        }
-        answers
+        Decided { answers, sync }
     }
 
     /// Decides one job against the index, appending its line (if any) to `batch.lines` and
@@ -1346,7 +1359,6 @@ impl EffectStore {
                 // Live before the lock is released: no one may see the record with an
                 // unregistered nonce and take it for a dead owner's.
                 owner.register_live();
-                batch.takers.push(owner);
                 let answer = Answer::Execute {
                     owner,
                     created_ns: record.created_ns,
