@@ -443,8 +443,8 @@ impl<H: ServerHandler> Gated<H> {
         }
     }
 
-    /// Appends one record: on the blocking pool when the sink may block (the file sink fsyncs),
-    /// directly otherwise (no thread hand-off for a sink that never waits on I/O).
+    /// Appends one record: through [`crate::blocking::run`] when the sink may block (the file sink
+    /// fsyncs), directly otherwise (no thread hand-off for a sink that never waits on I/O).
     async fn record(&self, entry: AuditEntry) -> Result<(), String> {
         if !self.audit.may_block() {
             return self
@@ -454,7 +454,7 @@ impl<H: ServerHandler> Gated<H> {
                 .map_err(|error| error.to_string());
         }
         let audit = Arc::clone(&self.audit);
-        match tokio::task::spawn_blocking(move || audit.append(&entry)).await {
+        match crate::blocking::run(move || audit.append(&entry)).await {
             Ok(Ok(_)) => Ok(()),
             Ok(Err(error)) => Err(error.to_string()),
             Err(_) => Err("the audit task was cancelled".to_owned()),

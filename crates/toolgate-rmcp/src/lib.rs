@@ -10,6 +10,7 @@
 
 #![forbid(unsafe_code)]
 
+mod blocking;
 pub mod contract;
 mod exactly_once;
 #[cfg(feature = "fuzzing")]
