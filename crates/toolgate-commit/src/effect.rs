@@ -198,7 +198,8 @@ impl EffectConfig {
     }
 
     /// Wait up to `wait` (polling without the lock) for a live owner to finish instead of
-    /// answering `InProgress` at once.
+    /// answering `InProgress` at once. [`EffectStore::begin`] sleeps between its polls;
+    /// [`EffectStore::begin_attempt`] leaves the pauses to its caller.
     pub fn wait_in_progress(mut self, wait: Duration) -> Self {
         self.wait_in_progress = Some(wait);
         self
@@ -250,6 +251,48 @@ pub enum Begin {
     Replay(Value),
     /// The same request failed definitively earlier (non-retryable): its stored error.
     ReplayFailure(String),
+}
+
+/// What one [`EffectStore::begin_attempt`] tells the caller.
+#[derive(Debug)]
+pub enum Attempt {
+    /// The answer, exactly as [`EffectStore::begin`] would give it (and counted as it counts it).
+    Ready(Begin),
+    /// Another live call holds the key and the caller's [`InProgressWait`] has time left: pause
+    /// this long, holding nothing the owner needs, then attempt again with the same wait. Nothing
+    /// was counted.
+    Pause(Duration),
+}
+
+/// One caller's wait for a key that another live call holds, across the attempts of
+/// [`EffectStore::begin_attempt`]: when it started, how long it may last (the store's
+/// [`EffectConfig::wait_in_progress`]; none: `InProgress` at once) and the next pause (1 ms,
+/// doubling, at most 50 ms). Plain data, so an async caller can move it into each attempt it
+/// runs on a blocking pool and keep the pauses on its own timer; start one per call with
+/// [`EffectStore::in_progress_wait`].
+#[derive(Debug, Clone, Copy)]
+pub struct InProgressWait {
+    started: Instant,
+    limit: Option<Duration>,
+    pause: Duration,
+}
+
+/// The first pause of an [`InProgressWait`]; each further one doubles, up to [`MAX_PAUSE`].
+const FIRST_PAUSE: Duration = Duration::from_millis(1);
+/// The longest pause between two attempts: a waiting call notices the owner's outcome within this.
+const MAX_PAUSE: Duration = Duration::from_millis(50);
+
+impl InProgressWait {
+    /// The pause before the next attempt, or `None` when the wait is over; advances the backoff.
+    fn next_pause(&mut self) -> Option<Duration> {
+        let remaining = self.limit?.checked_sub(self.started.elapsed())?;
+        if remaining.is_zero() {
+            return None;
+        }
+        let pause = self.pause.min(remaining);
+        self.pause = (self.pause * 2).min(MAX_PAUSE);
+        Some(pause)
+    }
 }
 
 /// The right (and duty) to store the outcome of one execution.
@@ -965,81 +1008,123 @@ impl EffectStore {
     /// or kernel crash before that can lose it, and then a retry re-runs the idempotent effect,
     /// as a takeover would. Errors other than `Io` and `Corrupt` are answers (nothing was
     /// executed); they are counted per tool.
+    ///
+    /// With [`EffectConfig::wait_in_progress`], a key held by another live call is polled (this
+    /// thread sleeps between attempts) until that call finished or the wait ran out. An async
+    /// caller should not block a thread that long: it runs [`EffectStore::begin_attempt`] and
+    /// pauses on its own timer instead.
     pub fn begin(&self, req: &EffectRequest, kind: EffectKind) -> Result<Begin, EffectError> {
-        let name = record_name(&req.scope, &req.key)?;
-        let started = Instant::now();
-        let mut pause = Duration::from_millis(1);
+        let mut wait = self.in_progress_wait();
         loop {
-            let job = Job::Begin {
-                req: req.clone(),
-                name,
-                kind,
-            };
-            let decision = match self.submit(job)? {
-                Answer::Begin(decision) => decision,
-                Answer::Execute {
+            match self.begin_attempt(req, kind, &mut wait)? {
+                Attempt::Ready(begin) => return Ok(begin),
+                // Poll without holding anything: the owner needs the lock to finish.
+                Attempt::Pause(pause) => std::thread::sleep(pause),
+            }
+        }
+    }
+
+    /// Starts one caller's wait for a key held by another live call, for
+    /// [`EffectStore::begin_attempt`]: it lasts the configured
+    /// [`EffectConfig::wait_in_progress`] from now (no wait when none is configured).
+    pub fn in_progress_wait(&self) -> InProgressWait {
+        InProgressWait {
+            started: Instant::now(),
+            limit: self.config.wait_in_progress,
+            pause: FIRST_PAUSE,
+        }
+    }
+
+    /// One attempt of [`EffectStore::begin`], which never sleeps: the same decision (one job of a
+    /// group commit, so it may wait for the batch's `fdatasync`), except that a key held by
+    /// another live call answers [`Attempt::Pause`] while `wait` has time left, so the caller
+    /// decides how to pause. The counters see a call, not its attempts: a call that waited and
+    /// then replays counts one replay, one that runs out of time counts one `in_progress` (its
+    /// last attempt answers [`EffectError::InProgress`]), and a `Pause` counts nothing.
+    ///
+    /// ```no_run
+    /// # use toolgate_commit::effect::*;
+    /// # fn run(store: &EffectStore, req: &EffectRequest) -> Result<Begin, EffectError> {
+    /// let mut wait = store.in_progress_wait();
+    /// loop {
+    ///     match store.begin_attempt(req, EffectKind::Idempotent, &mut wait)? {
+    ///         Attempt::Ready(begin) => return Ok(begin),
+    ///         Attempt::Pause(pause) => std::thread::sleep(pause), // or an async timer
+    ///     }
+    /// }
+    /// # }
+    /// ```
+    pub fn begin_attempt(
+        &self,
+        req: &EffectRequest,
+        kind: EffectKind,
+        wait: &mut InProgressWait,
+    ) -> Result<Attempt, EffectError> {
+        let name = record_name(&req.scope, &req.key)?;
+        let job = Job::Begin {
+            req: req.clone(),
+            name,
+            kind,
+        };
+        let decision = match self.submit(job)? {
+            Answer::Begin(decision) => decision,
+            Answer::Execute {
+                owner,
+                created_ns,
+                lease_until_ns,
+            } => {
+                let ticket = Ticket {
+                    scope: req.scope.clone(),
+                    key: req.key.clone(),
+                    fingerprint: req.fingerprint,
                     owner,
+                    name,
                     created_ns,
                     lease_until_ns,
-                } => {
-                    let ticket = Ticket {
-                        scope: req.scope.clone(),
-                        key: req.key.clone(),
-                        fingerprint: req.fingerprint,
-                        owner,
-                        name,
-                        created_ns,
-                        lease_until_ns,
-                    };
-                    #[cfg(feature = "fault-injection")]
-                    self.fault("effect.after_in_progress");
-                    return Ok(Begin::Execute(ticket));
-                }
-                Answer::Done | Answer::Pruned(_) => unreachable!("begin answers a decision"),
-            };
-            match decision {
-                Decision::Replay(stored) => {
-                    // Parsed here, outside the batch: the index keeps only the text.
-                    let value = stored.to_value().map_err(|e| EffectError::Corrupt {
-                        path: self.journal_path.clone(),
-                        reason: format!(
-                            "the stored result of sha256:{name} does not parse ({:?} error)",
-                            e.classify()
-                        ),
-                    })?;
-                    self.count(&req.scope.tool, |c| c.replayed += 1);
-                    return Ok(Begin::Replay(value));
-                }
-                Decision::ReplayFailure(error) => {
-                    self.count(&req.scope.tool, |c| c.replayed += 1);
-                    return Ok(Begin::ReplayFailure(error));
-                }
-                Decision::Conflict => {
-                    self.count(&req.scope.tool, |c| c.conflict += 1);
-                    return Err(EffectError::Conflict { key_digest: name });
-                }
-                Decision::Indeterminate => {
-                    self.count(&req.scope.tool, |c| c.indeterminate += 1);
-                    return Err(EffectError::Indeterminate { key_digest: name });
-                }
-                Decision::Busy(retry_after) => {
-                    if let Some(wait) = self.config.wait_in_progress
-                        && started.elapsed() < wait
-                    {
-                        // Poll without holding anything: the owner needs the lock to finish.
-                        std::thread::sleep(pause.min(wait.saturating_sub(started.elapsed())));
-                        pause = (pause * 2).min(Duration::from_millis(50));
-                        continue;
-                    }
-                    self.count(&req.scope.tool, |c| c.in_progress += 1);
-                    return Err(EffectError::InProgress {
-                        key_digest: name,
-                        retry_after,
-                    });
-                }
-                // The leader turns `Take` into `Execute`.
-                Decision::Take => unreachable!("the leader answers Execute for Take"),
+                };
+                #[cfg(feature = "fault-injection")]
+                self.fault("effect.after_in_progress");
+                return Ok(Attempt::Ready(Begin::Execute(ticket)));
             }
+            Answer::Done | Answer::Pruned(_) => unreachable!("begin answers a decision"),
+        };
+        match decision {
+            Decision::Replay(stored) => {
+                // Parsed here, outside the batch: the index keeps only the text.
+                let value = stored.to_value().map_err(|e| EffectError::Corrupt {
+                    path: self.journal_path.clone(),
+                    reason: format!(
+                        "the stored result of sha256:{name} does not parse ({:?} error)",
+                        e.classify()
+                    ),
+                })?;
+                self.count(&req.scope.tool, |c| c.replayed += 1);
+                Ok(Attempt::Ready(Begin::Replay(value)))
+            }
+            Decision::ReplayFailure(error) => {
+                self.count(&req.scope.tool, |c| c.replayed += 1);
+                Ok(Attempt::Ready(Begin::ReplayFailure(error)))
+            }
+            Decision::Conflict => {
+                self.count(&req.scope.tool, |c| c.conflict += 1);
+                Err(EffectError::Conflict { key_digest: name })
+            }
+            Decision::Indeterminate => {
+                self.count(&req.scope.tool, |c| c.indeterminate += 1);
+                Err(EffectError::Indeterminate { key_digest: name })
+            }
+            Decision::Busy(retry_after) => {
+                if let Some(pause) = wait.next_pause() {
+                    return Ok(Attempt::Pause(pause));
+                }
+                self.count(&req.scope.tool, |c| c.in_progress += 1);
+                Err(EffectError::InProgress {
+                    key_digest: name,
+                    retry_after,
+                })
+            }
+            // The leader turns `Take` into `Execute`.
+            Decision::Take => unreachable!("the leader answers Execute for Take"),
         }
     }
 

@@ -299,22 +299,48 @@ impl CommitStore for FileCommitStore {
     }
 
     fn list(&self) -> Result<Vec<serde_json::Value>, CommitError> {
+        let mut out = Vec::new();
+        self.for_each_record(|path, bytes| {
+            out.push(decode(path, &bytes)?);
+            Ok(())
+        })?;
+        Ok(out)
+    }
+
+    fn list_canonical(&self) -> Result<Vec<Vec<u8>>, CommitError> {
+        let mut out = Vec::new();
+        self.for_each_record(|path, bytes| {
+            // Checked as `list` checks it (valid JSON, in canonical form); the tree is dropped at
+            // once, so only one record's is alive at a time.
+            decode(path, &bytes)?;
+            out.push(bytes);
+            Ok(())
+        })?;
+        Ok(out)
+    }
+}
+
+impl FileCommitStore {
+    /// Calls `each` with the path and bytes of every record, sorted by file name.
+    fn for_each_record(
+        &self,
+        mut each: impl FnMut(&Path, Vec<u8>) -> Result<(), CommitError>,
+    ) -> Result<(), CommitError> {
         let mut names: Vec<String> = read_dir_names(&self.dir)?
             .into_iter()
             .map(|(name, _)| name)
             .filter(|name| is_record_name(name))
             .collect();
         names.sort();
-        let mut out = Vec::with_capacity(names.len());
         for name in names {
             let path = self.dir.join(&name);
             // Records are never deleted by the store; if one vanished between the listing and the
             // read, someone else removed it and the listing it belonged to no longer exists.
             if let Some(bytes) = read_record(&path)? {
-                out.push(decode(&path, &bytes)?);
+                each(&path, bytes)?;
             }
         }
-        Ok(out)
+        Ok(())
     }
 }
 

@@ -85,6 +85,23 @@ pub trait CommitStore: Send + Sync + fmt::Debug {
     /// Every committed payload, sorted by storage name (for the file store: the file name, which is
     /// the hex SHA-256 of the key).
     fn list(&self) -> Result<Vec<serde_json::Value>, CommitError>;
+
+    /// The payloads of [`CommitStore::list`], in its order, as their canonical (RFC 8785) JSON
+    /// bytes instead of parsed trees.
+    ///
+    /// For callers that read the store on one thread and use the payloads on another (an async
+    /// caller reads on a blocking pool): they parse where the payloads are used, so the trees,
+    /// many times larger than the bytes, are allocated by that thread. With glibc every thread
+    /// that allocates gets its own malloc arena, which keeps its high-water mark, so a large
+    /// listing parsed in whichever pool thread ran the read would raise every such arena to its
+    /// size. The default serializes what `list` returns.
+    fn list_canonical(&self) -> Result<Vec<Vec<u8>>, CommitError> {
+        Ok(self
+            .list()?
+            .iter()
+            .map(toolgate_canon::canonical_value)
+            .collect())
+    }
 }
 
 #[cfg(test)]

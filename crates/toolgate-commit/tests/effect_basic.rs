@@ -10,7 +10,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use serde_json::{Value, json};
 use toolgate_canon::{Sha256Digest, canonical_value};
 use toolgate_commit::effect::{
-    Begin, EffectConfig, EffectError, EffectKind, EffectRequest, EffectStore, Resolution, Scope,
+    Attempt, Begin, EffectConfig, EffectError, EffectKind, EffectRequest, EffectStore, Resolution,
+    Scope,
 };
 
 fn scope() -> Scope {
@@ -231,6 +232,82 @@ fn live_owner_gives_in_progress_with_retry_after() {
         Begin::Replay(_)
     ));
     assert_eq!(store.counters()["write_note"].in_progress, 2);
+}
+
+/// One attempt at a time, as an async caller makes them: a key held by a live owner answers
+/// `Pause` (counted nowhere) while the wait has time left, and the call is counted once, by its
+/// final answer.
+#[test]
+fn attempts_pause_while_the_owner_runs_and_count_the_call_once() {
+    let tmp = tempfile::tempdir().unwrap();
+    let store =
+        EffectStore::open(EffectConfig::new(tmp.path()).wait_in_progress(Duration::from_secs(600)))
+            .unwrap();
+    let r = req("w", "fp");
+    let mut owner = store.in_progress_wait();
+    let Attempt::Ready(Begin::Execute(ticket)) = store
+        .begin_attempt(&r, EffectKind::Idempotent, &mut owner)
+        .unwrap()
+    else {
+        panic!("the first call executes")
+    };
+
+    let mut wait = store.in_progress_wait();
+    let mut pauses = Vec::new();
+    for _ in 0..8 {
+        match store.begin_attempt(&r, EffectKind::Idempotent, &mut wait) {
+            Ok(Attempt::Pause(pause)) => pauses.push(pause),
+            other => panic!("expected Pause while the owner runs, got {other:?}"),
+        }
+    }
+    // The backoff: 1 ms, doubling, at most 50 ms (the wait has minutes left).
+    let ms = |n| Duration::from_millis(n);
+    assert_eq!(
+        pauses,
+        [ms(1), ms(2), ms(4), ms(8), ms(16), ms(32), ms(50), ms(50)]
+    );
+    assert_eq!(
+        store.counters().get("write_note").copied(),
+        None,
+        "pauses count nothing"
+    );
+
+    store.complete(ticket, &json!("done")).unwrap();
+    match store.begin_attempt(&r, EffectKind::Idempotent, &mut wait) {
+        Ok(Attempt::Ready(Begin::Replay(value))) => assert_eq!(value, json!("done")),
+        other => panic!("expected Replay, got {other:?}"),
+    }
+    let counters = store.counters()["write_note"];
+    assert_eq!((counters.committed, counters.replayed), (1, 1));
+    assert_eq!(counters.in_progress, 0);
+}
+
+/// Without a configured wait the first attempt on a held key is the answer: `InProgress`, counted
+/// once; `Conflict` and the other answers never pause.
+#[test]
+fn without_a_wait_an_attempt_answers_in_progress_at_once() {
+    let tmp = tempfile::tempdir().unwrap();
+    let store = open(tmp.path());
+    let mut owner = store.in_progress_wait();
+    let Attempt::Ready(Begin::Execute(ticket)) = store
+        .begin_attempt(&req("n", "fp"), EffectKind::Unsafe, &mut owner)
+        .unwrap()
+    else {
+        panic!("the first call executes")
+    };
+    let mut wait = store.in_progress_wait();
+    assert!(matches!(
+        store.begin_attempt(&req("n", "fp"), EffectKind::Unsafe, &mut wait),
+        Err(EffectError::InProgress { .. })
+    ));
+    let mut wait = store.in_progress_wait();
+    assert!(matches!(
+        store.begin_attempt(&req("n", "other"), EffectKind::Unsafe, &mut wait),
+        Err(EffectError::Conflict { .. })
+    ));
+    store.complete(ticket, &json!(1)).unwrap();
+    let counters = store.counters()["write_note"];
+    assert_eq!((counters.in_progress, counters.conflict), (1, 1));
 }
 
 #[test]

@@ -120,6 +120,28 @@ fn get_missing_is_none_and_list_is_sorted_by_file_name() {
     assert_eq!(store.list().unwrap(), expected);
     // Insertion order differs from hash order, so the sort above is not a no-op.
     assert_ne!(expected[0]["n"], json!(0));
+    // The same payloads, in the same order, as the bytes the store holds.
+    let canonical: Vec<Vec<u8>> = expected.iter().map(canonical_value).collect();
+    assert_eq!(store.list_canonical().unwrap(), canonical);
+}
+
+/// `list_canonical` checks each record as `list` does: a record rewritten in another form is
+/// reported as corrupt by both, never handed out as bytes nobody checked.
+#[test]
+fn list_canonical_reports_what_list_reports() {
+    let tmp = tempfile::tempdir().unwrap();
+    let store = FileCommitStore::open(tmp.path()).unwrap();
+    let k = key("req-0001");
+    store.commit(&k, &json!({"a": 1, "b": 2})).unwrap();
+    let path = store.path_for(&k);
+    // Valid JSON, but not canonical (key order, spacing).
+    fs::write(&path, br#"{"b": 2, "a": 1}"#).unwrap();
+    for result in [store.list().map(drop), store.list_canonical().map(drop)] {
+        match result {
+            Err(CommitError::Corrupt { path: reported, .. }) => assert_eq!(reported, path),
+            other => panic!("expected Corrupt, got {other:?}"),
+        }
+    }
 }
 
 #[test]

@@ -235,6 +235,10 @@ impl<H: ServerHandler> GatedBuilder<H> {
 
     /// The store that makes the tools the policy opts in (`idempotency`) execute exactly once per
     /// key; without it those settings are refused at build time.
+    ///
+    /// A call that finds its key held by another live call waits for it up to the store's
+    /// `wait_in_progress`, polling from tokio timers rather than a blocking thread, so the runtime
+    /// that serves the gate needs its time driver enabled (`enable_all`, or `enable_time`).
     pub fn effect_store(mut self, effects: Arc<EffectStore>) -> Self {
         self.effects = Some(effects);
         self

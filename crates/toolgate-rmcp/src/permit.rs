@@ -167,13 +167,20 @@ impl Permit {
     }
 
     /// Reads every committed payload (sorted by storage name) and records `observed`.
+    ///
+    /// The store is read on tokio's blocking pool ([`CommitStore::list_canonical`]: bytes) and
+    /// the payloads are parsed here, on the calling task's thread, where the caller goes on to
+    /// use them: their JSON trees are the bulk of a large listing, and built in a pool thread they
+    /// would raise that thread's malloc arena (glibc keeps one per thread, with its high-water
+    /// mark) on top of the caller's.
     pub async fn observe(&self) -> Result<Vec<Value>, PermitError> {
         let store = self.begin()?;
-        let joined = tokio::task::spawn_blocking(move || store.list()).await;
+        let joined = tokio::task::spawn_blocking(move || store.list_canonical()).await;
         let Ok(result) = joined else {
             self.finish("failed");
             return Err(PermitError::Cancelled);
         };
+        let result = result.and_then(parse_listing);
         self.finish(if result.is_ok() { "observed" } else { "failed" });
         Ok(result?)
     }
@@ -192,4 +199,22 @@ impl Permit {
             }
         })
     }
+}
+
+/// Parses what [`CommitStore::list_canonical`] returned, freeing each payload's bytes once parsed.
+fn parse_listing(listing: Vec<Vec<u8>>) -> Result<Vec<Value>, CommitError> {
+    let mut payloads = Vec::with_capacity(listing.len());
+    for (index, bytes) in listing.into_iter().enumerate() {
+        let payload = serde_json::from_slice(&bytes).map_err(|e| CommitError::Corrupt {
+            // The trait names no paths; the store's own checks name the file when it has one.
+            path: format!("(entry {index} of the listing)").into(),
+            // Only the error class: serde_json messages may quote stored content.
+            reason: format!(
+                "the store listed bytes that are not JSON ({:?} error)",
+                e.classify()
+            ),
+        })?;
+        payloads.push(payload);
+    }
+    Ok(payloads)
 }

@@ -23,13 +23,15 @@ use rmcp::{ErrorData as McpError, RoleServer, ServerHandler};
 use serde_json::{Map, Value, json};
 use toolgate_audit::Decision as AuditDecision;
 use toolgate_canon::Sha256Digest;
-use toolgate_commit::effect::{Begin, EffectError, EffectRequest, Resolution, Scope};
+use toolgate_commit::effect::{
+    Attempt, Begin, EffectError, EffectKind, EffectRequest, EffectStore, Resolution, Scope,
+};
 use toolgate_guard::{Limit, Status};
 use toolgate_policy::{BatchCall, Decision, Policy, ToolName};
 
 use super::{
-    CONFIRM_ACTION, CallGuard, Gated, HALTED, ProbeAnswer, REJECT_ACTION, TOOL_NOT_FOUND,
-    error_text, policy_refusal,
+    CONFIRM_ACTION, CallGuard, EffectProbe, Gated, HALTED, ProbeAnswer, REJECT_ACTION,
+    TOOL_NOT_FOUND, error_text, policy_refusal,
 };
 use crate::exactly_once;
 use crate::input::InputShape;
@@ -410,27 +412,11 @@ impl<H: ServerHandler> Gated<H> {
                 fingerprint: exactly_once::fingerprint(args_digest, &tool.input_schema),
             };
             let kind = exactly_once::kind(settings);
-            let store = Arc::clone(effects);
-            let probe = self.probes.get(&name).cloned();
-            let probe_args = arguments.cloned();
-            let begun = tokio::task::spawn_blocking(move || {
-                let first = store.begin(&request, kind);
-                // An unsafe effect whose caller died: ask the tool's probe, if it has one, and
-                // resolve the record from the answer before deciding again (once).
-                let (Err(EffectError::Indeterminate { .. }), Some(probe)) = (&first, probe) else {
-                    return first;
-                };
-                let resolution = match probe(probe_args.as_ref()) {
-                    ProbeAnswer::Happened(result) => {
-                        Resolution::Completed(exactly_once::stored(&result))
-                    }
-                    ProbeAnswer::NotHappened => Resolution::Forget,
-                    ProbeAnswer::Unknown => return first,
-                };
-                store.resolve(&request.scope, &request.key, resolution)?;
-                store.begin(&request, kind)
-            })
-            .await;
+            let probe = self.probes.get(&name).map(|probe| ProbeCall {
+                probe: Arc::clone(probe),
+                arguments: arguments.cloned(),
+            });
+            let begun = begin_effect(Arc::clone(effects), request, kind, probe).await;
             let answer: Option<(&str, Result<CallToolResult, McpError>)> = match begun {
                 Ok(Ok(Begin::Execute(t))) => {
                     ticket = Some(t);
@@ -613,6 +599,80 @@ impl<H: ServerHandler> Gated<H> {
         }
         tracing::info!(tool = %name, decision = "allow", outcome, "tools/call");
         response
+    }
+}
+
+/// A tool's probe with the arguments of the call that asks it.
+struct ProbeCall {
+    probe: EffectProbe,
+    arguments: Option<JsonObject>,
+}
+
+/// Asks the effect store what to do with a call of an exactly-once tool, as
+/// [`EffectStore::begin`] would, without holding a thread while another live call holds the key.
+///
+/// Each attempt runs on the blocking pool (it takes the store's lock and may wait for an
+/// fdatasync); the pauses between attempts (1 ms doubling to 50 ms, for at most the store's
+/// `wait_in_progress`) are timers on the runtime. A waiting call therefore holds no blocking
+/// thread, so the pool can stay small (the server's is, to bound glibc's per-thread malloc
+/// arenas) and many concurrent retries of one key cannot starve the call they wait for. The
+/// store counts the call once, whatever the number of attempts.
+///
+/// An unsafe effect whose caller died is `Indeterminate`: the tool's probe, if it has one, is
+/// asked (once per call, on the blocking pool: it reads the effect's target), the record is
+/// resolved from its answer, and the call is decided again.
+async fn begin_effect(
+    store: Arc<EffectStore>,
+    request: EffectRequest,
+    kind: EffectKind,
+    mut probe: Option<ProbeCall>,
+) -> Result<Result<Begin, EffectError>, tokio::task::JoinError> {
+    let request = Arc::new(request);
+    let mut wait = store.in_progress_wait();
+    loop {
+        let attempt = {
+            let store = Arc::clone(&store);
+            let request = Arc::clone(&request);
+            let (attempt, waited) = tokio::task::spawn_blocking(move || {
+                let attempt = store.begin_attempt(&request, kind, &mut wait);
+                (attempt, wait)
+            })
+            .await?;
+            wait = waited;
+            attempt
+        };
+        let indeterminate = match attempt {
+            Ok(Attempt::Ready(begin)) => return Ok(Ok(begin)),
+            Ok(Attempt::Pause(pause)) => {
+                tokio::time::sleep(pause).await;
+                continue;
+            }
+            Err(error @ EffectError::Indeterminate { .. }) => error,
+            Err(error) => return Ok(Err(error)),
+        };
+        let Some(ProbeCall { probe, arguments }) = probe.take() else {
+            return Ok(Err(indeterminate));
+        };
+        let store = Arc::clone(&store);
+        let request = Arc::clone(&request);
+        let resolved = tokio::task::spawn_blocking(move || {
+            let resolution = match probe(arguments.as_ref()) {
+                ProbeAnswer::Happened(result) => {
+                    Resolution::Completed(exactly_once::stored(&result))
+                }
+                ProbeAnswer::NotHappened => Resolution::Forget,
+                ProbeAnswer::Unknown => return Ok(false),
+            };
+            store.resolve(&request.scope, &request.key, resolution)?;
+            Ok(true)
+        })
+        .await?;
+        match resolved {
+            // Decided again with the same wait: the record is now completed or absent.
+            Ok(true) => {}
+            Ok(false) => return Ok(Err(indeterminate)),
+            Err(error) => return Ok(Err(error)),
+        }
     }
 }
 
