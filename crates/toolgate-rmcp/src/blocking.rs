@@ -1,5 +1,5 @@
-//! Blocking work (the audit log's fsync) from the gate's async code, with as little thread
-//! hand-off as the runtime allows.
+//! Blocking work (the audit log's and the stores' fsyncs and reads) from the gate's async code,
+//! with as little thread hand-off as the runtime allows.
 //!
 //! On a multi-thread tokio runtime, [`tokio::task::block_in_place`] runs the work on the calling
 //! task's own thread and moves the worker's other tasks to another thread, so the caller does not
@@ -9,7 +9,7 @@
 //! run) the work goes to the blocking pool with [`tokio::task::spawn_blocking`].
 
 use std::cell::Cell;
-use std::panic::{AssertUnwindSafe, catch_unwind, resume_unwind};
+use std::panic::{AssertUnwindSafe, catch_unwind};
 
 thread_local! {
     /// `block_in_place` refused to run on this thread (it panics, before running anything, inside
@@ -18,7 +18,8 @@ thread_local! {
     static IN_PLACE_REFUSED: Cell<bool> = const { Cell::new(false) };
 }
 
-/// The blocking pool dropped the work before it finished (the runtime is shutting down).
+/// The work did not finish: it panicked, or the blocking pool dropped it (the runtime is shutting
+/// down).
 #[derive(Debug)]
 pub(crate) struct Cancelled;
 
@@ -39,8 +40,8 @@ where
             Ok(None) => unreachable!("the work is taken once"),
             // `work` is still here: `block_in_place` refused before running it.
             Err(_) if work.is_some() => IN_PLACE_REFUSED.set(true),
-            // The work itself panicked: that panic is the caller's.
-            Err(panic) => resume_unwind(panic),
+            // The work itself panicked: reported as `spawn_blocking` reports it.
+            Err(_) => return Err(Cancelled),
         }
     }
     let Some(work) = work else {

@@ -145,7 +145,8 @@ impl Permit {
 
     /// Publishes `payload` under `key` exactly once through the gate's commit store, and records
     /// `committed`, `replay` or `conflict` for the audit line. Runs the blocking, fsyncing store
-    /// on tokio's blocking pool.
+    /// without blocking other tasks: in place on a multi-thread runtime
+    /// (`tokio::task::block_in_place`), else on tokio's blocking pool.
     pub async fn commit(
         &self,
         key: &IdempotencyKey,
@@ -153,7 +154,7 @@ impl Permit {
     ) -> Result<CommitOutcome, PermitError> {
         let store = self.begin()?;
         let key = key.clone();
-        let joined = tokio::task::spawn_blocking(move || store.commit(&key, &payload)).await;
+        let joined = crate::blocking::run(move || store.commit(&key, &payload)).await;
         let Ok(result) = joined else {
             self.finish("in_doubt");
             return Err(PermitError::Cancelled);
@@ -168,14 +169,15 @@ impl Permit {
 
     /// Reads every committed payload (sorted by storage name) and records `observed`.
     ///
-    /// The store is read on tokio's blocking pool ([`CommitStore::list_canonical`]: bytes) and
-    /// the payloads are parsed here, on the calling task's thread, where the caller goes on to
+    /// The store is read as blocking work ([`CommitStore::list_canonical`]: bytes; on tokio's
+    /// blocking pool unless the runtime is multi-thread) and the payloads are parsed here, on the
+    /// calling task's thread, where the caller goes on to
     /// use them: their JSON trees are the bulk of a large listing, and built in a pool thread they
     /// would raise that thread's malloc arena (glibc keeps one per thread, with its high-water
     /// mark) on top of the caller's.
     pub async fn observe(&self) -> Result<Vec<Value>, PermitError> {
         let store = self.begin()?;
-        let joined = tokio::task::spawn_blocking(move || store.list_canonical()).await;
+        let joined = crate::blocking::run(move || store.list_canonical()).await;
         let Ok(result) = joined else {
             self.finish("failed");
             return Err(PermitError::Cancelled);

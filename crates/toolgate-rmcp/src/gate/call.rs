@@ -563,7 +563,7 @@ impl<H: ServerHandler> Gated<H> {
                 _ => Err(outcome.to_owned()),
             };
             let store = Arc::clone(effects);
-            let settled = tokio::task::spawn_blocking(move || match settle {
+            let settled = crate::blocking::run(move || match settle {
                 Ok(stored) => store.complete(ticket, &stored),
                 Err(why) => store.fail(
                     ticket,
@@ -611,29 +611,30 @@ struct ProbeCall {
 /// Asks the effect store what to do with a call of an exactly-once tool, as
 /// [`EffectStore::begin`] would, without holding a thread while another live call holds the key.
 ///
-/// Each attempt runs on the blocking pool (it takes the store's lock and may wait for an
-/// fdatasync); the pauses between attempts (1 ms doubling to 50 ms, for at most the store's
+/// Each attempt is blocking work (it takes the store's lock and may wait for an fdatasync; it
+/// runs in place on a multi-thread runtime, else on the blocking pool: see `crate::blocking`);
+/// the pauses between attempts (1 ms doubling to 50 ms, for at most the store's
 /// `wait_in_progress`) are timers on the runtime. A waiting call therefore holds no blocking
 /// thread, so the pool can stay small (the server's is, to bound glibc's per-thread malloc
 /// arenas) and many concurrent retries of one key cannot starve the call they wait for. The
 /// store counts the call once, whatever the number of attempts.
 ///
 /// An unsafe effect whose caller died is `Indeterminate`: the tool's probe, if it has one, is
-/// asked (once per call, on the blocking pool: it reads the effect's target), the record is
+/// asked (once per call, as blocking work: it reads the effect's target), the record is
 /// resolved from its answer, and the call is decided again.
 async fn begin_effect(
     store: Arc<EffectStore>,
     request: EffectRequest,
     kind: EffectKind,
     mut probe: Option<ProbeCall>,
-) -> Result<Result<Begin, EffectError>, tokio::task::JoinError> {
+) -> Result<Result<Begin, EffectError>, crate::blocking::Cancelled> {
     let request = Arc::new(request);
     let mut wait = store.in_progress_wait();
     loop {
         let attempt = {
             let store = Arc::clone(&store);
             let request = Arc::clone(&request);
-            let (attempt, waited) = tokio::task::spawn_blocking(move || {
+            let (attempt, waited) = crate::blocking::run(move || {
                 let attempt = store.begin_attempt(&request, kind, &mut wait);
                 (attempt, wait)
             })
@@ -655,7 +656,7 @@ async fn begin_effect(
         };
         let store = Arc::clone(&store);
         let request = Arc::clone(&request);
-        let resolved = tokio::task::spawn_blocking(move || {
+        let resolved = crate::blocking::run(move || {
             let resolution = match probe(arguments.as_ref()) {
                 ProbeAnswer::Happened(result) => {
                     Resolution::Completed(exactly_once::stored(&result))
