@@ -24,9 +24,12 @@ const POLICY: &str = include_str!("../../fixtures/policies/full.json");
 const LOCK: &str = include_str!("../../toolgate.lock");
 const PRINCIPALS: &[&str] = &["anonymous", "alice@example.com", "ci-bot"];
 
+/// A tool of the reference contract: its name, input schema and compiled validator.
+type FixtureTool = (String, Arc<Map<String, Value>>, jsonschema::Validator);
+
 struct Fixture {
     policy: Policy,
-    tools: Vec<(String, Arc<Map<String, Value>>, jsonschema::Validator)>,
+    tools: Vec<FixtureTool>,
     checker: ArgumentChecker,
 }
 

@@ -85,10 +85,10 @@ fuzz_target!(|data: &[u8]| {
                 }
             }
         }
-        if let Some(batch) = policy.batch(tool) {
-            if let Err(violation) = batch.check(arguments) {
-                let _ = (violation.rule(), violation.message());
-            }
+        if let Some(batch) = policy.batch(tool)
+            && let Err(violation) = batch.check(arguments)
+        {
+            let _ = (violation.rule(), violation.message());
         }
         if let Some(untrusted) = policy.untrusted_output(tool)
             && let Some(args) = arguments
