@@ -7,6 +7,12 @@
 //! (measured in `benches/gate_cost.rs`: about 3 thread wake-ups per call on the critical path).
 //! Everywhere else (a current-thread runtime, or a `LocalSet`, where `block_in_place` refuses to
 //! run) the work goes to the blocking pool with [`tokio::task::spawn_blocking`].
+//!
+//! `block_in_place` refuses by panicking, before it runs anything, and no public API tells a
+//! `LocalSet` apart beforehand: the refusal is caught, remembered for the thread, and the work goes
+//! to the pool. That first refusal still passes through the process's panic hook (the default one
+//! prints a line on stderr). A build with `panic = "abort"` cannot catch it, so there every piece
+//! of work goes to the pool.
 
 use std::cell::Cell;
 use std::panic::{AssertUnwindSafe, catch_unwind};
@@ -31,7 +37,7 @@ where
     R: Send + 'static,
 {
     let mut work = Some(work);
-    if on_multi_thread_runtime() && !IN_PLACE_REFUSED.get() {
+    if cfg!(panic = "unwind") && on_multi_thread_runtime() && !IN_PLACE_REFUSED.get() {
         let attempt = catch_unwind(AssertUnwindSafe(|| {
             tokio::task::block_in_place(|| work.take().map(|work| work()))
         }));
