@@ -484,8 +484,11 @@ fn io_err<'a>(op: &'static str, path: &'a Path) -> impl FnOnce(io::Error) -> Eff
 const JOURNAL_FILE_NAME: &str = "effects.journal";
 /// The journal grows in zero-filled chunks of this size, so that an append overwrites bytes the
 /// file already has and its `fdatasync` need not commit a new file size (one metadata commit per
-/// chunk instead of one per append).
-const CHUNK: u64 = 1 << 20;
+/// chunk instead of one per append). 64 KiB: a chunk is written together with the lines that need
+/// it, from one buffer, and a buffer of that size comes from the allocator's heap; a 1 MiB one got
+/// a mapping of its own, whose release makes glibc keep up to twice as much freed memory in every
+/// thread's heap from then on (about 1 MiB more resident in toolgate-server).
+const CHUNK: u64 = 64 << 10;
 /// How much of the journal is read at a time when looking for lines appended by others.
 const READ_STEP: usize = 16 * 1024;
 
