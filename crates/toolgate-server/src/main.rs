@@ -8,6 +8,10 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 use toolgate_server::ServerOptions;
+use tracing::Level;
+use tracing_subscriber::filter::Targets;
+use tracing_subscriber::layer::SubscriberExt as _;
+use tracing_subscriber::util::SubscriberInitExt as _;
 
 /// Reference MCP server gated by toolgate. With no subcommand it serves MCP over stdio.
 #[derive(Debug, Parser)]
@@ -139,15 +143,40 @@ enum Format {
 
 fn init_logging() {
     // Logs go to stderr only: stdout carries protocol messages.
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        // rmcp logs failed requests at warn with their error text, which can quote argument
-        // values; by default only its errors are shown (RUST_LOG overrides this on purpose).
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn,rmcp=error,toolgate=info"));
-    tracing_subscriber::fmt()
-        .with_writer(std::io::stderr)
-        .with_ansi(false)
-        .with_env_filter(filter)
+    // RUST_LOG takes `level` and `target=level` directives, comma-separated (a `Targets` filter:
+    // no span or field filters, which would link a regex engine for the one directive syntax);
+    // one it cannot parse is ignored as a whole, with a line on stderr.
+    // rmcp logs failed requests at warn with their error text, which can quote argument
+    // values; by default only its errors are shown (RUST_LOG overrides this on purpose).
+    let default = || {
+        Targets::new()
+            .with_default(Level::WARN)
+            .with_target("rmcp", Level::ERROR)
+            .with_target("toolgate", Level::INFO)
+    };
+    let mut ignored = None;
+    let filter = match std::env::var("RUST_LOG") {
+        Ok(directives) if !directives.trim().is_empty() => {
+            directives.parse::<Targets>().unwrap_or_else(|error| {
+                ignored = Some(error);
+                default()
+            })
+        }
+        _ => default(),
+    };
+    tracing_subscriber::registry()
+        .with(
+            tracing_subscriber::fmt::layer()
+                .with_writer(std::io::stderr)
+                .with_ansi(false),
+        )
+        .with(filter)
         .init();
+    if let Some(error) = ignored {
+        tracing::warn!(
+            "RUST_LOG ignored ({error}); use `level` or `target=level`, comma-separated"
+        );
+    }
 }
 
 /// The runtime that serves MCP over stdio: every task on the main thread, blocking work (fsyncs,

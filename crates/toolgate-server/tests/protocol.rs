@@ -212,3 +212,30 @@ fn stdout_carries_only_protocol_messages() {
         "RUST_LOG=trace should have produced logs on stderr"
     );
 }
+
+#[test]
+fn unparsable_rust_log_is_reported_and_the_default_filter_serves() {
+    let env = TestEnv::new();
+    let mut command = env.command();
+    // Not a level: the whole variable is ignored, not just this directive.
+    command.env("RUST_LOG", "rmcp=loud");
+    let mut server = common::Server::spawn(command, &env.path("stderr.log"));
+    server.discover();
+    server.write_note("req-rustlog-001", "still served");
+    let status = server.close();
+    assert!(status.success(), "exit {status}");
+    let stderr = server.stderr();
+    assert!(
+        stderr.contains("RUST_LOG ignored") && stderr.contains("target=level"),
+        "expected the ignored RUST_LOG to be named on stderr: {stderr}"
+    );
+    // The default filter applies: toolgate's info lines are shown, nothing at debug.
+    assert!(
+        stderr.contains(" INFO "),
+        "default filter shows info: {stderr}"
+    );
+    assert!(
+        !stderr.contains(" DEBUG "),
+        "default filter hides debug: {stderr}"
+    );
+}
