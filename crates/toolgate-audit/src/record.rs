@@ -4,7 +4,9 @@
 //! is exactly what the verifier would accept as a good line.
 
 use serde_json::{Map, Value};
-use toolgate_canon::{Sha256Digest, canonical_value};
+use toolgate_canon::{
+    Sha256Digest, canonical_value, write_canonical_str, write_canonical_u64, write_canonical_value,
+};
 
 use crate::{AuditEntry, ProblemKind};
 
@@ -71,7 +73,8 @@ pub(crate) fn representable(ts: u64) -> u64 {
     /// The largest double below 2^64 (2^64 - 2^11) as RFC 8785 writes it: the shortest decimal
     /// that rounds to it.
     const LARGEST_BELOW_2_64: u64 = 18_446_744_073_709_550_000;
-    let text = canonical_value(&Value::from(ts));
+    let mut text = Vec::with_capacity(24);
+    write_canonical_u64(&mut text, ts);
     std::str::from_utf8(&text)
         .ok()
         .and_then(|s| s.parse::<u64>().ok())
@@ -81,9 +84,9 @@ pub(crate) fn representable(ts: u64) -> u64 {
 /// Builds the line for `entry` chained onto `prev`. `extra` adds fields beyond the entry's own (used
 /// by the recovery record; a key repeated there replaces the entry's field).
 ///
-/// Each member is canonicalized once: the hashed body is the members in RFC 8785 order and the
-/// line is the same members with `sha256` inserted at its place in that order, so the line is the
-/// canonical form of the record without a second pass over it (checked against the canonicalizer
+/// The members are written once, in RFC 8785 order, straight into the line's buffer (no JSON value
+/// is built for the entry's own fields): that is the hashed body, and `sha256` is then inserted at
+/// its place in that order, so the line is the canonical form of the record without a second pass (checked against the canonicalizer
 /// in the tests below and by every `check_line`).
 pub(crate) fn seal(
     entry: &AuditEntry,
@@ -92,75 +95,103 @@ pub(crate) fn seal(
     seq: u64,
     prev: Sha256Digest,
 ) -> Sealed {
-    let prev_hex = prev.to_hex();
-    let mut members: Vec<(&str, Value)> = vec![
-        ("ts", Value::from(ts)),
-        ("request_id", Value::from(entry.request_id.as_str())),
-        ("method", Value::from(entry.method.as_str())),
-        ("name", Value::from(entry.name.as_str())),
-        ("decision", Value::from(entry.decision.as_str())),
-        ("outcome", Value::from(entry.outcome.as_str())),
-        ("args_digest", Value::from(entry.args_digest.to_hex())),
-        ("prev_sha256", Value::from(prev_hex.as_str())),
-        ("seq", Value::from(seq)),
-    ];
+    let prev_hex = prev.hex_bytes();
+    let mut members: Vec<(&str, Field<'_>)> = Vec::with_capacity(12 + extra.len());
+    members.extend([
+        ("ts", Field::Number(ts)),
+        ("request_id", Field::Text(entry.request_id.as_str())),
+        ("method", Field::Text(entry.method.as_str())),
+        ("name", Field::Text(entry.name.as_str())),
+        ("decision", Field::Text(entry.decision.as_str())),
+        ("outcome", Field::Text(entry.outcome.as_str())),
+        ("args_digest", Field::Digest(entry.args_digest)),
+        ("prev_sha256", Field::Digest(prev)),
+        ("seq", Field::Number(seq)),
+    ]);
     if let Some(reason) = &entry.reason {
-        members.push(("reason", Value::from(reason.as_str())));
+        members.push(("reason", Field::Text(reason.as_str())));
     }
     if let Some(digest) = entry.policy_digest {
-        members.push(("policy_digest", Value::from(digest.to_hex())));
+        members.push(("policy_digest", Field::Digest(digest)));
     }
     if let Some(digest) = entry.contract_digest {
-        members.push(("contract_digest", Value::from(digest.to_hex())));
+        members.push(("contract_digest", Field::Digest(digest)));
     }
     for (key, value) in extra {
         members.retain(|(k, _)| *k != key);
-        members.push((key, value));
+        members.push((key, Field::Json(value)));
     }
     // `sha256` is added after hashing; a caller-supplied one would be replaced by it, as before.
     members.retain(|(k, _)| *k != "sha256");
     members.sort_by(|(a, _), (b, _)| utf16_order(a, b));
-    let members: Vec<(&str, Vec<u8>)> = members
-        .into_iter()
-        .map(|(key, value)| {
-            let mut bytes = canonical_value(&Value::from(key));
-            bytes.push(b':');
-            bytes.extend(canonical_value(&value));
-            (key, bytes)
-        })
-        .collect();
-    let body = join_members(members.iter().map(|(_, m)| m.as_slice()));
-    let sha256 = Sha256Digest::of_parts(&[prev_hex.as_bytes(), &body]);
-    let sha_member = format!("\"sha256\":\"{}\"", sha256.to_hex()).into_bytes();
-    let at = members.partition_point(|(key, _)| utf16_order(key, "sha256").is_lt());
-    let mut line = join_members(
-        members[..at]
-            .iter()
-            .map(|(_, m)| m.as_slice())
-            .chain(std::iter::once(sha_member.as_slice()))
-            .chain(members[at..].iter().map(|(_, m)| m.as_slice())),
-    );
+    // The record without `sha256`, written once into the line's buffer; `sha256` is then
+    // inserted where its key sorts (`at`: the offset of the first member after it).
+    let mut line = Vec::with_capacity(512);
+    line.push(b'{');
+    let mut at = None;
+    for (i, (key, field)) in members.iter().enumerate() {
+        if i > 0 {
+            line.push(b',');
+        }
+        if at.is_none() && utf16_order(key, "sha256").is_gt() {
+            at = Some(line.len());
+        }
+        write_canonical_str(&mut line, key);
+        line.push(b':');
+        field.write(&mut line);
+    }
+    line.push(b'}');
+    let sha256 = Sha256Digest::of_parts(&[&prev_hex, &line]);
+    let mut sha_member = Vec::with_capacity(76);
+    sha_member.extend_from_slice(b"\"sha256\":\"");
+    sha_member.extend_from_slice(&sha256.hex_bytes());
+    sha_member.push(b'"');
+    match at {
+        // Before the member at `at` (whose preceding comma, if any, stays before `sha256`).
+        Some(at) => {
+            sha_member.push(b',');
+            line.splice(at..at, sha_member);
+        }
+        // Last: after a comma if any member precedes it.
+        None => {
+            let close = line.len() - 1;
+            if members.is_empty() {
+                line.splice(close..close, sha_member);
+            } else {
+                line.splice(close..close, std::iter::once(b',').chain(sha_member));
+            }
+        }
+    }
     line.push(b'\n');
     Sealed { line, sha256 }
+}
+
+/// One member's value in [`seal`], written in canonical form without building a JSON value.
+enum Field<'a> {
+    Text(&'a str),
+    Number(u64),
+    Digest(Sha256Digest),
+    Json(Value),
+}
+
+impl Field<'_> {
+    fn write(&self, out: &mut Vec<u8>) {
+        match self {
+            Field::Text(text) => write_canonical_str(out, text),
+            Field::Number(number) => write_canonical_u64(out, *number),
+            Field::Digest(digest) => {
+                out.push(b'"');
+                out.extend_from_slice(&digest.hex_bytes());
+                out.push(b'"');
+            }
+            Field::Json(value) => write_canonical_value(out, value),
+        }
+    }
 }
 
 /// RFC 8785's member order: by the keys' UTF-16 code units.
 fn utf16_order(a: &str, b: &str) -> std::cmp::Ordering {
     a.encode_utf16().cmp(b.encode_utf16())
-}
-
-/// `{` + the members separated by `,` + `}`.
-fn join_members<'a>(members: impl Iterator<Item = &'a [u8]>) -> Vec<u8> {
-    let mut out = Vec::with_capacity(512);
-    out.push(b'{');
-    for (i, member) in members.enumerate() {
-        if i > 0 {
-            out.push(b',');
-        }
-        out.extend_from_slice(member);
-    }
-    out.push(b'}');
-    out
 }
 
 /// Checks one line (without its `\n`) in isolation: a JSON object with hex `prev_sha256` and

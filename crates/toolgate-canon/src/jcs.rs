@@ -183,7 +183,7 @@ fn write_f64(out: &mut Vec<u8>, value: f64) {
     }
 }
 
-fn write_u64(out: &mut Vec<u8>, value: u64) {
+pub(crate) fn write_u64(out: &mut Vec<u8>, value: u64) {
     if value <= EXACT_INT {
         write_digits(out, value);
     } else {
@@ -287,7 +287,7 @@ fn write_str_contents(out: &mut Vec<u8>, value: &str) {
     out.extend_from_slice(bytes.get(start..).unwrap_or_default());
 }
 
-fn write_str(out: &mut Vec<u8>, value: &str) {
+pub(crate) fn write_str(out: &mut Vec<u8>, value: &str) {
     out.reserve(value.len() + 2);
     out.push(b'"');
     write_str_contents(out, value);

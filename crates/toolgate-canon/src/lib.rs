@@ -62,6 +62,24 @@ pub fn canonical_value(value: &serde_json::Value) -> Vec<u8> {
     out
 }
 
+/// Appends the canonical bytes of `value` to `out`: what [`canonical_value`] returns, without a
+/// buffer of its own (for a caller that assembles a larger canonical document).
+pub fn write_canonical_value(out: &mut Vec<u8>, value: &serde_json::Value) {
+    jcs::write_value(out, value);
+}
+
+/// Appends the canonical form of the JSON string `text` to `out`: quoted, with RFC 8785's
+/// escapes (the same bytes as `canonical_value(&Value::from(text))`).
+pub fn write_canonical_str(out: &mut Vec<u8>, text: &str) {
+    jcs::write_str(out, text);
+}
+
+/// Appends the canonical form of the number `value` to `out`: its digits up to 2^53, above that
+/// the ECMAScript form of the nearest double (the same bytes as `canonical_value(&Value::from(value))`).
+pub fn write_canonical_u64(out: &mut Vec<u8>, value: u64) {
+    jcs::write_u64(out, value);
+}
+
 /// Whether `bytes` are exactly the canonical form of the JSON they encode.
 pub fn is_canonical(bytes: &[u8]) -> bool {
     match serde_json::from_slice::<serde_json::Value>(bytes) {
@@ -114,11 +132,16 @@ impl Sha256Digest {
 
     /// The 64-character lowercase hex form.
     pub fn to_hex(&self) -> String {
+        self.hex_bytes().iter().map(|&b| char::from(b)).collect()
+    }
+
+    /// The lowercase hex form as ASCII bytes, without allocating.
+    pub fn hex_bytes(&self) -> [u8; 64] {
         const HEX: &[u8; 16] = b"0123456789abcdef";
-        let mut out = String::with_capacity(64);
-        for byte in self.0 {
-            out.push(char::from(HEX[usize::from(byte >> 4)]));
-            out.push(char::from(HEX[usize::from(byte & 0x0f)]));
+        let mut out = [0u8; 64];
+        for (i, byte) in self.0.iter().enumerate() {
+            out[2 * i] = HEX[usize::from(byte >> 4)];
+            out[2 * i + 1] = HEX[usize::from(byte & 0x0f)];
         }
         out
     }
@@ -194,6 +217,36 @@ mod tests {
         let got = String::from_utf8(canonical_value(&value)).expect("canonical JSON is UTF-8");
         assert_eq!(got, expected, "input: {input}");
         assert!(is_canonical(expected.as_bytes()));
+    }
+
+    #[test]
+    fn the_append_writers_write_what_canonical_value_returns() {
+        let mut out = b"prefix".to_vec();
+        for text in [
+            "",
+            "plain",
+            "q\"b\\s\n\u{1f}\u{7f}\u{2028}\u{e000}\u{1F600}/",
+        ] {
+            out.truncate(6);
+            write_canonical_str(&mut out, text);
+            assert_eq!(out[6..], canonical_value(&json!(text)), "{text:?}");
+        }
+        for number in [0, 1, 9_007_199_254_740_992, 9_007_199_254_740_993, u64::MAX] {
+            out.truncate(6);
+            write_canonical_u64(&mut out, number);
+            assert_eq!(out[6..], canonical_value(&json!(number)), "{number}");
+        }
+        let value = json!({"b": [1, 2.5, null, "\u{10000}"], "a": {"\u{e000}": true, "z": -3}});
+        out.truncate(6);
+        write_canonical_value(&mut out, &value);
+        assert_eq!(out[6..], canonical_value(&value));
+        assert_eq!(&out[..6], b"prefix");
+        let digest = Sha256Digest::of(b"abc");
+        assert_eq!(digest.hex_bytes().as_slice(), digest.to_hex().as_bytes());
+        assert_eq!(
+            digest.to_hex(),
+            "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
+        );
     }
 
     /// RFC 8785 section 3.2.2 / appendix: the complete example.
