@@ -59,10 +59,27 @@ impl SchemaCache {
             }
         };
         let instance = Value::Object(arguments.cloned().unwrap_or_default());
-        let Some(error) = validator.iter_errors(&instance).next() else {
+        // The boolean check allocates no error iterators; the first error is looked for only
+        // when there is one.
+        if validator.is_valid(&instance) {
             return Ok(());
-        };
-        Err(refusal(tool, schema, &error))
+        }
+        match validator.iter_errors(&instance).next() {
+            Some(error) => Err(refusal(tool, schema, &error)),
+            // Invalid without a first error would be the validator contradicting itself: the
+            // call is refused all the same (fail closed), without a keyword to name.
+            None => Err(Refusal {
+                rule: "input_schema.invalid".to_owned(),
+                message: format!(
+                    "Error: the arguments of `{tool}` do not match its input schema; nothing was executed. Check them against the tool's inputSchema"
+                ),
+                details: json!({
+                    "error": "invalid_arguments",
+                    "tool": tool,
+                    "rule": "input_schema.invalid",
+                }),
+            }),
+        }
     }
 
     fn compiled(&self, tool: &str, schema: &Arc<JsonObject>) -> Compiled {
