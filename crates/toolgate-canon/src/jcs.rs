@@ -412,7 +412,7 @@ fn write_number(out: &mut Vec<u8>, number: &serde_json::Number) {
     }
 }
 
-fn write_map(out: &mut Vec<u8>, map: &serde_json::Map<String, serde_json::Value>) {
+pub(crate) fn write_map(out: &mut Vec<u8>, map: &serde_json::Map<String, serde_json::Value>) {
     let start = out.len();
     out.push(b'{');
     // serde_json's default map is a BTreeMap, in byte (code point) order, which is UTF-16

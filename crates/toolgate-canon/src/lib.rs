@@ -68,6 +68,12 @@ pub fn write_canonical_value(out: &mut Vec<u8>, value: &serde_json::Value) {
     jcs::write_value(out, value);
 }
 
+/// Appends the canonical bytes of the JSON object `map` to `out`: the same bytes as
+/// `canonical_value(&Value::Object(map.clone()))`, without the copy.
+pub fn write_canonical_object(out: &mut Vec<u8>, map: &serde_json::Map<String, serde_json::Value>) {
+    jcs::write_map(out, map);
+}
+
 /// Appends the canonical form of the JSON string `text` to `out`: quoted, with RFC 8785's
 /// escapes (the same bytes as `canonical_value(&Value::from(text))`).
 pub fn write_canonical_str(out: &mut Vec<u8>, text: &str) {
@@ -239,6 +245,9 @@ mod tests {
         let value = json!({"b": [1, 2.5, null, "\u{10000}"], "a": {"\u{e000}": true, "z": -3}});
         out.truncate(6);
         write_canonical_value(&mut out, &value);
+        assert_eq!(out[6..], canonical_value(&value));
+        out.truncate(6);
+        write_canonical_object(&mut out, value.as_object().expect("an object"));
         assert_eq!(out[6..], canonical_value(&value));
         assert_eq!(&out[..6], b"prefix");
         let digest = Sha256Digest::of(b"abc");
