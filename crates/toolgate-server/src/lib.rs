@@ -7,6 +7,7 @@
 #![forbid(unsafe_code)]
 
 pub mod contract;
+#[cfg(feature = "demo")]
 pub mod demo;
 #[cfg(feature = "fault-injection")]
 mod fault;

@@ -73,6 +73,7 @@ enum Command {
         command: AuditCommand,
     },
     /// Run the gated server end to end against a child process and print a transcript.
+    #[cfg(feature = "demo")]
     Demo,
     /// Stop every tools/call of every server on this ledger (the kill switch), audited. Takes
     /// effect on each server's next call, without a restart; tools/list keeps working.
@@ -387,6 +388,7 @@ fn main() -> ExitCode {
             }
             Err(error) => fail(&error),
         },
+        #[cfg(feature = "demo")]
         Command::Demo => {
             let runtime = match tokio::runtime::Runtime::new() {
                 Ok(runtime) => runtime,
