@@ -121,6 +121,14 @@ impl Sha256Digest {
         Self::of(&canonical_value(value))
     }
 
+    /// The SHA-256 of the canonical JSON of the object `map`: `of_json` of that object, without
+    /// copying the map into a `Value` first.
+    pub fn of_json_object(map: &serde_json::Map<String, serde_json::Value>) -> Self {
+        let mut canonical = Vec::with_capacity(jcs::INITIAL_CAPACITY);
+        write_canonical_object(&mut canonical, map);
+        Self::of(&canonical)
+    }
+
     /// The SHA-256 of the canonical JSON of any serializable value.
     pub fn of_canonical<T: Serialize>(value: &T) -> Result<Self, CanonError> {
         Ok(Self::of(&to_canonical_vec(value)?))
@@ -249,6 +257,10 @@ mod tests {
         out.truncate(6);
         write_canonical_object(&mut out, value.as_object().expect("an object"));
         assert_eq!(out[6..], canonical_value(&value));
+        assert_eq!(
+            Sha256Digest::of_json_object(value.as_object().expect("an object")),
+            Sha256Digest::of_json(&value)
+        );
         assert_eq!(&out[..6], b"prefix");
         let digest = Sha256Digest::of(b"abc");
         assert_eq!(digest.hex_bytes().as_slice(), digest.to_hex().as_bytes());

@@ -490,7 +490,7 @@ mod tests {
         PendingAction {
             principal: principal.to_owned(),
             tool: "delete_note".to_owned(),
-            args_digest: Sha256Digest::of_json(&Value::Object(arguments.clone())),
+            args_digest: Sha256Digest::of_json_object(&arguments),
             arguments,
             content_hash: Sha256Digest::of(b"content"),
             summary: "delete note a.txt (12 bytes)".to_owned(),

@@ -46,7 +46,7 @@ pub(crate) fn key_for(
 pub(crate) fn fingerprint(args_digest: Sha256Digest, input_schema: &JsonObject) -> Sha256Digest {
     Sha256Digest::of_json(&json!({
         "arguments_digest": args_digest.to_hex(),
-        "input_schema_digest": Sha256Digest::of_json(&Value::Object(input_schema.clone())).to_hex(),
+        "input_schema_digest": Sha256Digest::of_json_object(input_schema).to_hex(),
     }))
 }
 

@@ -74,16 +74,8 @@ impl<H: ServerHandler> Gated<H> {
         let state = self.state.snapshot();
         let policy = Arc::clone(&state.policy);
         let arguments = request.arguments.as_ref();
-        // The digest of the canonical arguments (absent = `{}`), written from the request's own
-        // map rather than from a copy of it.
-        let args_digest = {
-            let mut canonical = Vec::with_capacity(256);
-            match arguments {
-                Some(map) => toolgate_canon::write_canonical_object(&mut canonical, map),
-                None => canonical.extend_from_slice(b"{}"),
-            }
-            Sha256Digest::of(&canonical)
-        };
+        // The digest of the canonical arguments (absent = `{}`), from the request's own map.
+        let args_digest = Sha256Digest::of_json_object(arguments.unwrap_or(&JsonObject::new()));
         let deny = |request_id: String, reason: String| {
             self.entry(
                 &state,

@@ -178,7 +178,7 @@ impl<H: ServerHandler> Gated<H> {
         let state = self.state.snapshot();
         let name = request.name.to_string();
         let arguments = request.arguments.clone().unwrap_or_default();
-        let args_digest = Sha256Digest::of_json(&Value::Object(arguments.clone()));
+        let args_digest = Sha256Digest::of_json_object(&arguments);
         let request_id = format!("rpc:{}", context.id);
         let refuse = |reason: String, outcome: &'static str| {
             self.entry(
