@@ -3,7 +3,7 @@
 //!
 //! The copy builds in its own target directory under `CARGO_TARGET_TMPDIR`, so the first run
 //! compiles the dependencies once (minutes on a 2-core machine) and later runs only the edited
-//! crates. One test walks through every scenario on one copy to pay that cost once.
+//! crates. It builds without debug information to keep that directory small. One test walks through every scenario on one copy to pay that cost once.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::path::{Path, PathBuf};
@@ -51,6 +51,9 @@ impl Copy {
             .args(args)
             .current_dir(&self.root)
             .env("CARGO_TARGET_DIR", &self.target)
+            // No debug information: the copy's binaries are only run, and this keeps its target
+            // directory small (1.4 GB with the workspace's debug settings).
+            .env("CARGO_PROFILE_DEV_DEBUG", "false")
             .env_remove("RUSTFLAGS")
             .stdin(Stdio::null())
             .output()
