@@ -11,6 +11,19 @@
 //! - `gated_disk`: the audit log on the normal disk (a tempdir under the working directory, or
 //!   `GATE_BENCH_DIR`), so `gated_disk - gated_shm` is what the audit record's fsync costs.
 //!
+//! The difference `gated_mem - ungated` is that of two end-to-end times of about 140 us, each
+//! mostly rmcp, the transport and thread wake-ups, and on a shared 2-core machine it moves by as
+//! much as the gate costs. So two more rows call the handler's `ServerHandler::call_tool` directly,
+//! on one thread, with no transport and no other task (the same request, a fresh
+//! `RequestContext` each call):
+//!
+//! - `direct_handler`: `Tools` itself;
+//! - `direct_gated`: the same `Tools` inside `Gated` with a `MemoryAuditLog`;
+//!
+//! and `direct_gated - direct_handler` is the gate's own work per call, everything it does before
+//! the audit record would be written to a file: policy, argument checks, JSON Schema, permit, the
+//! sealed and chained audit record.
+//!
 //! Two context rows: `audit_append_shm` (`FileAuditLog::append` alone on tmpfs) and
 //! `raw_fdatasync_disk` (a 300-byte write + fdatasync in the disk directory).
 //!
@@ -33,8 +46,10 @@ use std::time::{Duration, Instant};
 use criterion::Criterion;
 use rmcp::handler::server::router::tool::ToolRouter;
 use rmcp::handler::server::wrapper::Parameters;
-use rmcp::model::{CallToolRequestParams, ServerCapabilities, ServerConfig};
-use rmcp::service::{RoleClient, RunningService};
+use rmcp::model::{
+    CallToolRequestParams, CallToolResponse, RequestId, ServerCapabilities, ServerConfig,
+};
+use rmcp::service::{Peer, RequestContext, RoleClient, RoleServer, RunningService};
 use rmcp::{ServerHandler, ServiceExt as _, tool, tool_handler, tool_router};
 use schemars::JsonSchema;
 use serde::Deserialize;
@@ -232,7 +247,73 @@ fn entry(i: u64) -> AuditEntry {
     .with_policy_digest(Sha256Digest::of(b"policy"))
 }
 
-fn criterion_groups(c: &mut Criterion, rt: &Runtime, variants: &[Variant]) {
+/// A handler called without a transport: `ServerHandler::call_tool` on this thread, with a
+/// `RequestContext` carrying the peer of a served (idle) handler.
+struct Direct {
+    rt: Runtime,
+    handler: Tools,
+    gated: Gated<Tools>,
+    peer: Peer<RoleServer>,
+    _server: RunningService<RoleServer, Tools>,
+    _client: Client,
+}
+
+impl Direct {
+    fn new() -> Self {
+        // One thread: the calls are measured alone, with no hand-off between threads.
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let (server_half, client_half) = tokio::io::duplex(64 * 1024);
+        let (server, client) = rt.block_on(async {
+            let server = tokio::spawn(Tools::new().serve(server_half));
+            let client = ().serve(client_half).await.unwrap();
+            (server.await.unwrap().unwrap(), client)
+        });
+        let gated = Gated::builder(Tools::new())
+            .policy(Policy::from_json(POLICY).unwrap())
+            .audit(Arc::new(MemoryAuditLog::new()))
+            .build()
+            .unwrap();
+        Direct {
+            rt,
+            handler: Tools::new(),
+            gated,
+            peer: server.peer().clone(),
+            _server: server,
+            _client: client,
+        }
+    }
+
+    /// `iters` calls of `handler` (the bare one, or the gated one); the elapsed time.
+    fn run(&self, gated: bool, iters: u64) -> Duration {
+        let arguments = arguments();
+        self.rt.block_on(async {
+            let start = Instant::now();
+            for i in 0..iters {
+                let mut params = CallToolRequestParams::new("echo");
+                params.arguments = Some(arguments.clone());
+                let id = RequestId::Number(i64::try_from(i).unwrap_or(i64::MAX));
+                let context = RequestContext::new(id, self.peer.clone());
+                let response = if gated {
+                    self.gated.call_tool(params, context).await
+                } else {
+                    self.handler.call_tool(params, context).await
+                };
+                match response {
+                    Ok(CallToolResponse::Complete(result)) => {
+                        assert_ne!(result.is_error, Some(true), "echo failed: {result:?}");
+                    }
+                    other => panic!("echo failed: {other:?}"),
+                }
+            }
+            start.elapsed()
+        })
+    }
+}
+
+fn criterion_groups(c: &mut Criterion, rt: &Runtime, variants: &[Variant], direct: &Direct) {
     let mut group = c.benchmark_group("gate_cost");
     for variant in variants {
         if variant.name == "gated_disk" {
@@ -244,6 +325,12 @@ fn criterion_groups(c: &mut Criterion, rt: &Runtime, variants: &[Variant]) {
         });
     }
     group.sample_size(100);
+    group.bench_function("direct_handler", |b| {
+        b.iter_custom(|iters| direct.run(false, iters))
+    });
+    group.bench_function("direct_gated", |b| {
+        b.iter_custom(|iters| direct.run(true, iters))
+    });
     if shm_available() {
         let dir = tempfile::tempdir_in("/dev/shm").unwrap();
         let log = FileAuditLog::open(dir.path().join("audit.jsonl")).unwrap();
@@ -283,8 +370,9 @@ fn load_average() -> String {
         .unwrap_or_else(|_| "unknown".into())
 }
 
-/// Interleaved rounds: each round runs `calls` sequential calls on every variant in turn.
-fn summary(rt: &Runtime, variants: &[Variant], rounds: usize, calls: u64) {
+/// Interleaved rounds: each round runs `calls` sequential calls on every variant in turn, then on
+/// the two direct rows.
+fn summary(rt: &Runtime, variants: &[Variant], direct: &Direct, rounds: usize, calls: u64) {
     println!("load average before the summary: {}", load_average());
     for variant in variants {
         run(rt, &variant.client, calls.min(50));
@@ -293,7 +381,15 @@ fn summary(rt: &Runtime, variants: &[Variant], rounds: usize, calls: u64) {
     let mut wall: Vec<Vec<f64>> = vec![Vec::new(); variants.len()];
     let mut cpu: Vec<Vec<f64>> = vec![Vec::new(); variants.len()];
     let mut wakes: Vec<Vec<f64>> = vec![Vec::new(); variants.len()];
+    // (bare handler, gated) us/call of each round, called directly.
+    let mut direct_us: [Vec<f64>; 2] = [Vec::new(), Vec::new()];
+    direct.run(false, calls.min(50));
+    direct.run(true, calls.min(50));
     for _ in 0..rounds {
+        for (i, gated) in [false, true].into_iter().enumerate() {
+            let elapsed = direct.run(gated, calls);
+            direct_us[i].push(elapsed.as_secs_f64() * 1e6 / calls as f64);
+        }
         for (i, variant) in variants.iter().enumerate() {
             let (cpu_before, slices_before) = cpu_ns();
             let elapsed = run(rt, &variant.client, calls);
@@ -358,6 +454,22 @@ fn summary(rt: &Runtime, variants: &[Variant], rounds: usize, calls: u64) {
             disk.1 - shm.1
         );
     }
+    let range = |v: &[f64]| {
+        let lo = v.iter().copied().fold(f64::INFINITY, f64::min);
+        let hi = v.iter().copied().fold(0.0, f64::max);
+        format!("rounds {lo:.1} .. {hi:.1}")
+    };
+    let handler_range = range(&direct_us[0]);
+    let gated_range = range(&direct_us[1]);
+    let handler = median(&mut direct_us[0]);
+    let gated = median(&mut direct_us[1]);
+    println!(
+        "  called directly, one thread, no transport: handler {handler:.2} us ({handler_range}), gated {gated:.2} us ({gated_range})"
+    );
+    println!(
+        "  gate work measured directly (direct_gated - direct_handler): {:.2} us/call (target <= 20 us)",
+        gated - handler
+    );
     println!("load average after the summary: {}", load_average());
 }
 
@@ -369,12 +481,13 @@ fn main() {
     let profiling = std::env::args().any(|a| a == "--profile-time");
     let rt = Runtime::new().unwrap();
     let variants = variants(&rt);
+    let direct = Direct::new();
     let mut c = Criterion::default().configure_from_args();
-    criterion_groups(&mut c, &rt, &variants);
+    criterion_groups(&mut c, &rt, &variants, &direct);
     c.final_summary();
     if !profiling {
         let (rounds, calls) = if full { (7, 500) } else { (1, 3) };
-        summary(&rt, &variants, rounds, calls);
+        summary(&rt, &variants, &direct, rounds, calls);
     }
     for variant in variants {
         rt.block_on(variant.client.cancel()).unwrap();

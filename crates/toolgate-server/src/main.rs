@@ -214,9 +214,10 @@ fn serving_runtime() -> std::io::Result<tokio::runtime::Runtime> {
         .build()
 }
 
-/// The serving runtime's blocking threads. One of them is mostly parked in a read of stdin (tokio
-/// reads stdin on the pool), so 2 would leave a single thread for the audit log, the stores and
-/// stdout, and group commit would have no concurrent callers to batch. Measured (release build,
+/// The serving runtime's blocking threads. When stdin is not a pipe, one of them is mostly parked
+/// in a read of stdin (tokio reads such a stdin on the pool; pipes go through the reactor, see
+/// `serve_stdio`), so 2 would leave a single thread for the audit log, the stores and stdout, and
+/// group commit would have no concurrent callers to batch. Measured (release build,
 /// 2026-11-30) as peak RSS over the stdio bench's flow (2,000 notes) and as the rate of 1,000
 /// `write_note` calls with distinct keys, 8 or 32 in flight: 2 threads 18.0-18.8 MiB and
 /// 490-670/s, 3 threads 18.8-19.5 MiB and 800-900/s, 4 threads 19.1-19.8 MiB and 650-900/s,
