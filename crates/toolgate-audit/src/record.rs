@@ -310,8 +310,12 @@ fn is_canonical_line(value: &Value, line: &[u8]) -> bool {
     canonical_value(value) == line
 }
 
-/// ASCII keys and integers that RFC 8785 (which writes every number as a double) prints exactly
-/// as their decimal value.
+/// ASCII keys in ascending order and integers that RFC 8785 (which writes every number as a
+/// double) prints exactly as their decimal value.
+///
+/// The order is checked, not assumed: serde_json's default map iterates sorted, but with its
+/// `preserve_order` feature, which any crate of a program can switch on for all of them, a parsed
+/// map keeps the line's order, and a line with its keys out of order would print back unchanged.
 fn plain(value: &Value) -> bool {
     const EXACT: u64 = 1 << 53;
     match value {
@@ -325,7 +329,14 @@ fn plain(value: &Value) -> bool {
             _ => false,
         },
         Value::Array(items) => items.iter().all(plain),
-        Value::Object(map) => map.iter().all(|(k, v)| k.is_ascii() && plain(v)),
+        Value::Object(map) => {
+            let mut previous: Option<&str> = None;
+            map.iter().all(|(k, v)| {
+                let ascending = previous.is_none_or(|p| p < k.as_str());
+                previous = Some(k);
+                ascending && k.is_ascii() && plain(v)
+            })
+        }
         Value::Null | Value::Bool(_) | Value::String(_) => true,
     }
 }
