@@ -413,37 +413,43 @@ fn write_number(out: &mut Vec<u8>, number: &serde_json::Number) {
 }
 
 pub(crate) fn write_map(out: &mut Vec<u8>, map: &serde_json::Map<String, serde_json::Value>) {
-    let start = out.len();
     out.push(b'{');
-    // serde_json's default map is a BTreeMap, in byte (code point) order, which is UTF-16
-    // order unless a key with a character above U+FFFF meets one with U+E000..U+FFFF. Write in
-    // iteration order, checking as we go; start again sorted if the check fails.
-    let mut previous: Option<&str> = None;
-    let mut in_order = true;
-    for (key, value) in map {
-        if let Some(previous) = previous {
-            if utf16_cmp(previous.as_bytes(), key.as_bytes()) != Ordering::Less {
-                in_order = false;
-                break;
-            }
+    // serde_json's default map is a BTreeMap, in byte (code point) order, which is UTF-16 order
+    // unless a key with a character above U+FFFF meets one with U+E000..U+FFFF; with serde_json's
+    // `preserve_order` feature it is in insertion order. The keys are checked first and every
+    // value is written exactly once: writing in iteration order and starting again sorted when a
+    // key turned out of order would write a value once per enclosing map that needed the restart,
+    // 2^depth times for nested maps with such keys at every level (a denial of service for any
+    // caller whose arguments are digested).
+    let mut keys = map.keys();
+    let in_order = match keys.next() {
+        None => true,
+        Some(first) => {
+            let mut previous = first;
+            keys.all(|key| {
+                let ascending = utf16_cmp(previous.as_bytes(), key.as_bytes()) == Ordering::Less;
+                previous = key;
+                ascending
+            })
+        }
+    };
+    let mut write_member = |i: usize, key: &String, value: &serde_json::Value| {
+        if i > 0 {
             out.push(b',');
         }
-        previous = Some(key);
         write_str(out, key);
         out.push(b':');
         write_value(out, value);
-    }
-    if !in_order {
-        out.truncate(start + 1);
+    };
+    if in_order {
+        for (i, (key, value)) in map.iter().enumerate() {
+            write_member(i, key, value);
+        }
+    } else {
         let mut members: Vec<(&String, &serde_json::Value)> = map.iter().collect();
         members.sort_unstable_by(|a, b| utf16_cmp(a.0.as_bytes(), b.0.as_bytes()));
         for (i, (key, value)) in members.into_iter().enumerate() {
-            if i > 0 {
-                out.push(b',');
-            }
-            write_str(out, key);
-            out.push(b':');
-            write_value(out, value);
+            write_member(i, key, value);
         }
     }
     out.push(b'}');

@@ -904,6 +904,27 @@ fn a_failing_display_is_an_error_not_a_panic() {
 }
 
 #[test]
+fn nested_maps_out_of_byte_order_at_every_level_are_written_once() {
+    // At every level the byte order (serde_json's map order: U+E000 before U+10000) differs from
+    // the UTF-16 order (U+10000, a surrogate pair from 0xD800, first), and the nested map comes
+    // first in byte order. Writing in map order and restarting sorted on the first key out of
+    // order wrote each nested map twice per level: 2^48 times here, which never finishes.
+    let mut value = serde_json::json!({"leaf": true});
+    for i in 0..48 {
+        value = serde_json::json!({ "\u{e000}": value, "\u{10000}": i });
+    }
+    let ours = canonical_value(&value);
+    assert_eq!(ours, serde_json_canonicalizer::to_vec(&value).unwrap());
+    let Value::Object(map) = &value else {
+        unreachable!("built as an object")
+    };
+    assert_eq!(
+        toolgate_canon::Sha256Digest::of_json_object(map),
+        toolgate_canon::Sha256Digest::of(&ours)
+    );
+}
+
+#[test]
 fn deep_and_wide_values() {
     let mut value = serde_json::json!({"leaf": [1, 2.5, "x"]});
     for i in 0..100 {
