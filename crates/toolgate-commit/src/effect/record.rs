@@ -239,15 +239,19 @@ impl StoredResult {
         }
     }
 
-    /// The shorter [`Form::ToolResult`] when `value` has that shape and the canonical text
-    /// rebuilt from its structured content is `canonical` byte for byte; else the whole text.
+    /// The shorter [`Form::ToolResult`] when the canonical text rebuilt from the result's first
+    /// text block is `canonical` byte for byte; else the whole text. The comparison alone decides:
+    /// equal bytes mean the result has exactly that shape (no other member, one text block,
+    /// `isError` false) and that the block's text is the canonical text of `structuredContent`.
     fn compact(canonical: &str, value: &Value, exact: Option<Arc<Value>>) -> Self {
-        if let Some((structured, complete)) = tool_result_structured_text(value) {
+        let text = value.pointer("/content/0/text").and_then(Value::as_str);
+        let complete = value.get("resultType").is_some();
+        if let Some(text) = text {
             let mut rebuilt = Vec::with_capacity(canonical.len());
-            write_tool_result(&mut rebuilt, &structured, complete);
+            write_tool_result(&mut rebuilt, text, complete);
             if rebuilt == canonical.as_bytes() {
                 return StoredResult {
-                    text: structured.into(),
+                    text: text.into(),
                     form: Form::ToolResult { complete },
                     exact,
                 };
@@ -294,22 +298,8 @@ impl StoredResult {
     pub(crate) fn canonical_len_hint(&self) -> usize {
         match self.form {
             Form::Whole => self.text.len(),
-            // The string form escapes at least every `"` of the text.
-            Form::ToolResult { .. } => {
-                TOOL_RESULT_HEAD.len()
-                    + 2
-                    + self.text.len()
-                    + self
-                        .text
-                        .bytes()
-                        .filter(|b| *b == b'"' || *b == b'\\')
-                        .count()
-                    + TOOL_RESULT_MIDDLE.len()
-                    + TOOL_RESULT_COMPLETE.len()
-                    + TOOL_RESULT_STRUCTURED.len()
-                    + self.text.len()
-                    + TOOL_RESULT_TAIL.len()
-            }
+            // The text twice (once as a string, with its escapes) and the fixed members.
+            Form::ToolResult { .. } => 2 * self.text.len() + 128,
         }
     }
 
@@ -328,33 +318,6 @@ impl StoredResult {
         self.write_canonical(&mut out);
         String::from_utf8(out).expect("canonical JSON is UTF-8")
     }
-}
-
-/// The canonical text of the structured content of a tool result shaped as rmcp's
-/// `CallToolResult::structured` makes it, when the text block's text is exactly that canonical
-/// text, and whether the result carries `"resultType":"complete"`.
-fn tool_result_structured_text(value: &Value) -> Option<(String, bool)> {
-    let result = value.as_object()?;
-    let complete = match result.get("resultType") {
-        None => false,
-        Some(kind) if kind.as_str() == Some("complete") => true,
-        Some(_) => return None,
-    };
-    if result.len() != 3 + usize::from(complete) || result.get("isError")? != &Value::Bool(false) {
-        return None;
-    }
-    let [block] = result.get("content")?.as_array()?.as_slice() else {
-        return None;
-    };
-    let block = block.as_object()?;
-    if block.len() != 2 || block.get("type")?.as_str()? != "text" {
-        return None;
-    }
-    let text = block.get("text")?.as_str()?;
-    let structured = result.get("structuredContent")?;
-    let mut canonical = Vec::with_capacity(text.len());
-    toolgate_canon::write_canonical_value(&mut canonical, structured);
-    (canonical == text.as_bytes()).then(|| (text.to_owned(), complete))
 }
 
 /// Appends the canonical text of a [`Form::ToolResult`] result whose structured content's
