@@ -124,10 +124,15 @@ fn arguments() -> Map<String, Value> {
         .unwrap()
 }
 
-async fn call(client: &Client, arguments: &Map<String, Value>) {
+/// The measured request: `echo` with `arguments`.
+fn echo_params(arguments: &Map<String, Value>) -> CallToolRequestParams {
     let mut params = CallToolRequestParams::new("echo");
     params.arguments = Some(arguments.clone());
-    let result = client.call_tool(params).await.unwrap();
+    params
+}
+
+async fn call(client: &Client, arguments: &Map<String, Value>) {
+    let result = client.call_tool(echo_params(arguments)).await.unwrap();
     assert_ne!(result.is_error, Some(true), "echo failed: {result:?}");
 }
 
@@ -292,8 +297,7 @@ impl Direct {
         self.rt.block_on(async {
             let start = Instant::now();
             for i in 0..iters {
-                let mut params = CallToolRequestParams::new("echo");
-                params.arguments = Some(arguments.clone());
+                let params = echo_params(&arguments);
                 let id = RequestId::Number(i64::try_from(i).unwrap_or(i64::MAX));
                 let context = RequestContext::new(id, self.peer.clone());
                 let response = if gated {
