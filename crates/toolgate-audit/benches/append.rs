@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::json;
 use toolgate_audit::{
-    AuditEntry, AuditSink, Decision, FileAuditLog, VerifyOptions, verify, verify_file,
+    AuditEntry, AuditSink, Decision, FileAuditLog, Outcome, VerifyOptions, verify, verify_file,
 };
 use toolgate_canon::{Sha256Digest, canonical_value};
 
@@ -55,7 +55,7 @@ fn entry(i: usize) -> AuditEntry {
         format!("timed-{i:06}"),
         "write_note",
         Decision::Allow,
-        "committed",
+        Outcome::Committed,
         Sha256Digest::of(b"{}"),
     )
     .with_policy_digest(Sha256Digest::of(b"policy"))

@@ -134,3 +134,13 @@ impl AuditError {
         }
     }
 }
+
+impl From<toolgate_storage::StorageError> for AuditError {
+    fn from(e: toolgate_storage::StorageError) -> Self {
+        AuditError::Io {
+            action: e.op,
+            path: e.path,
+            source: e.source,
+        }
+    }
+}

@@ -279,18 +279,11 @@ pub(crate) fn now_ns() -> u64 {
 }
 
 /// Makes a new or renamed directory entry in `dir` durable.
-#[cfg(unix)]
 fn sync_dir(dir: &Path) -> Result<(), AuditError> {
-    File::open(dir)
-        .and_then(|d| d.sync_all())
-        .map_err(io_err("fsync directory", dir))
-}
-
-/// Directories cannot be opened for fsync on this platform; see the durability assumptions in
-/// docs/audit-format.md.
-#[cfg(not(unix))]
-fn sync_dir(_dir: &Path) -> Result<(), AuditError> {
-    Ok(())
+    Ok(toolgate_storage::fsync_dir(
+        &toolgate_storage::FsStorage,
+        dir,
+    )?)
 }
 
 #[cfg(unix)]
@@ -314,10 +307,7 @@ fn open_append(path: &Path) -> Result<File, AuditError> {
         Ok(file) => Ok(file),
         Err(e) if e.kind() == io::ErrorKind::NotFound => {
             let dir = parent_dir(path);
-            if !dir.is_dir() {
-                fs::create_dir_all(&dir).map_err(io_err("create directory", &dir))?;
-                sync_dir(&parent_dir(&dir))?;
-            }
+            toolgate_storage::create_dir_durably(&toolgate_storage::FsStorage, &dir)?;
             let file = options
                 .create(true)
                 .open(path)
@@ -661,7 +651,7 @@ impl FileAuditLog {
             method: "audit/recover".into(),
             name: "audit".into(),
             decision: Decision::Allow,
-            outcome: "recovered".into(),
+            outcome: crate::Outcome::Recovered,
             args_digest: torn_sha256,
             reason: Some("torn_tail".into()),
             policy_digest: None,

@@ -15,6 +15,7 @@ mod checkpoint;
 mod error;
 mod file;
 mod memory;
+mod outcome;
 mod record;
 mod segments;
 mod tail;
@@ -29,6 +30,7 @@ pub use error::AuditError;
 pub use file::FaultHook;
 pub use file::{AuditConfig, AuditStats, FileAuditLog, Recovery};
 pub use memory::MemoryAuditLog;
+pub use outcome::Outcome;
 pub use record::MAX_LINE_BYTES;
 pub use segments::read_records;
 pub use toolgate_canon::{HmacKey, KeyError};
@@ -71,8 +73,8 @@ pub struct AuditEntry {
     pub name: String,
     /// Allow or deny.
     pub decision: Decision,
-    /// What happened: `"committed"`, `"replay"`, `"observed"`, `"not_executed"`, ...
-    pub outcome: String,
+    /// What happened (written as its wire form, e.g. `"committed"`).
+    pub outcome: Outcome,
     /// SHA-256 of the canonical JSON of the call's arguments.
     pub args_digest: Sha256Digest,
     /// Why, when there is more to say than the decision (written only when present).
@@ -91,7 +93,7 @@ impl AuditEntry {
         request_id: impl Into<String>,
         name: impl Into<String>,
         decision: Decision,
-        outcome: impl Into<String>,
+        outcome: Outcome,
         args_digest: Sha256Digest,
     ) -> Self {
         AuditEntry {
@@ -99,7 +101,7 @@ impl AuditEntry {
             method: "tools/call".to_owned(),
             name: name.into(),
             decision,
-            outcome: outcome.into(),
+            outcome,
             args_digest,
             reason: None,
             policy_digest: None,

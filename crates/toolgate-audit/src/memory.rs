@@ -106,7 +106,7 @@ mod tests {
                 format!("r-{i}"),
                 "echo",
                 Decision::Allow,
-                "executed",
+                crate::Outcome::Committed,
                 Sha256Digest::of(b"{}"),
             );
             let receipt = log.append(&entry).unwrap();
@@ -119,9 +119,14 @@ mod tests {
         assert_eq!(report.head, last.unwrap().sha256);
         assert_eq!(log.head(), report.head);
         assert_eq!(log.records(), 3);
-        let too_big =
-            AuditEntry::tool_call("r", "echo", Decision::Allow, "executed", Sha256Digest::ZERO)
-                .with_reason("x".repeat(MAX_LINE_BYTES));
+        let too_big = AuditEntry::tool_call(
+            "r",
+            "echo",
+            Decision::Allow,
+            crate::Outcome::Committed,
+            Sha256Digest::ZERO,
+        )
+        .with_reason("x".repeat(MAX_LINE_BYTES));
         assert!(matches!(
             log.append(&too_big),
             Err(AuditError::RecordTooLarge { .. })

@@ -363,7 +363,7 @@ mod tests {
             "r-1",
             "write_note",
             Decision::Allow,
-            "committed",
+            crate::Outcome::Committed,
             Sha256Digest::of(b"{}"),
         )
         .with_reason("policy allow");
@@ -388,7 +388,7 @@ mod tests {
             "r-\u{1F600}\n\"x\"",
             "wr\u{e000}te",
             Decision::Deny,
-            "denied",
+            crate::Outcome::NotExecuted,
             Sha256Digest::of(b"{}"),
         )
         .with_reason("r\u{7f}\u{2028}");
@@ -469,7 +469,13 @@ mod tests {
         for raw in [u64::MAX, u64::MAX - 1_023, 0xFFFF_FFFF_FFFF_FC00] {
             assert_eq!(representable(raw), 18_446_744_073_709_550_000, "raw {raw}");
         }
-        let entry = AuditEntry::tool_call("r", "t", Decision::Allow, "x", Sha256Digest::ZERO);
+        let entry = AuditEntry::tool_call(
+            "r",
+            "t",
+            Decision::Allow,
+            crate::Outcome::Observed,
+            Sha256Digest::ZERO,
+        );
         let sealed = seal(
             &entry,
             vec![],

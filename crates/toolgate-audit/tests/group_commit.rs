@@ -6,7 +6,9 @@
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
-use toolgate_audit::{AuditEntry, AuditSink, Decision, FileAuditLog, read_records, verify_file};
+use toolgate_audit::{
+    AuditEntry, AuditSink, Decision, FileAuditLog, Outcome, read_records, verify_file,
+};
 use toolgate_canon::Sha256Digest;
 
 fn entry(i: usize) -> AuditEntry {
@@ -14,7 +16,7 @@ fn entry(i: usize) -> AuditEntry {
         format!("req-{i:05}"),
         "write_note",
         Decision::Allow,
-        "committed",
+        Outcome::Committed,
         Sha256Digest::of(b"{}"),
     )
 }

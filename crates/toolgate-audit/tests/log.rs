@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use serde_json::Value;
 use toolgate_audit::{
-    AuditEntry, AuditError, AuditSink, Decision, FileAuditLog, ProblemKind, VerifyReport,
+    AuditEntry, AuditError, AuditSink, Decision, FileAuditLog, Outcome, ProblemKind, VerifyReport,
     verify_file, verify_reader,
 };
 use toolgate_canon::{Sha256Digest, canonical_value};
@@ -22,7 +22,7 @@ fn entry(i: usize) -> AuditEntry {
         format!("req-{i:04}"),
         "write_note",
         Decision::Allow,
-        "committed",
+        Outcome::Committed,
         Sha256Digest::of_json(&args),
     )
 }

@@ -7,7 +7,7 @@ use std::fs;
 use std::path::{Path, PathBuf};
 
 use toolgate_audit::{
-    AuditConfig, AuditEntry, AuditSink, Decision, FileAuditLog, HmacKey, ProblemKind,
+    AuditConfig, AuditEntry, AuditSink, Decision, FileAuditLog, HmacKey, Outcome, ProblemKind,
     VerifyOptions, read_records, verify,
 };
 use toolgate_canon::Sha256Digest;
@@ -17,7 +17,7 @@ fn entry(i: usize) -> AuditEntry {
         format!("req-{i:04}"),
         "write_note",
         Decision::Allow,
-        "committed",
+        Outcome::Committed,
         Sha256Digest::of(b"{}"),
     )
 }

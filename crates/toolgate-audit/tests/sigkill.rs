@@ -10,7 +10,7 @@ use std::process::{Command, Stdio};
 use std::sync::Arc;
 
 use toolgate_audit::{
-    AuditConfig, AuditEntry, AuditSink, Decision, FileAuditLog, HmacKey, VerifyOptions,
+    AuditConfig, AuditEntry, AuditSink, Decision, FileAuditLog, HmacKey, Outcome, VerifyOptions,
     read_records, verify,
 };
 use toolgate_canon::Sha256Digest;
@@ -41,7 +41,7 @@ fn run_child(log: &Path) {
                         format!("t{t}-{i}"),
                         "write_note",
                         Decision::Allow,
-                        "committed",
+                        Outcome::Committed,
                         Sha256Digest::of(b"{}"),
                     );
                     let receipt = audit.append(&entry).unwrap();

@@ -264,6 +264,9 @@ impl Storage for Delayed {
     fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
         FsStorage.rename(from, to)
     }
+    fn link(&self, from: &Path, to: &Path) -> io::Result<()> {
+        FsStorage.link(from, to)
+    }
     fn fsync_dir(&self, dir: &Path) -> io::Result<()> {
         FsStorage.fsync_dir(dir)
     }

@@ -31,7 +31,7 @@
 //!
 //! The `in_progress` record is written to the journal before `Execute` is returned, so a crash of
 //! the process after the effect always leaves evidence; for `Unsafe` effects it is also durable
-//! (fdatasynced) by then, so a power loss does too (see "Idempotent begins" below). An owner is `(pid, start ticks, nonce)`: it is dead when no process with
+//! (fdatasynced) by then, so a power loss does too (see "Idempotent effects" below). An owner is `(pid, start ticks, nonce)`: it is dead when no process with
 //! that pid exists, when the process with that pid started at another time (field 22 of
 //! `/proc/<pid>/stat`, so pid reuse is detected), or, inside this process, when its ticket was
 //! consumed or dropped without storing an outcome. Only where `/proc` is unavailable does an
@@ -57,33 +57,34 @@
 //! zero-filled chunks so appends do not change its size; a torn last line is zeroed at open, a
 //! corrupt complete line is `Corrupt` naming the line. `docs/commit-store.md` has the details.
 //!
-//! # Idempotent begins: written, durable with the next fdatasync
+//! # Idempotent effects: written, durable with the next fdatasync
 //!
 //! An `Unsafe` begin+complete cycle costs 2 `fdatasync`s one after the other: the `in_progress`
 //! line must be durable before the effect runs (after a power loss, indeterminate detection
-//! depends on it), and the outcome before `complete` returns. An `Idempotent` begin writes its
-//! `in_progress` line (one `pwrite` under the lock) and returns `Execute` without an `fdatasync`:
-//! the line becomes durable with the next `fdatasync` of the journal, at the latest the one of
-//! `complete`/`fail`, so a sequential cycle costs 1. What each failure loses:
+//! depends on it), and the outcome before `complete` returns. An `Idempotent` cycle costs none on
+//! the call path: its `in_progress` line and its outcome are written (one `pwrite` each, under the
+//! lock), and answers about it (replays, conflicts, in progress, takeovers) may rest on written
+//! lines. They become durable with the next `fdatasync` of the journal (an unsafe job's, a
+//! prune's, a compaction's, or [`EffectStore::sync`], which a server calls at shutdown). What each
+//! failure loses:
 //!
-//! - **process crash (SIGKILL, panic, OOM kill)**: nothing. The written line is in the page cache,
+//! - **process crash (SIGKILL, panic, OOM kill)**: nothing. The written lines are in the page cache,
 //!   which outlives the process; other threads and processes read the journal through it, so they
-//!   see the record at once (`InProgress`, `Conflict`), and after the owner's death a retry takes
-//!   the record over, as for any dead owner of an idempotent effect.
-//! - **power loss or kernel crash between `begin` and the next `fdatasync`**: the `in_progress`
-//!   line may be lost (the key is then absent, or back to its earlier retryable failed or dead
-//!   owner state), so a retry executes the effect again. That is what a takeover would do anyway,
-//!   and is harmless by the `Idempotent` declaration. Nothing a caller was told is durable is
-//!   lost: `complete`, `fail`, `resolve` and `prune` always fdatasync. (If writeback persisted a
-//!   later page of unsynced lines but not an earlier one, `open` zeroes a fragment after the
-//!   logical end and reports whole lines there as `Corrupt`.)
+//!   see the record at once, a completed call replays, and after the owner's death a retry takes an
+//!   interrupted record over, as for any dead owner of an idempotent effect.
+//! - **power loss or kernel crash**: the lines written since the last `fdatasync` may be lost. A key
+//!   whose record is lost is absent again (or back to an earlier state), so a retry executes the
+//!   effect again, which is harmless by the `Idempotent` declaration, and a call with other
+//!   arguments under that key is no longer a conflict. Tools whose key must never be forgotten are
+//!   declared `Unsafe`. (If writeback persisted a later page of unsynced lines but not an earlier
+//!   one, `open` zeroes a fragment after the logical end and reports whole lines there as
+//!   `Corrupt`.)
 //!
-//! Answers never rest on a line that is not durable: a record's latest line (written by this
-//! store or read from another's appends) is durable once this store's `fdatasync`s reach its end
-//! offset, and a job whose answer depends on one that is not yet (a `Conflict`, `InProgress`, `Replay` or takeover decided on it, any `complete`, `fail`,
-//! `resolve`, `prune`) makes its batch fdatasync before answering. So a batch skips the
-//! `fdatasync` only when its jobs are idempotent begins that wrote a line and answers that read
-//! durable lines only.
+//! Answers about unsafe effects never rest on a line that is not durable: a record's latest line
+//! (written by this store or read from another's appends) is durable once this store's
+//! `fdatasync`s reach its end offset, and an unsafe job whose answer depends on one that is not yet
+//! (a `Conflict`, `InProgress`, `Replay` or takeover decided on it), any unsafe `complete` or
+//! `fail`, and every `resolve` and `prune`, make their batch fdatasync before answering.
 //!
 //! # Compaction
 //!
@@ -102,7 +103,6 @@
 //! its number cannot be reused by a new file while they compare.
 
 mod record;
-mod storage;
 
 use std::collections::hash_map::Entry;
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -118,9 +118,8 @@ use toolgate_canon::Sha256Digest;
 
 use record::{
     Liveness, Owner, Record, State, StoredResult, encode_line, liveness, now_ns, parse_line,
-    pid_alive,
 };
-pub use storage::{FaultyStorage, FsStorage, Op, Storage};
+pub use toolgate_storage::{FaultyStorage, FsStorage, Op, Storage};
 
 /// The lock file every transition locks exclusively; its contents are irrelevant.
 const LOCK_FILE_NAME: &str = ".lock";
@@ -308,6 +307,9 @@ pub struct Ticket {
     name: Sha256Digest,
     created_ns: u64,
     lease_until_ns: u64,
+    /// The kind the effect was begun as: an `Unsafe` outcome is durable before `complete`/`fail`
+    /// return, an `Idempotent` one is written (see "Idempotent effects" in the module docs).
+    kind: EffectKind,
 }
 
 impl Ticket {
@@ -470,6 +472,16 @@ pub enum EffectError {
         /// What is wrong, without quoting the key.
         reason: String,
     },
+}
+
+impl From<toolgate_storage::StorageError> for EffectError {
+    fn from(e: toolgate_storage::StorageError) -> Self {
+        EffectError::Io {
+            op: e.op,
+            path: e.path,
+            source: e.source,
+        }
+    }
 }
 
 fn io_err<'a>(op: &'static str, path: &'a Path) -> impl FnOnce(io::Error) -> EffectError + 'a {
@@ -678,6 +690,7 @@ enum Job {
         name: Sha256Digest,
         owner: Owner,
         record: Record,
+        kind: EffectKind,
     },
     /// `result: None` is [`Resolution::Forget`].
     Resolve {
@@ -1007,9 +1020,9 @@ impl EffectStore {
     /// On `Execute` the `in_progress` record is in the journal: visible to every store and process
     /// sharing the directory, and kept if this process dies. For [`EffectKind::Unsafe`] it is also
     /// durable (fdatasynced); for [`EffectKind::Idempotent`] it becomes durable with the next
-    /// fdatasync of the journal (at the latest the one of `complete`/`fail`), so only a power loss
-    /// or kernel crash before that can lose it, and then a retry re-runs the idempotent effect,
-    /// as a takeover would. Errors other than `Io` and `Corrupt` are answers (nothing was
+    /// fdatasync of the journal (see "Idempotent effects" in the module documentation), so only a
+    /// power loss or kernel crash before that can lose it, and then a retry re-runs the
+    /// idempotent effect, as a takeover would. Errors other than `Io` and `Corrupt` are answers (nothing was
     /// executed); they are counted per tool.
     ///
     /// With [`EffectConfig::wait_in_progress`], a key held by another live call is polled (this
@@ -1084,6 +1097,7 @@ impl EffectStore {
                     name,
                     created_ns,
                     lease_until_ns,
+                    kind,
                 };
                 #[cfg(feature = "fault-injection")]
                 self.fault("effect.after_in_progress");
@@ -1131,7 +1145,8 @@ impl EffectStore {
         }
     }
 
-    /// Stores `result` as the outcome of `ticket`'s execution; durable when this returns `Ok`.
+    /// Stores `result` as the outcome of `ticket`'s execution: durable when this returns `Ok` for an
+    /// unsafe effect, written (durable with the next fdatasync of the journal) for an idempotent one.
     pub fn complete(&self, ticket: Ticket, result: &Value) -> Result<(), EffectError> {
         // Canonicalized once, here, before the batch: the journal line and the index both use
         // this text.
@@ -1186,6 +1201,16 @@ impl EffectStore {
         self.compact_locked(&mut journal)
     }
 
+    /// Makes every line this store has written durable (one `fdatasync` when any is not yet):
+    /// the outcomes of idempotent effects are only written when they are stored, so a server
+    /// calls this when it shuts down cleanly.
+    pub fn sync(&self) -> Result<(), EffectError> {
+        let journal = self.journal();
+        let (file, epoch, end) = (Arc::clone(&journal.file), journal.epoch, journal.end);
+        drop(journal);
+        self.wait_durable(&file, epoch, end)
+    }
+
     /// Outcome counts per tool since this store was opened.
     pub fn counters(&self) -> BTreeMap<String, Counters> {
         self.counters
@@ -1237,6 +1262,7 @@ impl EffectStore {
             name: ticket.name,
             owner: ticket.owner,
             record,
+            kind: ticket.kind,
         })?;
         if is_failure {
             self.count(&ticket.scope.tool, |c| c.failed += 1);
@@ -1420,7 +1446,9 @@ impl EffectStore {
                     Some(record) => decide(record, &self.journal_path, &req, kind, now)?,
                 };
                 if !matches!(decision, Decision::Take) {
-                    batch.needs_sync |= relies_on_undurable;
+                    // An idempotent call may be answered from a written line: should a power loss
+                    // take the line, a retry runs the effect again, which its declaration allows.
+                    batch.needs_sync |= relies_on_undurable && kind == EffectKind::Unsafe;
                     return Ok(Answer::Begin(decision));
                 }
                 // An unsafe effect's `in_progress` must be durable before it runs (indeterminate
@@ -1428,7 +1456,7 @@ impl EffectStore {
                 // written: other processes read it through the page cache, it survives a crash
                 // of this process, and after a power loss a retry re-runs the effect, which is
                 // harmless by declaration.
-                batch.needs_sync |= kind == EffectKind::Unsafe || relies_on_undurable;
+                batch.needs_sync |= kind == EffectKind::Unsafe;
                 let owner = Owner::fresh();
                 let lease = u64::try_from(self.config.lease.as_nanos()).unwrap_or(u64::MAX);
                 let record = Record {
@@ -1459,8 +1487,11 @@ impl EffectStore {
                 name,
                 owner,
                 record,
+                kind,
             } => {
-                batch.needs_sync = true;
+                // An unsafe outcome must be durable before the caller is told it is stored; an
+                // idempotent one only written (a power loss can only make a retry run it again).
+                batch.needs_sync = kind == EffectKind::Unsafe;
                 let ours = journal
                     .record(&name)
                     .is_some_and(|r| r.state.is_in_progress() && r.owner == owner);
@@ -1925,7 +1956,6 @@ impl EffectStore {
     /// any such file is an orphan), and `.<64 hex>.<pid>.<n>.tmp` files whose writer is gone (left
     /// by the previous one-file-per-record layout). Callers hold the lock.
     fn remove_orphaned_temps(&self) -> Result<(), EffectError> {
-        let own_pid = std::process::id();
         for path in self.list()? {
             if path.file_name().is_some_and(|n| n == COMPACT_TEMP_NAME) {
                 match self.storage.remove(&path) {
@@ -1933,21 +1963,10 @@ impl EffectStore {
                     Err(e) if e.kind() == io::ErrorKind::NotFound => {}
                     Err(e) => return Err(io_err("remove orphaned compaction file", &path)(e)),
                 }
-                continue;
-            }
-            let Some(pid) = temp_writer_pid(&path) else {
-                continue;
-            };
-            // This process writes no temporary files; a live pid may be an unrelated process that
-            // reused it, so its leftover stays as harmless garbage.
-            if pid == own_pid || !pid_alive(pid) {
-                match self.storage.remove(&path) {
-                    Ok(()) => {}
-                    Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-                    Err(e) => return Err(io_err("remove orphaned temporary file", &path)(e)),
-                }
             }
         }
+        // This process writes no temporary files of its own here, so its pid's are orphans too.
+        toolgate_storage::remove_orphaned_temps(self.storage.as_ref(), &self.dir, true)?;
         Ok(())
     }
 
@@ -2007,14 +2026,35 @@ fn decide(
     })
 }
 
+/// The longest key accepted, in bytes of UTF-8: keys come from tool arguments (an untrusted
+/// caller), so a bound keeps one request from making the store hash and log arbitrarily large
+/// strings; 1024 bytes is far above any realistic request id.
+const MAX_KEY_BYTES: usize = 1024;
+
+/// Refuses empty keys, keys over 1024 bytes and keys with control characters. The reason never
+/// quotes the key, because keys are caller input and errors reach logs.
+fn check_key(key: &str) -> Result<(), EffectError> {
+    let reason = if key.is_empty() {
+        "the key is empty".to_owned()
+    } else if key.len() > MAX_KEY_BYTES {
+        format!(
+            "the key is {} bytes long, the limit is {MAX_KEY_BYTES}",
+            key.len()
+        )
+    } else if let Some((offset, c)) = key.char_indices().find(|(_, c)| c.is_control()) {
+        format!(
+            "the key contains control character U+{:04X} at byte offset {offset}",
+            u32::from(c)
+        )
+    } else {
+        return Ok(());
+    };
+    Err(EffectError::InvalidKey { reason })
+}
+
 /// The record name: SHA-256 of the canonical `{"key","principal","tool"}`, after checking the key.
 fn record_name(scope: &Scope, key: &str) -> Result<Sha256Digest, EffectError> {
-    crate::IdempotencyKey::new(key).map_err(|e| match e {
-        crate::CommitError::InvalidKey { reason } => EffectError::InvalidKey { reason },
-        other => EffectError::InvalidKey {
-            reason: other.to_string(),
-        },
-    })?;
+    check_key(key)?;
     let value = serde_json::json!({
         "key": key,
         "principal": scope.principal,
@@ -2037,18 +2077,6 @@ fn record_file_name(path: &Path) -> Option<Sha256Digest> {
     hex.parse().ok()
 }
 
-/// The writer pid of a `.<64 hex>.<pid>.<counter>.tmp` path; `None` for every other name.
-fn temp_writer_pid(path: &Path) -> Option<u32> {
-    let name = path.file_name()?.to_str()?;
-    let rest = name.strip_prefix('.')?.strip_suffix(".tmp")?;
-    let mut parts = rest.split('.');
-    let (hex, pid, counter) = (parts.next()?, parts.next()?, parts.next()?);
-    if parts.next().is_some() || !is_lower_hex(hex) || counter.parse::<u64>().is_err() {
-        return None;
-    }
-    pid.parse().ok()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -2056,19 +2084,6 @@ mod tests {
     #[test]
     fn names() {
         let hex = "a".repeat(64);
-        assert_eq!(
-            temp_writer_pid(Path::new(&format!("/d/.{hex}.12.3.tmp"))),
-            Some(12)
-        );
-        assert_eq!(
-            temp_writer_pid(Path::new(&format!("/d/{hex}.12.3.tmp"))),
-            None
-        );
-        assert_eq!(temp_writer_pid(Path::new("/d/.lock")), None);
-        assert_eq!(
-            temp_writer_pid(Path::new(&format!("/d/.{hex}.x.3.tmp"))),
-            None
-        );
         assert!(record_file_name(Path::new(&format!("/d/{hex}.json"))).is_some());
         assert!(record_file_name(Path::new(&format!("/d/{}.json", "A".repeat(64)))).is_none());
         assert!(record_file_name(Path::new("/d/.lock")).is_none());

@@ -149,10 +149,10 @@ fn every_injected_failure_is_clean_and_recoverable() {
         }
     }
     // begin and complete each append one journal line (one write); the unsafe cycle fdatasyncs
-    // after each, the idempotent one only after complete (its in_progress line is written, not
-    // synced); renames, directory fsyncs and removals only happen at open (see
+    // after each, the idempotent one never (its lines are written, and made durable by the next
+    // fdatasync of the journal); renames, directory fsyncs and removals only happen at open (see
     // `open_fails_cleanly_...`) and in compaction (see `compaction_fails_cleanly_...`).
-    assert_eq!(total, 4 + 3, "faults injected");
+    assert_eq!(total, 4 + 2, "faults injected");
 }
 
 #[test]
@@ -297,13 +297,15 @@ fn keyed(key: &str, fingerprint: &[u8]) -> EffectRequest {
 }
 
 #[test]
-fn idempotent_cycle_does_one_data_sync_and_unsafe_two() {
+fn idempotent_cycle_does_no_data_sync_and_unsafe_two() {
     let tmp = tempfile::tempdir().unwrap();
     let faulty = Arc::new(FaultyStorage::new(Arc::new(FsStorage)));
     let store =
         EffectStore::open_with_storage(EffectConfig::new(tmp.path()), faulty.clone()).unwrap();
     let (writes, dir_syncs) = (faulty.calls(Op::Write), faulty.calls(Op::FsyncDir));
-    for (kind, begin_syncs) in [(EffectKind::Idempotent, 0), (EffectKind::Unsafe, 1)] {
+    for (kind, begin_syncs, complete_syncs) in
+        [(EffectKind::Idempotent, 0, 0), (EffectKind::Unsafe, 1, 1)]
+    {
         for i in 0..5 {
             let r = keyed(&format!("{kind:?}-{i}"), b"amount=10");
             let before = faulty.calls(Op::FsyncFile);
@@ -318,12 +320,16 @@ fn idempotent_cycle_does_one_data_sync_and_unsafe_two() {
             store.complete(ticket, &result()).unwrap();
             assert_eq!(
                 faulty.calls(Op::FsyncFile) - before,
-                begin_syncs + 1,
+                begin_syncs + complete_syncs,
                 "{kind:?}: fdatasyncs of a begin+complete cycle"
             );
-            // A replay relies on a durable line only: no fdatasync.
+            // A replay relies on a durable line (unsafe) or a written one (idempotent): no
+            // fdatasync.
             assert!(matches!(store.begin(&r, kind).unwrap(), Begin::Replay(_)));
-            assert_eq!(faulty.calls(Op::FsyncFile) - before, begin_syncs + 1);
+            assert_eq!(
+                faulty.calls(Op::FsyncFile) - before,
+                begin_syncs + complete_syncs
+            );
         }
     }
     assert_eq!(
@@ -339,7 +345,7 @@ fn idempotent_cycle_does_one_data_sync_and_unsafe_two() {
 }
 
 #[test]
-fn answers_that_rely_on_a_lazily_written_line_wait_for_its_fdatasync() {
+fn unsafe_answers_that_rely_on_a_lazily_written_line_wait_for_its_fdatasync() {
     let tmp = tempfile::tempdir().unwrap();
     let a_storage = Arc::new(FaultyStorage::new(Arc::new(FsStorage)));
     let b_storage = Arc::new(FaultyStorage::new(Arc::new(FsStorage)));
@@ -349,62 +355,80 @@ fn answers_that_rely_on_a_lazily_written_line_wait_for_its_fdatasync() {
         EffectStore::open_with_storage(EffectConfig::new(tmp.path()), b_storage.clone()).unwrap();
     let syncs = |s: &FaultyStorage| s.calls(Op::FsyncFile);
     let (a0, b0) = (syncs(&a_storage), syncs(&b_storage));
+    let (idem, unsafe_) = (EffectKind::Idempotent, EffectKind::Unsafe);
 
-    // Same store: a conflict decided on the lazy line fdatasyncs first; afterwards it is durable.
-    let Begin::Execute(t1) = a.begin(&keyed("k1", b"x"), EffectKind::Idempotent).unwrap() else {
+    // Same store: an idempotent conflict is answered from the written line; an unsafe one (a
+    // policy reload can change a tool's kind) fdatasyncs first; afterwards the line is durable.
+    let Begin::Execute(t1) = a.begin(&keyed("k1", b"x"), idem).unwrap() else {
         panic!()
     };
     assert_eq!(syncs(&a_storage), a0, "lazy begin");
     assert!(matches!(
-        a.begin(&keyed("k1", b"other"), EffectKind::Idempotent),
+        a.begin(&keyed("k1", b"other"), idem),
         Err(EffectError::Conflict { .. })
     ));
-    assert_eq!(syncs(&a_storage), a0 + 1, "conflict on a lazy line");
+    assert_eq!(syncs(&a_storage), a0, "idempotent conflict on a lazy line");
     assert!(matches!(
-        a.begin(&keyed("k1", b"x"), EffectKind::Idempotent),
+        a.begin(&keyed("k1", b"other"), unsafe_),
+        Err(EffectError::Conflict { .. })
+    ));
+    assert_eq!(syncs(&a_storage), a0 + 1, "unsafe conflict on a lazy line");
+    assert!(matches!(
+        a.begin(&keyed("k1", b"x"), unsafe_),
         Err(EffectError::InProgress { .. })
     ));
     assert_eq!(syncs(&a_storage), a0 + 1, "the line is durable now");
 
     // Another store instance (another process would behave the same): it reads the line through
-    // the page cache, and fdatasyncs before answering from it.
-    let Begin::Execute(t2) = a.begin(&keyed("k2", b"x"), EffectKind::Idempotent).unwrap() else {
+    // the page cache, and fdatasyncs before an unsafe answer from it.
+    let Begin::Execute(t2) = a.begin(&keyed("k2", b"x"), idem).unwrap() else {
         panic!()
     };
     assert_eq!(syncs(&a_storage), a0 + 1);
-    // A begin of an unrelated key does not rely on A's lazy line: no fdatasync.
-    let Begin::Execute(t3) = b.begin(&keyed("k3", b"x"), EffectKind::Idempotent).unwrap() else {
+    let Begin::Execute(t3) = b.begin(&keyed("k3", b"x"), idem).unwrap() else {
         panic!()
     };
     assert_eq!(syncs(&b_storage), b0, "unrelated lazy begin in B");
     assert!(matches!(
-        b.begin(&keyed("k2", b"x"), EffectKind::Idempotent),
+        b.begin(&keyed("k2", b"x"), idem),
         Err(EffectError::InProgress { .. })
     ));
-    assert_eq!(syncs(&b_storage), b0 + 1, "B answered from A's lazy line");
+    assert_eq!(
+        syncs(&b_storage),
+        b0,
+        "idempotent answer from A's lazy line"
+    );
+    assert!(matches!(
+        b.begin(&keyed("k2", b"x"), unsafe_),
+        Err(EffectError::InProgress { .. })
+    ));
+    assert_eq!(
+        syncs(&b_storage),
+        b0 + 1,
+        "unsafe answer from A's lazy line"
+    );
 
-    // Completions always fdatasync; the replay that follows in the other store relies on a line
-    // it has not synced itself, so it fdatasyncs once.
+    // Idempotent completions are written, not synced; replays of them in the other store are
+    // answered from the written lines, and `sync` makes everything durable with one fdatasync.
     b.complete(t3, &result()).unwrap();
     a.complete(t1, &result()).unwrap();
     a.complete(t2, &result()).unwrap();
-    assert_eq!(syncs(&a_storage), a0 + 3);
-    let b1 = syncs(&b_storage);
-    assert_eq!(b1, b0 + 2);
+    assert_eq!(syncs(&a_storage), a0 + 1);
+    assert_eq!(syncs(&b_storage), b0 + 1);
     for key in ["k1", "k2", "k3"] {
         assert!(matches!(
-            b.begin(&keyed(key, b"x"), EffectKind::Idempotent).unwrap(),
+            b.begin(&keyed(key, b"x"), idem).unwrap(),
             Begin::Replay(_)
         ));
     }
-    assert_eq!(
-        syncs(&b_storage),
-        b1 + 1,
-        "one fdatasync covers A's completions"
-    );
+    assert_eq!(syncs(&b_storage), b0 + 1);
+    a.sync().unwrap();
+    assert_eq!(syncs(&a_storage), a0 + 2, "sync: one fdatasync");
+    a.sync().unwrap();
+    assert_eq!(syncs(&a_storage), a0 + 2, "nothing left to sync");
 
     // prune relies on every record: it fdatasyncs even with nothing to remove.
-    let Begin::Execute(_t4) = a.begin(&keyed("k4", b"x"), EffectKind::Idempotent).unwrap() else {
+    let Begin::Execute(_t4) = a.begin(&keyed("k4", b"x"), idem).unwrap() else {
         panic!()
     };
     let before = syncs(&a_storage);

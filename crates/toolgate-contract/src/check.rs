@@ -3,7 +3,6 @@
 //! GitHub Actions, and write a new lockfile durably.
 
 use std::fmt::Write as _;
-use std::io::Write as _;
 use std::path::{Path, PathBuf};
 
 use serde_json::json;
@@ -119,42 +118,23 @@ pub fn check_lockfile(path: &Path, live: &Lockfile) -> Result<CheckOutcome, Chec
 /// Writes `live` to `path` durably: a temporary file in the same directory, fsync, rename over
 /// the old file, fsync of the directory. A crash leaves either the old or the new lockfile.
 pub fn write_lockfile(path: &Path, live: &Lockfile) -> Result<(), CheckError> {
-    let dir = match path.parent() {
-        Some(dir) if !dir.as_os_str().is_empty() => dir.to_owned(),
-        _ => PathBuf::from("."),
-    };
-    let io = |action: &'static str, path: &Path| {
-        let path = path.to_owned();
-        move |source| CheckError::Io {
-            action,
-            path,
-            source,
+    let dir = toolgate_storage::parent_of(path);
+    let name = path
+        .file_name()
+        .and_then(|name| name.to_str())
+        .ok_or_else(|| CheckError::Io {
+            action: "use as a lockfile name",
+            path: path.to_owned(),
+            source: std::io::Error::from(std::io::ErrorKind::InvalidInput),
+        })?;
+    let storage = toolgate_storage::FsStorage;
+    toolgate_storage::replace_file(&storage, dir, name, live.render().as_bytes()).map_err(|e| {
+        CheckError::Io {
+            action: e.op,
+            path: e.path,
+            source: e.source,
         }
-    };
-    // Unique per process and call, so two writers never share (or delete) a temporary file.
-    static COUNTER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-    let n = COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let tmp = dir.join(format!(".toolgate.lock.{}.{n}.tmp", std::process::id()));
-    let mut file = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .open(&tmp)
-        .map_err(io("create", &tmp))?;
-    // From here on the temporary file is ours: remove it on any failure.
-    let result = (|| {
-        file.write_all(live.render().as_bytes())
-            .map_err(io("write", &tmp))?;
-        file.sync_all().map_err(io("fsync", &tmp))?;
-        std::fs::rename(&tmp, path).map_err(io("rename into", path))?;
-        std::fs::File::open(&dir)
-            .and_then(|d| d.sync_all())
-            .map_err(io("fsync directory", &dir))
-    })();
-    if result.is_err() {
-        // Leave nothing half-written behind; the old lockfile is untouched.
-        let _ = std::fs::remove_file(&tmp);
-    }
-    result
+    })
 }
 
 /// How to render a check result.

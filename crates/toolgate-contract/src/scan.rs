@@ -52,10 +52,10 @@
 //!
 //! | API | family |
 //! |-----|--------|
-//! | `.commit(..)` on any receiver, `Permit::commit` | `filesystemWrite` |
-//! | `CommitStore`, `FileCommitStore` (any mention) | `filesystemWrite` |
+//! | `.commit(..)` on any receiver | `filesystemWrite` |
+//! | `TempFile`, `replace_file` (the storage floor's writers, any mention) | `filesystemWrite` |
+//! | `.write(..)` / `.list()` on a receiver named `*notes*` | `filesystemWrite` / `filesystemRead` |
 //! | `FileAuditLog` (any mention), `AuditSink::append`, `.append(..)` on a receiver named `*audit*` | `filesystemWrite` |
-//! | `.observe()` / `.list()` on a receiver named `*permit*`, `Permit::observe`, `Permit::list` | `filesystemRead` |
 //!
 //! # Evasion heuristics
 //!

@@ -304,7 +304,7 @@ fn real_workspace_tools() {
     assert!(write.entitlements.filesystem_write, "{write:#?}");
     assert!(
         write.evidence.iter().any(|e| e.family == "filesystemWrite"
-            && e.what == ".commit(..)"
+            && e.what == "notes.write(..)"
             && e.via == ["write_note"]
             && e.file.ends_with("toolgate-server/src/tools.rs")),
         "{write:#?}"

@@ -69,6 +69,16 @@ pub enum GuardError {
     },
 }
 
+impl From<toolgate_storage::StorageError> for GuardError {
+    fn from(e: toolgate_storage::StorageError) -> Self {
+        GuardError::Io {
+            op: e.op,
+            path: e.path,
+            source: e.source,
+        }
+    }
+}
+
 impl GuardError {
     /// Shorthand for building [`GuardError::Io`].
     pub(crate) fn io(op: &'static str, path: impl Into<PathBuf>, source: std::io::Error) -> Self {

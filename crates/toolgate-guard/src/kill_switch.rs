@@ -14,7 +14,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use serde::{Deserialize, Serialize};
 
 use crate::GuardError;
-use crate::fsutil;
+use toolgate_storage::FsStorage;
 
 /// Name of the halt file inside the ledger directory.
 pub const HALT_FILE_NAME: &str = "halt.json";
@@ -152,12 +152,17 @@ impl KillSwitch {
             reason: reason.to_owned(),
             since_ns: nanos_since_epoch(now),
         };
-        fsutil::create_dir_durably(&self.dir)?;
+        toolgate_storage::create_dir_durably(&FsStorage, &self.dir)?;
         let previous = match self.status() {
             Status::Running => None,
             Status::Halted(previous) => Some(previous),
         };
-        fsutil::write_durably(&self.dir, HALT_FILE_NAME, &halt.to_file_bytes())?;
+        toolgate_storage::replace_file(
+            &FsStorage,
+            &self.dir,
+            HALT_FILE_NAME,
+            &halt.to_file_bytes(),
+        )?;
         Ok((halt, previous))
     }
 
@@ -170,14 +175,14 @@ impl KillSwitch {
     /// error says so; the halt is lifted in memory but may reappear after a power loss, and
     /// retrying `resume` fsyncs again.
     pub fn resume(&self) -> Result<Option<Halt>, GuardError> {
-        let taken = fsutil::temp_path(&self.dir, "halt.json.resume");
+        let taken = toolgate_storage::temp_path(&self.dir, "halt.json.resume");
         match fs::rename(&self.path, &taken) {
             Ok(()) => {}
             Err(e) if e.kind() == io::ErrorKind::NotFound => {
                 // Running already (or the directory does not exist). Still fsync an existing
                 // directory, so that retrying after a failed fsync makes the earlier removal durable.
                 if self.dir.is_dir() {
-                    fsutil::fsync_dir(&self.dir)?;
+                    toolgate_storage::fsync_dir(&FsStorage, &self.dir)?;
                 }
                 return Ok(None);
             }
@@ -189,7 +194,7 @@ impl KillSwitch {
             .unwrap_or_else(|cause| self.unreadable(&cause));
         // Best effort: a leftover `.halt.json.resume.*.tmp` is never read and can be deleted by hand.
         let _ = fs::remove_file(&taken);
-        fsutil::fsync_dir(&self.dir)?;
+        toolgate_storage::fsync_dir(&FsStorage, &self.dir)?;
         Ok(Some(halt))
     }
 

@@ -22,7 +22,6 @@
 
 pub mod confirm;
 mod error;
-mod fsutil;
 pub mod kill_switch;
 pub mod paths;
 pub mod rate;

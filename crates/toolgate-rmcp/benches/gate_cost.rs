@@ -246,7 +246,7 @@ fn entry(i: u64) -> AuditEntry {
         format!("bench-{i:08}"),
         "echo",
         Decision::Allow,
-        "executed",
+        toolgate_audit::Outcome::Committed,
         Sha256Digest::of(b"{}"),
     )
     .with_policy_digest(Sha256Digest::of(b"policy"))

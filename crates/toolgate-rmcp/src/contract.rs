@@ -42,7 +42,7 @@ pub fn tool_definition(tool: &Tool) -> ToolDefinition {
 
 /// The gate stages a call of `tool` passes through, in order: its "middleware chain" as recorded
 /// in the contract. A change here changes what the server enforces for the tool.
-pub fn gate_stages(policy: &Policy, tool: &str, has_commit_store: bool) -> Vec<String> {
+pub fn gate_stages(policy: &Policy, tool: &str) -> Vec<String> {
     let mut stages = vec!["list_filter", "call_decide", "input_schema"];
     if policy
         .arg_rules(tool)
@@ -50,10 +50,10 @@ pub fn gate_stages(policy: &Policy, tool: &str, has_commit_store: bool) -> Vec<S
     {
         stages.push("arg_rules");
     }
-    stages.push("permit");
-    if has_commit_store {
-        stages.push("commit_store");
+    if policy.idempotency(tool).is_some() {
+        stages.push("exactly_once");
     }
+    stages.push("permit");
     stages.push("audit");
     stages.into_iter().map(str::to_owned).collect()
 }
@@ -63,12 +63,11 @@ pub fn gate_stages(policy: &Policy, tool: &str, has_commit_store: bool) -> Vec<S
 fn handler_facts(
     policy: &Policy,
     tool: &str,
-    has_commit_store: bool,
     entitlements: Entitlements,
     evasion: Vec<String>,
 ) -> HandlerFacts {
     HandlerFacts {
-        gate_stages: gate_stages(policy, tool, has_commit_store),
+        gate_stages: gate_stages(policy, tool),
         policy_fingerprint: policy.fingerprint(tool),
         entitlements,
         evasion,
@@ -90,7 +89,6 @@ pub fn server_contract(
     server_name: &str,
     tools: &[Tool],
     policy: &Policy,
-    has_commit_store: bool,
     scans: &BTreeMap<String, ScannedHandler>,
 ) -> Result<ServerContract, ContractBuildError> {
     let mut contracts = Vec::with_capacity(tools.len());
@@ -99,13 +97,7 @@ pub fn server_contract(
         let scan = scans
             .get(&name)
             .ok_or_else(|| ContractBuildError::Unscanned { tool: name.clone() })?;
-        let facts = handler_facts(
-            policy,
-            &name,
-            has_commit_store,
-            scan.entitlements,
-            scan.evasion.clone(),
-        );
+        let facts = handler_facts(policy, &name, scan.entitlements, scan.evasion.clone());
         contracts.push(ToolContract::build(&tool_definition(tool), &facts)?);
     }
     Ok(ServerContract::new(server_name, contracts)?)
@@ -131,7 +123,7 @@ pub enum ContractBuildError {
 impl<H: ServerHandler> Gated<H> {
     /// The gate stages of `tool` under this gate (see [`gate_stages`]).
     pub fn gate_stages(&self, tool: &str) -> Vec<String> {
-        gate_stages(&self.policy(), tool, self.has_commit_store())
+        gate_stages(&self.policy(), tool)
     }
 }
 

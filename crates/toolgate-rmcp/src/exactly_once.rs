@@ -63,14 +63,24 @@ pub(crate) fn stored(result: &CallToolResult) -> Value {
     serde_json::to_value(result).unwrap_or(Value::Null)
 }
 
-/// The result of a replay: the stored first result, byte-identical apart from the replay marker
-/// (applied to `structuredContent` and to a text block that carried the same JSON).
+/// The `_meta` key every replayed result carries (`true`), so a client can tell a replay from a
+/// first execution whatever the tool's output looks like.
+pub const REPLAYED_META: &str = "io.toolgate/replayed";
+
+/// The result of a replay: the stored first result, byte-identical apart from the replay markers:
+/// `_meta["io.toolgate/replayed"] = true` always, and the policy's `replay_marker` (if any) set in
+/// `structuredContent` (inserted when absent, as the last member of an existing object) and in a
+/// text block that carried the same JSON.
 pub(crate) fn replayed(stored: Value, marker: Option<&ReplayMarker>) -> Option<CallToolResult> {
     let mut result: CallToolResult = serde_json::from_value(stored).ok()?;
+    result
+        .meta
+        .get_or_insert_with(rmcp::model::MetaObject::new)
+        .0
+        .insert(REPLAYED_META.to_owned(), Value::Bool(true));
     if let (Some(marker), Some(structured)) = (marker, result.structured_content.as_mut()) {
         let before = structured.to_string();
-        if let Some(slot) = structured.pointer_mut(&marker.pointer) {
-            *slot = marker.value.clone();
+        if set_pointer(structured, &marker.pointer, marker.value.clone()) {
             let after = structured.to_string();
             for block in &mut result.content {
                 if let ContentBlock::Text(text) = block
@@ -82,6 +92,26 @@ pub(crate) fn replayed(stored: Value, marker: Option<&ReplayMarker>) -> Option<C
         }
     }
     Some(result)
+}
+
+/// Sets the member at JSON `pointer` to `value`, inserting it when its parent is an object that
+/// lacks it. Returns whether anything was set.
+fn set_pointer(target: &mut Value, pointer: &str, value: Value) -> bool {
+    if let Some(slot) = target.pointer_mut(pointer) {
+        *slot = value;
+        return true;
+    }
+    let Some((parent, last)) = pointer.rsplit_once('/') else {
+        return false;
+    };
+    let key = last.replace("~1", "/").replace("~0", "~");
+    match target.pointer_mut(parent) {
+        Some(Value::Object(map)) => {
+            map.insert(key, value);
+            true
+        }
+        _ => false,
+    }
 }
 
 #[cfg(test)]
@@ -165,11 +195,30 @@ mod tests {
             }
             other => panic!("expected text, got {other:?}"),
         }
-        let unmarked = replayed(stored(&first), None).expect("replayable");
+        assert_eq!(
+            replay.meta.as_ref().and_then(|m| m.0.get(REPLAYED_META)),
+            Some(&json!(true))
+        );
+        let mut unmarked = replayed(stored(&first), None).expect("replayable");
+        assert_eq!(
+            unmarked.meta.take().map(|m| m.0),
+            Some(
+                [(REPLAYED_META.to_owned(), json!(true))]
+                    .into_iter()
+                    .collect()
+            )
+        );
         assert_eq!(
             stored(&unmarked),
             stored(&first),
-            "without a marker, byte-identical"
+            "without a policy marker, byte-identical apart from `_meta`"
+        );
+        // A marker whose member is absent is inserted.
+        let bare = CallToolResult::structured(json!({"booking": "b-1"}));
+        let replay = replayed(stored(&bare), Some(&marker)).expect("replayable");
+        assert_eq!(
+            replay.structured_content,
+            Some(json!({"booking": "b-1", "status": "replay"}))
         );
     }
 }

@@ -27,9 +27,8 @@ use rmcp::model::{
 use rmcp::service::{MaybeSendFuture, NotificationContext, RequestContext, SubscriptionContext};
 use rmcp::{ErrorData as McpError, RoleServer, ServerHandler};
 use serde_json::{Map, Value};
-use toolgate_audit::{AuditEntry, AuditSink, Decision as AuditDecision};
+use toolgate_audit::{AuditEntry, AuditSink, Decision as AuditDecision, Outcome};
 use toolgate_canon::Sha256Digest;
-use toolgate_commit::CommitStore;
 use toolgate_commit::effect::EffectStore;
 use toolgate_contract::awareness::{InputContract, contract_awareness};
 use toolgate_contract::diff::Change;
@@ -129,7 +128,6 @@ pub struct Gated<H> {
     inner: H,
     state: PolicyHandle,
     audit: Arc<dyn AuditSink>,
-    store: Option<Arc<dyn CommitStore>>,
     request_id_field: String,
     contract_changes: BTreeMap<String, Vec<Change>>,
     effects: Option<Arc<EffectStore>>,
@@ -179,7 +177,6 @@ impl<H> std::fmt::Debug for Gated<H> {
         f.debug_struct("Gated")
             .field("policy_digest", &self.state.snapshot().policy.digest())
             .field("audit", &self.audit)
-            .field("store", &self.store)
             .finish_non_exhaustive()
     }
 }
@@ -190,7 +187,6 @@ pub struct GatedBuilder<H> {
     inner: H,
     policy: Option<Arc<Policy>>,
     audit: Option<Arc<dyn AuditSink>>,
-    store: Option<Arc<dyn CommitStore>>,
     request_id_field: String,
     effects: Option<Arc<EffectStore>>,
     principal: String,
@@ -216,13 +212,6 @@ impl<H: ServerHandler> GatedBuilder<H> {
     /// Where decisions are recorded. Required.
     pub fn audit(mut self, audit: Arc<dyn AuditSink>) -> Self {
         self.audit = Some(audit);
-        self
-    }
-
-    /// The store behind [`Permit::commit`] and [`Permit::observe`]. Optional: without it those
-    /// calls fail with `PermitError::NoStore`.
-    pub fn commit_store(mut self, store: Arc<dyn CommitStore>) -> Self {
-        self.store = Some(store);
         self
     }
 
@@ -303,7 +292,6 @@ impl<H: ServerHandler> GatedBuilder<H> {
             inner: self.inner,
             state: PolicyHandle::new(state, Arc::clone(&audit), self.effects.is_some()),
             audit,
-            store: self.store,
             request_id_field: self.request_id_field,
             contract_changes: BTreeMap::new(),
             effects: self.effects,
@@ -326,7 +314,6 @@ impl<H: ServerHandler> Gated<H> {
             inner,
             policy: None,
             audit: None,
-            store: None,
             request_id_field: "request_id".to_owned(),
             effects: None,
             principal: "local".to_owned(),
@@ -401,7 +388,7 @@ impl<H: ServerHandler> Gated<H> {
         request_id: String,
         name: &str,
         decision: AuditDecision,
-        outcome: &str,
+        outcome: Outcome,
         args_digest: Sha256Digest,
     ) -> AuditEntry {
         let entry = AuditEntry::tool_call(request_id, name, decision, outcome, args_digest)
@@ -415,11 +402,6 @@ impl<H: ServerHandler> Gated<H> {
     /// The contract digest published to clients, if any.
     pub fn contract_digest(&self) -> Option<Sha256Digest> {
         self.state.snapshot().contract_digest
-    }
-
-    /// Whether permits give access to a commit store.
-    pub fn has_commit_store(&self) -> bool {
-        self.store.is_some()
     }
 
     /// The audit line's `request_id`: the configured string argument when the resolved tool
@@ -506,7 +488,7 @@ impl Drop for CallGuard {
         let mut entry = self.entry.clone();
         // The handler may have reached its effect before being abandoned: record what it reached.
         if let Some(outcome) = self.permit.close() {
-            entry.outcome = outcome.to_owned();
+            entry.outcome = outcome;
         }
         entry = entry.with_reason("cancelled");
         // Synchronous on purpose: this runs when the future is dropped, possibly while the runtime

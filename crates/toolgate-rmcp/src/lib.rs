@@ -1,11 +1,12 @@
-//! The only toolgate crate that knows MCP: it puts policy, audit and the commit store at the
+//! The only toolgate crate that knows MCP: it puts policy, audit and exactly-once at the
 //! tool-call boundary of any `rmcp` server, and drives execute-verify-stop from the client side.
 //!
 //! - [`Gated`] wraps a `ServerHandler`: `tools/list` shows only what the policy allows, and
 //!   `tools/call` is decided before dispatch. Denied and unknown tools get the same JSON-RPC error
 //!   (-32602); every decision is appended to the audit log.
-//! - [`Permit`] is the handler-side proof of a decision. Only the gate can create one, and the
-//!   commit store is reachable only through it, so a handler cannot cause an effect undecided.
+//! - [`Permit`] is the handler-side proof of a decision. Only the gate can create one, so a handler
+//!   that takes it cannot run undecided. Exactly-once is the gate's: tools the policy opts in
+//!   (`idempotency`) run at most once per key through the effect store.
 //! - [`harness`] runs a mutation, observes the state and decides CONTINUE / STOP / ROLLBACK.
 
 #![forbid(unsafe_code)]
@@ -24,7 +25,7 @@ mod refusal;
 mod schema;
 mod state;
 
-pub use exactly_once::IDEMPOTENCY_KEY_META;
+pub use exactly_once::{IDEMPOTENCY_KEY_META, REPLAYED_META};
 pub use gate::{
     CONFIRM_ACTION, CONTRACT_DIGEST_META_KEY, EffectProbe, GateError, Gated, GatedBuilder, HALTED,
     Preflight, Preparation, ProbeAnswer, REJECT_ACTION, TOOL_NOT_FOUND,

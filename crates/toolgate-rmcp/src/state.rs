@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 use std::sync::{Arc, PoisonError, RwLock};
 
-use toolgate_audit::{AuditEntry, AuditSink, Decision as AuditDecision};
+use toolgate_audit::{AuditEntry, AuditSink, Decision as AuditDecision, Outcome};
 use toolgate_canon::Sha256Digest;
 use toolgate_policy::Policy;
 
@@ -143,7 +143,7 @@ impl PolicyHandle {
         };
         let entry = reload_entry(
             AuditDecision::Allow,
-            "reloaded",
+            Outcome::Reloaded,
             format!("policy {old_digest} replaced by {new_digest}"),
             new_digest,
             &serde_json::json!({"old": old_digest.to_string(), "new": new_digest.to_string()}),
@@ -166,7 +166,7 @@ impl PolicyHandle {
             .collect();
         let entry = reload_entry(
             AuditDecision::Deny,
-            "rejected",
+            Outcome::Rejected,
             format!("policy reload rejected, {current} stays in force: {one_line}"),
             current,
             &serde_json::json!({"kept": current.to_string()}),
@@ -179,7 +179,7 @@ impl PolicyHandle {
 
 fn reload_entry(
     decision: AuditDecision,
-    outcome: &str,
+    outcome: Outcome,
     reason: String,
     policy_digest: Sha256Digest,
     subject: &serde_json::Value,

@@ -19,7 +19,7 @@ use rmcp::{
     ErrorData, RoleServer, ServerHandler, ServiceExt as _, tool, tool_handler, tool_router,
 };
 use serde_json::Value;
-use toolgate_audit::FileAuditLog;
+use toolgate_audit::{FileAuditLog, Outcome};
 use toolgate_policy::Policy;
 use toolgate_rmcp::{Gated, Permit, PermitError};
 
@@ -48,7 +48,7 @@ impl Boom {
     /// Reaches its effect, then panics before returning.
     #[tool]
     async fn boom(&self, Extension(permit): Extension<Permit>) -> String {
-        permit.record_outcome("committed").unwrap();
+        permit.record_outcome(Outcome::Committed).unwrap();
         *self.kept.lock().unwrap() = Some(permit);
         panic!("handler bug after the effect");
     }
@@ -123,7 +123,7 @@ async fn a_panicking_handler_still_leaves_an_audit_record_and_an_expired_permit(
         .take()
         .expect("the handler kept its permit");
     assert!(matches!(
-        permit.record_outcome("late"),
+        permit.record_outcome(Outcome::Replay),
         Err(PermitError::Expired { .. })
     ));
     pending.abort();

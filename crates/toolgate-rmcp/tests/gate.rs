@@ -20,7 +20,7 @@ use rmcp::{ErrorData, ServerHandler, ServiceExt as _, tool, tool_handler, tool_r
 use schemars::JsonSchema;
 use serde::Deserialize;
 use serde_json::{Value, json};
-use toolgate_audit::FileAuditLog;
+use toolgate_audit::{FileAuditLog, Outcome};
 use toolgate_policy::Policy;
 use toolgate_rmcp::{Gated, Permit, PermitError, TOOL_NOT_FOUND};
 
@@ -262,7 +262,10 @@ async fn an_allowed_call_is_audited_after_its_handler_returns() {
     let allow = lines.last().unwrap();
     assert_eq!(allow["name"], "echo");
     assert_eq!(allow["decision"], "allow");
-    assert_eq!(allow["outcome"], "executed");
+    assert_eq!(
+        allow["outcome"], "committed",
+        "an executed call is recorded committed"
+    );
     assert_eq!(allow["reason"], "allow");
     assert!(
         allow["request_id"].as_str().unwrap().starts_with("rpc:"),
@@ -309,12 +312,7 @@ async fn the_handler_gets_a_permit_for_its_own_tool_that_expires_with_the_call()
         .take()
         .expect("the handler kept a clone of its permit");
     assert_eq!(kept.tool(), "echo");
-    match kept.record_outcome("late") {
-        Err(PermitError::Expired { tool }) => assert_eq!(tool, "echo"),
-        other => panic!("a kept permit must be expired, got {other:?}"),
-    }
-    // Expiry is checked before the (absent) store: the error is Expired, not NoStore.
-    match kept.observe().await {
+    match kept.record_outcome(Outcome::Replay) {
         Err(PermitError::Expired { tool }) => assert_eq!(tool, "echo"),
         other => panic!("a kept permit must be expired, got {other:?}"),
     }
@@ -408,6 +406,6 @@ async fn a_non_blocking_sink_is_appended_to_inline_and_its_chain_verifies() {
         .collect();
     assert_eq!(lines[0]["decision"], "deny");
     assert_eq!(lines[1]["name"], "echo");
-    assert_eq!(lines[1]["outcome"], "executed");
+    assert_eq!(lines[1]["outcome"], "committed");
     client.cancel().await.unwrap();
 }

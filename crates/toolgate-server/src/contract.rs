@@ -18,9 +18,6 @@ use crate::tools::NotesServer;
 /// The server name recorded in toolgate.lock.
 pub const SERVER_NAME: &str = "toolgate-server";
 
-/// The reference server always runs with its commit store.
-const HAS_COMMIT_STORE: bool = true;
-
 /// What build.rs found when it scanned `src/` of this crate.
 const EMBEDDED_SCAN: &str = include_str!(concat!(env!("OUT_DIR"), "/entitlements.json"));
 
@@ -35,10 +32,10 @@ pub struct LiveLock {
 
 /// Computes the lockfile from the handlers' source under `sources` (what `cargo xtask lock` does).
 pub fn lock_from_source(policy: &Policy, sources: &Path) -> anyhow::Result<LiveLock> {
-    let tools = NotesServer::new().tools();
+    let tools = NotesServer::tools();
     let (scans, mut violations) = scan_sources(&[PathBuf::from(sources)], &tools)?;
     violations.extend(effect_class_violations(policy, &tools, &scans));
-    let contract = server_contract(SERVER_NAME, &tools, policy, HAS_COMMIT_STORE, &scans)?;
+    let contract = server_contract(SERVER_NAME, &tools, policy, &scans)?;
     Ok(LiveLock {
         lockfile: Lockfile::new(contract, env!("CARGO_PKG_VERSION")),
         violations,
@@ -50,7 +47,7 @@ pub fn live_lockfile(policy: &Policy) -> anyhow::Result<Lockfile> {
     let scans: BTreeMap<String, ScannedHandler> = serde_json::from_str(EMBEDDED_SCAN).context(
         "the entitlement scan embedded at build time is unreadable; rebuild toolgate-server",
     )?;
-    let tools = NotesServer::new().tools();
-    let contract = server_contract(SERVER_NAME, &tools, policy, HAS_COMMIT_STORE, &scans)?;
+    let tools = NotesServer::tools();
+    let contract = server_contract(SERVER_NAME, &tools, policy, &scans)?;
     Ok(Lockfile::new(contract, env!("CARGO_PKG_VERSION")))
 }

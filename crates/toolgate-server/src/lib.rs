@@ -11,6 +11,7 @@ pub mod contract;
 pub mod demo;
 #[cfg(feature = "fault-injection")]
 mod fault;
+pub mod notes;
 pub mod stats;
 pub mod tools;
 
@@ -21,7 +22,6 @@ use anyhow::Context as _;
 use rmcp::ServiceExt as _;
 use toolgate_audit::{AuditConfig, AuditSink, FileAuditLog, HmacKey, VerifyOptions, VerifyReport};
 use toolgate_commit::effect::{EffectConfig, EffectStore};
-use toolgate_commit::{CommitConfig, CommitStore, FileCommitStore};
 use toolgate_contract::attest::{Attestation, HmacSha256Signer, check_expected_digest};
 use toolgate_contract::diff::diff;
 use toolgate_contract::lockfile::Lockfile;
@@ -95,6 +95,9 @@ pub struct BuiltServer {
     pub gated: GatedServer,
     /// The audit log behind the gate.
     pub audit: Arc<FileAuditLog>,
+    /// The exactly-once store behind the gate (synced at shutdown: idempotent outcomes are only
+    /// written when stored).
+    pub effects: Arc<EffectStore>,
     /// What the server was started with (a SIGHUP reload re-reads `policy` and re-checks the
     /// contract against `expect_digest` / `attestation`).
     pub options: ServerOptions,
@@ -196,23 +199,20 @@ pub fn build(options: &ServerOptions) -> anyhow::Result<BuiltServer> {
         tracing::warn!(?recovery, "repaired a torn audit tail left by a crash");
     }
 
-    let store_config = CommitConfig::new(options.ledger.join(NOTES_DIR));
+    let notes = notes::Notes::open(
+        options.ledger.join(NOTES_DIR),
+        Arc::new(toolgate_storage::FsStorage),
+    )
+    .with_context(|| format!("cannot open the notes in {}", options.ledger.display()))?;
     #[cfg(feature = "fault-injection")]
-    let store_config = match hook {
-        Some(hook) => store_config.fault_hook(hook),
-        None => store_config,
+    let notes = match hook {
+        Some(hook) => notes.with_hook(hook),
+        None => notes,
     };
-    let store = FileCommitStore::open_with(store_config).with_context(|| {
-        format!(
-            "cannot open the notes store in {}",
-            options.ledger.display()
-        )
-    })?;
 
     let effects = Arc::new(open_effects(&options.ledger, &policy)?);
     let audit = Arc::new(audit);
     let sink: Arc<dyn AuditSink> = audit.clone();
-    let store: Arc<dyn CommitStore> = Arc::new(store);
     tracing::info!(digest = %live.integrity_digest(), "contract");
     let tool_digests = live
         .contract()
@@ -220,11 +220,10 @@ pub fn build(options: &ServerOptions) -> anyhow::Result<BuiltServer> {
         .iter()
         .map(|(name, contract)| (name.clone(), contract.digest()))
         .collect();
-    let gated = Gated::builder(tools::NotesServer::new())
+    let gated = Gated::builder(tools::NotesServer::new(Arc::new(notes)))
         .policy(policy)
         .audit(sink)
-        .commit_store(store)
-        .effect_store(effects)
+        .effect_store(Arc::clone(&effects))
         .principal(
             options
                 .principal
@@ -245,6 +244,7 @@ pub fn build(options: &ServerOptions) -> anyhow::Result<BuiltServer> {
     Ok(BuiltServer {
         gated,
         audit,
+        effects,
         options: options.clone(),
     })
 }
@@ -318,6 +318,7 @@ pub async fn serve_stdio(server: BuiltServer) -> anyhow::Result<()> {
     let BuiltServer {
         gated,
         audit,
+        effects,
         options,
     } = server;
     spawn_reload_on_sighup(options, gated.policy_handle())?;
@@ -338,7 +339,12 @@ pub async fn serve_stdio(server: BuiltServer) -> anyhow::Result<()> {
         Err(rmcp::service::ServerInitializeError::ConnectionClosed(_)) => Ok(()),
         Err(error) => Err(error).context("the MCP session could not start"),
     };
-    // Clean shutdown: seal what was appended with a checkpoint (when a key is configured).
+    // Clean shutdown: make the idempotent outcomes durable, then seal what was appended with a
+    // checkpoint (when a key is configured).
+    tokio::task::spawn_blocking(move || effects.sync())
+        .await
+        .context("the shutdown sync task failed")?
+        .context("cannot make the effect store durable at shutdown")?;
     let checkpoint = tokio::task::spawn_blocking(move || audit.checkpoint())
         .await
         .context("the shutdown checkpoint task failed")?;
@@ -378,7 +384,7 @@ fn operator_audit(options: &ServerOptions) -> anyhow::Result<FileAuditLog> {
 fn operator_entry(
     method: &str,
     name: &str,
-    outcome: &str,
+    outcome: toolgate_audit::Outcome,
     reason: String,
     subject: &serde_json::Value,
 ) -> toolgate_audit::AuditEntry {
@@ -407,7 +413,7 @@ pub fn halt(
     audit.append(&operator_entry(
         "admin/halt",
         "kill_switch",
-        "halted",
+        toolgate_audit::Outcome::Halted,
         format!("halted by {}: {}", halt.by, halt.reason),
         &serde_json::json!({"by": halt.by, "reason": halt.reason, "since_ns": halt.since_ns.to_string()}),
     ))?;
@@ -428,9 +434,9 @@ pub fn resume(options: &ServerOptions) -> anyhow::Result<Option<toolgate_guard::
         "admin/resume",
         "kill_switch",
         if lifted.is_some() {
-            "resumed"
+            toolgate_audit::Outcome::Resumed
         } else {
-            "not_halted"
+            toolgate_audit::Outcome::NotHalted
         },
         reason,
         &serde_json::json!({"lifted": lifted.as_ref().map(|h| h.since_ns.to_string())}),
@@ -449,7 +455,7 @@ pub fn prune_effects(options: &ServerOptions) -> anyhow::Result<u64> {
     audit.append(&operator_entry(
         "effects/prune",
         "effects",
-        "pruned",
+        toolgate_audit::Outcome::Pruned,
         format!("removed {removed} completed records"),
         &serde_json::json!({"removed": removed}),
     ))?;

@@ -8,16 +8,6 @@ use std::path::Path;
 
 use serde_json::{Value, json};
 
-/// Outcomes of allowed calls that mean the call did not do what was asked.
-const FAILURE_OUTCOMES: [&str; 6] = [
-    "failed",
-    "error",
-    "conflict",
-    "in_doubt",
-    "cancelled",
-    "invalid_arguments",
-];
-
 /// Counts over the tool-call records of one log.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct AuditStats {
@@ -31,7 +21,7 @@ pub struct AuditStats {
     pub replay: u64,
     /// Denied calls (hidden tools, unknown tools, refused arguments).
     pub deny: u64,
-    /// Allowed calls that failed (see `FAILURE_OUTCOMES`).
+    /// Allowed calls that failed (see `toolgate_audit::Outcome::is_failure`).
     pub failure: u64,
     /// Records that are not tool calls (repairs).
     pub other_records: u64,
@@ -59,7 +49,9 @@ impl AuditStats {
             ("deny", _) => self.deny += 1,
             (_, "committed") => self.committed += 1,
             (_, "replay") => self.replay += 1,
-            (_, o) if FAILURE_OUTCOMES.contains(&o) => self.failure += 1,
+            (_, o) if toolgate_audit::Outcome::parse(o).is_some_and(|o| o.is_failure()) => {
+                self.failure += 1;
+            }
             _ => {}
         }
         *self.counts.entry((name, decision, outcome)).or_default() += 1;

@@ -1,5 +1,6 @@
 //! The three tools of the reference server. Every handler requires a [`Permit`], so none of them
-//! can run unless the gate decided `allow` for that very call.
+//! can run unless the gate decided `allow` for that very call. Exactly-once is the gate's
+//! (`idempotency` in the policy): `write_note` only publishes its note.
 
 use rmcp::handler::server::router::tool::ToolRouter;
 use rmcp::handler::server::tool::Extension;
@@ -8,8 +9,11 @@ use rmcp::model::{CallToolResult, ServerCapabilities, ServerConfig};
 use rmcp::{Json, ServerHandler, tool, tool_handler, tool_router};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
-use toolgate_commit::{CommitError, IdempotencyKey};
-use toolgate_rmcp::{Permit, PermitError};
+use std::sync::Arc;
+use toolgate_audit::Outcome;
+use toolgate_rmcp::Permit;
+
+use crate::notes::{NoteError, Notes, Written};
 
 /// Arguments of `write_note`.
 #[derive(Debug, Deserialize, JsonSchema)]
@@ -40,16 +44,6 @@ pub struct Note {
     pub text: String,
 }
 
-/// A stored note checked in place: what [`Note`] accepts, without copying its strings.
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct NoteRef<'a> {
-    #[serde(rename = "request_id")]
-    _request_id: &'a str,
-    #[serde(rename = "text")]
-    _text: &'a str,
-}
-
 /// Result of `read_ledger`.
 #[derive(Debug, Serialize, JsonSchema)]
 pub struct ReadLedgerResult {
@@ -65,38 +59,37 @@ pub struct RmRfArgs {
     pub path: String,
 }
 
-/// The reference tools. Its state is the tool router only: the notes live in the gate's commit
-/// store, which handlers reach through their permit.
+/// The reference tools over the notes directory.
 #[derive(Debug, Clone)]
 pub struct NotesServer {
     tool_router: ToolRouter<Self>,
+    notes: Arc<Notes>,
 }
 
-impl Default for NotesServer {
-    fn default() -> Self {
-        Self::new()
-    }
-}
-
-fn tool_error(error: PermitError) -> String {
-    match error {
-        PermitError::Commit(CommitError::Conflict { .. }) => "Error: this request_id was already used with a different text; nothing was written. Retry with the original text, or use a new request_id for a new note".to_owned(),
-        other => format!("Error: {other}"),
+/// Runs blocking note I/O off the async thread.
+async fn blocking<T: Send + 'static>(
+    work: impl FnOnce() -> Result<T, NoteError> + Send + 'static,
+) -> Result<T, String> {
+    match tokio::task::spawn_blocking(work).await {
+        Ok(Ok(value)) => Ok(value),
+        Ok(Err(error)) => Err(format!("Error: {error}")),
+        Err(_) => Err("Error: the storage task was cancelled; retry the call".to_owned()),
     }
 }
 
 #[tool_router]
 impl NotesServer {
-    /// The server with its three tools registered.
-    pub fn new() -> Self {
+    /// The server with its three tools registered, keeping its notes in `notes`.
+    pub fn new(notes: Arc<Notes>) -> Self {
         NotesServer {
             tool_router: Self::tool_router(),
+            notes,
         }
     }
 
     /// Every registered tool, as it appears before the gate filters tools/list.
-    pub fn tools(&self) -> Vec<rmcp::model::Tool> {
-        self.tool_router.list_all()
+    pub fn tools() -> Vec<rmcp::model::Tool> {
+        Self::tool_router().list_all()
     }
 
     /// Write one note per request_id. Retrying with the same request_id and text is safe and
@@ -113,13 +106,23 @@ impl NotesServer {
         Extension(permit): Extension<Permit>,
         Parameters(args): Parameters<WriteNoteArgs>,
     ) -> Result<Json<WriteNoteResult>, String> {
-        let key =
-            IdempotencyKey::new(args.request_id.as_str()).map_err(|e| format!("Error: {e}"))?;
-        let payload = serde_json::json!({"request_id": args.request_id, "text": args.text});
-        let outcome = permit.commit(&key, payload).await.map_err(tool_error)?;
+        let notes = Arc::clone(&self.notes);
+        let (request_id, text) = (args.request_id.clone(), args.text);
+        let written = blocking(move || notes.write(&request_id, &text)).await?;
+        // The gate ran this handler, so no completed call holds this request_id; a note already
+        // there was published by a call that crashed before the gate stored its result.
+        let status = match written {
+            Written::Created => "committed",
+            Written::AlreadyThere => {
+                permit
+                    .record_outcome(Outcome::Replay)
+                    .map_err(|e| format!("Error: {e}"))?;
+                "replay"
+            }
+        };
         Ok(Json(WriteNoteResult {
             request_id: args.request_id,
-            status: outcome.as_str().to_owned(),
+            status: status.to_owned(),
         }))
     }
 
@@ -137,27 +140,11 @@ impl NotesServer {
     )]
     async fn read_ledger(
         &self,
-        Extension(permit): Extension<Permit>,
+        // Unused, but required: only the gate issues permits, so this cannot run undecided.
+        Extension(_permit): Extension<Permit>,
     ) -> Result<CallToolResult, String> {
-        let payloads = permit.observe().await.map_err(tool_error)?;
-        for (index, payload) in payloads.iter().enumerate() {
-            // Checked where it lies (its strings borrowed), so that the payloads themselves become
-            // the result: converting every note into a `Note` and back into a new JSON tree, as
-            // `Json<ReadLedgerResult>` would, copies the whole ledger once more per call.
-            // The serde message could quote stored text; report only where and what kind.
-            // An object only: serde would also read a note from a two-element array, which
-            // `Note` used to turn into an object but which would now go out as it is.
-            let checked = match payload {
-                serde_json::Value::Object(_) => NoteRef::deserialize(payload).map(drop),
-                _ => Err(serde::de::Error::custom("not an object")),
-            };
-            checked.map_err(|e: serde_json::Error| {
-                format!(
-                    "Error: ledger entry {index} (in file-name order) is not a note ({:?} error); inspect LEDGER_DIR/notes",
-                    e.classify()
-                )
-            })?;
-        }
+        let notes = Arc::clone(&self.notes);
+        let payloads = blocking(move || notes.list()).await?;
         // The same JSON as `ReadLedgerResult { notes }` serializes to: an object whose `notes`
         // are the checked notes in file-name order.
         let mut result = serde_json::Map::new();
@@ -175,7 +162,9 @@ impl NotesServer {
         Extension(permit): Extension<Permit>,
         Parameters(_args): Parameters<RmRfArgs>,
     ) -> Result<String, String> {
-        permit.record_outcome("refused").map_err(tool_error)?;
+        permit
+            .record_outcome(Outcome::Refused)
+            .map_err(|e| format!("Error: {e}"))?;
         Err("Error: rm_rf is a decoy of the reference server and never deletes anything; remove files with your own tools".to_owned())
     }
 }

@@ -121,17 +121,6 @@ pub(crate) fn liveness(owner: &Owner, lease_until_ns: u64, now_ns: u64) -> Liven
     }
 }
 
-/// Whether process `pid` exists (used for orphaned temporary files). Unknown counts as alive.
-pub(crate) fn pid_alive(pid: u32) -> bool {
-    if !Path::new("/proc/self/stat").exists() {
-        return true;
-    }
-    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        Ok(stat) => !matches!(parse_stat(&stat), Some(('Z' | 'X', _))),
-        Err(e) => e.kind() != std::io::ErrorKind::NotFound,
-    }
-}
-
 /// State (field 3) and start time in clock ticks (field 22) from a `/proc/<pid>/stat` line. The
 /// command name (field 2) may contain spaces and parentheses, so fields are counted after the last `)`.
 fn parse_stat(stat: &str) -> Option<(char, u64)> {
@@ -694,7 +683,7 @@ mod tests {
     #[test]
     fn this_process_has_start_ticks() {
         assert!(self_start_ticks() > 0);
-        assert!(pid_alive(std::process::id()));
+        assert!(toolgate_storage::pid_alive(std::process::id()));
     }
 
     /// A small deterministic generator, so the cases below are the same on every run.

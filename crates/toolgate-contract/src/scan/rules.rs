@@ -65,8 +65,6 @@ pub(super) const PATH_RULES: &[PathRule] = &[
     seq(&["File", "open"], FS_READ),
     seq(&["File", "open_buffered"], FS_READ),
     seq(&["OpenOptions"], FS_READ),
-    seq(&["Permit", "observe"], FS_READ),
-    seq(&["Permit", "list"], FS_READ),
     // filesystemWrite: std::fs and tokio::fs writers, File::create, our own stores.
     seq(&["fs", "write"], FS_WRITE),
     seq(&["fs", "create_dir"], FS_WRITE),
@@ -84,11 +82,10 @@ pub(super) const PATH_RULES: &[PathRule] = &[
     seq(&["fs", "set_permissions"], FS_WRITE),
     seq(&["File", "create"], FS_WRITE),
     seq(&["File", "create_new"], FS_WRITE),
-    seq(&["CommitStore"], FS_WRITE),
-    seq(&["FileCommitStore"], FS_WRITE),
+    seq(&["TempFile"], FS_WRITE),
+    seq(&["replace_file"], FS_WRITE),
     seq(&["FileAuditLog"], FS_WRITE),
     seq(&["AuditSink", "append"], FS_WRITE),
-    seq(&["Permit", "commit"], FS_WRITE),
     // network: sockets and HTTP clients. The address types of std::net (IpAddr, SocketAddr) are
     // plain values and deliberately absent.
     seq(&["TcpStream"], NETWORK),
@@ -203,11 +200,11 @@ pub(super) const ANY_RECEIVER_METHODS: &[(&str, &str)] = &[
 ];
 
 /// Method calls that mean a capability only when the receiver's name contains the given word:
-/// `permit.observe()` reads the commit store, `self.audit.append(..)` writes the audit log, but
-/// `.list()` or `.append()` on anything else is ordinary collection code.
+/// `self.notes.write(..)` publishes a note, `self.notes.list()` reads them, `self.audit.append(..)`
+/// writes the audit log, but `.list()` or `.append()` on anything else is ordinary collection code.
 pub(super) const NAMED_RECEIVER_METHODS: &[(&str, &str, &str)] = &[
-    ("observe", "permit", FS_READ),
-    ("list", "permit", FS_READ),
+    ("write", "notes", FS_WRITE),
+    ("list", "notes", FS_READ),
     ("append", "audit", FS_WRITE),
 ];
 

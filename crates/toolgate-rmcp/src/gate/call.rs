@@ -21,7 +21,7 @@ use rmcp::model::{
 use rmcp::service::RequestContext;
 use rmcp::{ErrorData as McpError, RoleServer, ServerHandler};
 use serde_json::{Map, Value, json};
-use toolgate_audit::Decision as AuditDecision;
+use toolgate_audit::{Decision as AuditDecision, Outcome};
 use toolgate_canon::Sha256Digest;
 use toolgate_commit::effect::{
     Attempt, Begin, EffectError, EffectKind, EffectRequest, EffectStore, Resolution, Scope,
@@ -82,7 +82,7 @@ impl<H: ServerHandler> Gated<H> {
                 request_id,
                 &recorded_name,
                 AuditDecision::Deny,
-                "not_executed",
+                Outcome::NotExecuted,
                 args_digest,
             )
             .with_reason(reason)
@@ -417,16 +417,16 @@ impl<H: ServerHandler> Gated<H> {
                 arguments: arguments.cloned(),
             });
             let begun = begin_effect(Arc::clone(effects), request, kind, probe).await;
-            let answer: Option<(&str, Result<CallToolResult, McpError>)> = match begun {
+            let answer: Option<(Outcome, Result<CallToolResult, McpError>)> = match begun {
                 Ok(Ok(Begin::Execute(t))) => {
                     ticket = Some(t);
                     None
                 }
                 Ok(Ok(Begin::Replay(stored))) => Some(
                     match exactly_once::replayed(stored, settings.replay_marker.as_ref()) {
-                        Some(result) => ("replay", Ok(result)),
+                        Some(result) => (Outcome::Replay, Ok(result)),
                         None => (
-                            "error",
+                            Outcome::Error,
                             Err(McpError::internal_error(
                                 "the stored result of this call cannot be read back; inspect the effect store",
                                 None,
@@ -435,37 +435,37 @@ impl<H: ServerHandler> Gated<H> {
                     },
                 ),
                 Ok(Ok(Begin::ReplayFailure(text))) => Some((
-                    "replay",
+                    Outcome::Replay,
                     Ok(CallToolResult::error(vec![ContentBlock::text(text)])),
                 )),
                 Ok(Err(EffectError::Conflict { .. })) => Some((
-                    "conflict",
+                    Outcome::Conflict,
                     Ok(error_text(
                         "Error: this idempotency key was already used with different arguments; nothing was executed. Retry with the original arguments, or use a new key for a new effect",
                     )),
                 )),
                 Ok(Err(EffectError::InProgress { retry_after, .. })) => Some((
-                    "in_progress",
+                    Outcome::InProgress,
                     Ok(error_text(&format!(
                         "Error: a call with this idempotency key is still in progress; nothing was executed. Retry after {} s",
                         retry_after.as_secs().max(1)
                     ))),
                 )),
                 Ok(Err(EffectError::Indeterminate { .. })) => Some((
-                    "indeterminate",
+                    Outcome::Indeterminate,
                     Ok(error_text(
                         "Error: an earlier call with this idempotency key stopped mid-effect, so the effect may or may not have happened; it is not re-run automatically. An operator must inspect the target and resolve the key",
                     )),
                 )),
                 Ok(Err(error)) => Some((
-                    "error",
+                    Outcome::Error,
                     Err(McpError::internal_error(
                         format!("the effect store failed: {error}"),
                         None,
                     )),
                 )),
                 Err(_) => Some((
-                    "error",
+                    Outcome::Error,
                     Err(McpError::internal_error(
                         "the effect store task was cancelled; retry the call",
                         None,
@@ -494,7 +494,7 @@ impl<H: ServerHandler> Gated<H> {
             }
         }
 
-        let permit = Permit::issue(&name, &request_id, self.store.clone());
+        let permit = Permit::issue(&name, &request_id);
         context.extensions.insert(permit.clone());
         // If this future is dropped (the client cancelled) or the handler panics, the guard still
         // expires the permit and records the decision with what the handler reached.
@@ -507,7 +507,7 @@ impl<H: ServerHandler> Gated<H> {
                     request_id.clone(),
                     &name,
                     AuditDecision::Allow,
-                    "cancelled",
+                    Outcome::Cancelled,
                     args_digest,
                 )
                 .with_reason(rule.clone()),
@@ -541,17 +541,27 @@ impl<H: ServerHandler> Gated<H> {
             }
             other => (other, false),
         };
+        // What the gate infers unless the handler recorded otherwise: a completed call committed
+        // its effect (observed, for a tool the policy classes `read`).
+        let completed = if policy
+            .effect_class(&name)
+            .is_some_and(|class| class == toolgate_policy::EffectClass::Read)
+        {
+            Outcome::Observed
+        } else {
+            Outcome::Committed
+        };
         let outcome = match &response {
-            Ok(CallToolResponse::Complete(_)) if invalid_arguments => "invalid_arguments",
+            Ok(CallToolResponse::Complete(_)) if invalid_arguments => Outcome::InvalidArguments,
             Ok(CallToolResponse::Complete(result)) if result.is_error == Some(true) => {
-                recorded.unwrap_or("failed")
+                recorded.unwrap_or(Outcome::Failed)
             }
-            Ok(CallToolResponse::Complete(_)) => recorded.unwrap_or("executed"),
+            Ok(CallToolResponse::Complete(_)) => recorded.unwrap_or(completed),
             // The handler handed the call to a task or asked the client for input: the permit
             // ends here, so later work needs a new call through the gate.
-            Ok(CallToolResponse::InputRequired(_)) => recorded.unwrap_or("input_required"),
-            Ok(_) => recorded.unwrap_or("task_created"),
-            Err(_) => recorded.unwrap_or("error"),
+            Ok(CallToolResponse::InputRequired(_)) => recorded.unwrap_or(Outcome::InputRequired),
+            Ok(_) => recorded.unwrap_or(Outcome::TaskCreated),
+            Err(_) => recorded.unwrap_or(Outcome::Error),
         };
         if let (Some(ticket), Some(effects)) = (ticket, &self.effects) {
             // Store the result (or the failure) before the allow record, so that a retry after
@@ -560,7 +570,7 @@ impl<H: ServerHandler> Gated<H> {
                 Ok(CallToolResponse::Complete(result)) if result.is_error != Some(true) => {
                     Ok(exactly_once::stored(result))
                 }
-                _ => Err(outcome.to_owned()),
+                _ => Err(outcome),
             };
             let store = Arc::clone(effects);
             let settled = crate::blocking::run(move || match settle {
@@ -597,7 +607,7 @@ impl<H: ServerHandler> Gated<H> {
                 None,
             ));
         }
-        tracing::info!(tool = %name, decision = "allow", outcome, "tools/call");
+        tracing::info!(tool = %name, decision = "allow", outcome = outcome.as_str(), "tools/call");
         response
     }
 }

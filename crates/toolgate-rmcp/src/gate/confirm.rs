@@ -21,6 +21,7 @@ use rmcp::service::RequestContext;
 use rmcp::{ErrorData as McpError, RoleServer, ServerHandler};
 use serde_json::{Map, Value, json};
 use toolgate_audit::Decision as AuditDecision;
+use toolgate_audit::Outcome;
 use toolgate_canon::Sha256Digest;
 use toolgate_guard::PendingAction;
 use toolgate_policy::Decision;
@@ -86,7 +87,7 @@ impl<H: ServerHandler> Gated<H> {
                         request_id,
                         name,
                         AuditDecision::Deny,
-                        "not_executed",
+                        Outcome::NotExecuted,
                         args_digest,
                     )
                     .with_reason("confirm.prepare_failed");
@@ -117,7 +118,7 @@ impl<H: ServerHandler> Gated<H> {
                         request_id,
                         name,
                         AuditDecision::Deny,
-                        "not_executed",
+                        Outcome::NotExecuted,
                         args_digest,
                     )
                     .with_reason(format!("confirm.{}", error.code()));
@@ -135,7 +136,7 @@ impl<H: ServerHandler> Gated<H> {
                 request_id,
                 name,
                 AuditDecision::Allow,
-                "preview",
+                Outcome::Preview,
                 args_digest,
             )
             .with_reason(reason);
@@ -180,7 +181,7 @@ impl<H: ServerHandler> Gated<H> {
         let arguments = request.arguments.clone().unwrap_or_default();
         let args_digest = Sha256Digest::of_json_object(&arguments);
         let request_id = format!("rpc:{}", context.id);
-        let refuse = |reason: String, outcome: &'static str| {
+        let refuse = |reason: String, outcome: Outcome| {
             self.entry(
                 &state,
                 request_id.clone(),
@@ -192,7 +193,7 @@ impl<H: ServerHandler> Gated<H> {
             .with_reason(reason)
         };
         if !self.offers_confirmation(&state) {
-            self.record_or_log(refuse("unknown_tool".to_owned(), "not_executed"))
+            self.record_or_log(refuse("unknown_tool".to_owned(), Outcome::NotExecuted))
                 .await;
             return Err(McpError::invalid_params(TOOL_NOT_FOUND, None));
         }
@@ -203,7 +204,7 @@ impl<H: ServerHandler> Gated<H> {
                 .check(&name, &tool.input_schema, Some(&arguments))
                 .err()
         }) {
-            self.record_or_log(refuse(refusal.rule.clone(), "not_executed"))
+            self.record_or_log(refuse(refusal.rule.clone(), Outcome::NotExecuted))
                 .await;
             return Ok(refusal.into_result("", false).into());
         }
@@ -222,7 +223,7 @@ impl<H: ServerHandler> Gated<H> {
                             request_id.clone(),
                             &action.tool,
                             AuditDecision::Deny,
-                            "rejected",
+                            Outcome::Rejected,
                             action.args_digest,
                         )
                         .with_reason("confirm.rejected");
@@ -235,8 +236,11 @@ impl<H: ServerHandler> Gated<H> {
                     Ok(result.into())
                 }
                 Err(error) => {
-                    self.record_or_log(refuse(format!("confirm.{}", error.code()), "not_executed"))
-                        .await;
+                    self.record_or_log(refuse(
+                        format!("confirm.{}", error.code()),
+                        Outcome::NotExecuted,
+                    ))
+                    .await;
                     Ok(error_result(
                         &format!("Error: {error}"),
                         json!({"error": error.code()}),
@@ -246,7 +250,7 @@ impl<H: ServerHandler> Gated<H> {
         }
 
         if let Some(error) = self.halted() {
-            self.record_or_log(refuse("kill_switch".to_owned(), "not_executed"))
+            self.record_or_log(refuse("kill_switch".to_owned(), Outcome::NotExecuted))
                 .await;
             return Err(error);
         }
@@ -257,8 +261,11 @@ impl<H: ServerHandler> Gated<H> {
         let action = match self.pending.confirm(token, summary, &self.principal, now) {
             Ok(action) => action,
             Err(error) => {
-                self.record_or_log(refuse(format!("confirm.{}", error.code()), "not_executed"))
-                    .await;
+                self.record_or_log(refuse(
+                    format!("confirm.{}", error.code()),
+                    Outcome::NotExecuted,
+                ))
+                .await;
                 return Ok(error_result(
                     &format!("Error: {error}"),
                     json!({"error": error.code()}),
@@ -274,7 +281,7 @@ impl<H: ServerHandler> Gated<H> {
                 request_id.clone(),
                 &tool_name,
                 AuditDecision::Deny,
-                "not_executed",
+                Outcome::NotExecuted,
                 action.args_digest,
             )
             .with_reason(reason)

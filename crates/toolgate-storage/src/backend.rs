@@ -1,4 +1,5 @@
-//! The storage operations the effect store performs, behind a trait so tests can fail any one of them.
+//! The storage operations every store performs, behind a trait so tests can count them and fail any
+//! one of them.
 
 use std::collections::HashMap;
 use std::fmt;
@@ -8,16 +9,18 @@ use std::os::unix::fs::FileExt as _;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
-/// The file operations [`crate::effect::EffectStore`] performs, so that tests can fail the Nth
-/// write, fsync, rename or removal (in the manner of redb's `StorageBackend`). Appends to the
-/// journal are [`Storage::write_at`] (counted as [`Op::Write`]) made durable by
-/// [`Storage::sync_data`] (`fdatasync`, [`Op::FsyncFile`]); directory fsyncs and removals happen at
-/// open (the journal's entry, files of the previous one-file-per-record layout), and a compaction
-/// writes its new journal with [`Storage::write_new`] and [`Storage::fsync_file`], then renames it
-/// over the journal with [`Storage::rename`] and fsyncs the directory.
+/// The file operations of toolgate's stores, so that tests can count every write and sync and fail
+/// the Nth one (in the manner of redb's `StorageBackend`). Journal appends are
+/// [`Storage::write_at`] (counted as [`Op::Write`]) made durable by [`Storage::sync_data`]
+/// (`fdatasync`, [`Op::FsyncFile`]); whole files are written with [`Storage::write_new`] and
+/// [`Storage::fsync_file`], then published with [`Storage::rename`] (replacing) or
+/// [`Storage::link`] (only if absent), and their directory is fsynced with
+/// [`Storage::fsync_dir`]. The helpers of this crate ([`crate::TempFile`], [`crate::replace_file`],
+/// [`crate::fsync_dir`], [`crate::create_dir_durably`]) are written on this trait, so a store that
+/// uses them is counted and can be failed at every step.
 ///
-/// The writer lock (`dir/.lock`) is deliberately not part of the trait: it is a kernel `flock` whose
-/// release on process death is what makes recovery sound, and a test double could not honour that.
+/// Writer locks are deliberately not part of the trait: they are kernel `flock`s whose release on
+/// process death is what makes recovery sound, and a test double could not honour that.
 pub trait Storage: Send + Sync + fmt::Debug {
     /// The bytes of `path`, or `None` if it does not exist.
     fn read(&self, path: &Path) -> io::Result<Option<Vec<u8>>>;
@@ -33,6 +36,10 @@ pub trait Storage: Send + Sync + fmt::Debug {
     fn fsync_file(&self, path: &Path) -> io::Result<()>;
     /// Atomically renames `from` to `to`, replacing `to`.
     fn rename(&self, from: &Path, to: &Path) -> io::Result<()>;
+    /// Creates `to` as a second name of `from` (`link(2)`): atomic, and an error of kind
+    /// `AlreadyExists` if `to` exists, so a file published this way never replaces another.
+    /// Counted as [`Op::Rename`].
+    fn link(&self, from: &Path, to: &Path) -> io::Result<()>;
     /// Makes entries created, renamed or removed in `dir` durable.
     fn fsync_dir(&self, dir: &Path) -> io::Result<()>;
     /// Removes the file `path`.
@@ -92,6 +99,10 @@ impl Storage for FsStorage {
         fs::rename(from, to)
     }
 
+    fn link(&self, from: &Path, to: &Path) -> io::Result<()> {
+        fs::hard_link(from, to)
+    }
+
     fn fsync_dir(&self, dir: &Path) -> io::Result<()> {
         File::open(dir)?.sync_all()
     }
@@ -120,7 +131,7 @@ pub enum Op {
     Write,
     /// [`Storage::fsync_file`] and [`Storage::sync_data`] (the journal's `fdatasync`).
     FsyncFile,
-    /// [`Storage::rename`].
+    /// [`Storage::rename`] and [`Storage::link`] (the two ways a file is published).
     Rename,
     /// [`Storage::fsync_dir`].
     FsyncDir,
@@ -188,6 +199,12 @@ impl FaultyStorage {
         self.lock().calls.get(&op).copied().unwrap_or(0)
     }
 
+    /// How many sync operations were made: [`Op::FsyncFile`] and [`Op::FsyncDir`] together (the
+    /// `fsync`/`fdatasync` class whose latency bounds a store's rate).
+    pub fn syncs(&self) -> u64 {
+        self.calls(Op::FsyncFile) + self.calls(Op::FsyncDir)
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, FaultState> {
         // The state is a few counters that stay consistent even if a holder panicked.
         self.state
@@ -243,6 +260,11 @@ impl Storage for FaultyStorage {
     fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
         self.check(Op::Rename)?;
         self.inner.rename(from, to)
+    }
+
+    fn link(&self, from: &Path, to: &Path) -> io::Result<()> {
+        self.check(Op::Rename)?;
+        self.inner.link(from, to)
     }
 
     fn fsync_dir(&self, dir: &Path) -> io::Result<()> {

@@ -1,0 +1,26 @@
+//! The storage floor: the one place where toolgate's stores touch files.
+//!
+//! Every store (the effect journal, the audit log, the kill switch and rights files, the notes of
+//! the reference server, the lockfile writer) writes through a [`Storage`], so that one
+//! fault-injecting implementation ([`FaultyStorage`]) can count every write and sync of a whole
+//! server and fail any one of them. On it sit the durable-write helpers, written once:
+//!
+//! - [`TempFile`]: a temporary file created exclusively, written and fdatasynced, then published by
+//!   rename ([`TempFile::replace`]) or, write-once, by link ([`TempFile::publish_new`]);
+//! - [`replace_file`]: temporary file, fdatasync, rename, directory fsync;
+//! - [`fsync_dir`], [`create_dir_durably`], [`remove_orphaned_temps`].
+//!
+//! The filesystem assumptions (a local POSIX filesystem where `fsync` of a directory makes its
+//! entries durable and `rename`/`link` are atomic; not NFS) are stated in `docs/storage.md`.
+//! Nothing here knows about MCP, keys or records.
+
+#![forbid(unsafe_code)]
+
+mod backend;
+mod durable;
+
+pub use backend::{FaultyStorage, FsStorage, Op, Storage};
+pub use durable::{
+    Published, StorageError, TempFile, create_dir_durably, fsync_dir, parent_of, pid_alive,
+    remove_orphaned_temps, replace_file, temp_path, temp_writer_pid,
+};
