@@ -8,11 +8,14 @@
 
 use std::collections::HashMap;
 use std::fs::{self, File, OpenOptions};
+use std::sync::Arc;
+
 use std::io::{self, BufRead, BufReader, Read, Write};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Condvar, Mutex, MutexGuard, OnceLock};
 use std::time::{SystemTime, UNIX_EPOCH};
+use toolgate_storage::{FsStorage, Storage};
 
 use serde_json::Value;
 use toolgate_canon::{HmacKey, Sha256Digest};
@@ -40,6 +43,7 @@ pub struct AuditConfig {
     checkpoint_every: Option<u64>,
     checkpoint_mirror: Option<PathBuf>,
     segment_bytes: Option<u64>,
+    storage: Arc<dyn Storage>,
     #[cfg(feature = "fault-injection")]
     fault_hook: Option<FaultHook>,
 }
@@ -53,9 +57,17 @@ impl AuditConfig {
             checkpoint_every: None,
             checkpoint_mirror: None,
             segment_bytes: None,
+            storage: Arc::new(FsStorage),
             #[cfg(feature = "fault-injection")]
             fault_hook: None,
         }
+    }
+
+    /// The storage the log's appends and syncs go through (default: the real filesystem). Tests
+    /// pass a `toolgate_storage::FaultyStorage` to count them or fail one.
+    pub fn storage(mut self, storage: Arc<dyn Storage>) -> Self {
+        self.storage = storage;
+        self
     }
 
     /// Signs a checkpoint `(count, head, ts)` with `key` into `<stem>.checkpoints.jsonl` beside
@@ -168,6 +180,7 @@ struct Checkpoints {
 /// The append-only audit log file.
 pub struct FileAuditLog {
     path: PathBuf,
+    storage: Arc<dyn Storage>,
     lock_path: PathBuf,
     /// The `<stem>.lock` file whose `flock` serializes writers across processes.
     lock_file: File,
@@ -421,6 +434,7 @@ impl FileAuditLog {
         let identity = file.metadata().ok().as_ref().and_then(identity);
         let log = FileAuditLog {
             path,
+            storage: config.storage,
             lock_path,
             lock_file,
             checkpoints,
@@ -719,7 +733,9 @@ impl FileAuditLog {
         // makes the next append re-read and repair the tail.
         io.known_len = None;
         self.write_all(&io.file, bytes, injectable)?;
-        io.file.sync_data().map_err(io_err("fsync", &self.path))?;
+        self.storage
+            .sync_data(&io.file)
+            .map_err(io_err("fsync", &self.path))?;
         Counters::add(&self.counters.fsyncs, 1);
         let written = u64::try_from(bytes.len()).unwrap_or(u64::MAX);
         // `before` is always known here (refresh runs first); if it were not, the length stays
@@ -730,20 +746,28 @@ impl FileAuditLog {
 
     #[cfg_attr(not(feature = "fault-injection"), allow(unused_variables))]
     fn write_all(&self, file: &File, bytes: &[u8], injectable: bool) -> Result<(), AuditError> {
-        let mut file = file;
+        let storage = self.storage.as_ref();
         #[cfg(feature = "fault-injection")]
         if injectable && let Some(hook) = &self.fault_hook {
             let (first, rest) = bytes.split_at(bytes.len() / 2);
-            file.write_all(first).map_err(io_err("write", &self.path))?;
+            storage
+                .append(file, first)
+                .map_err(io_err("write", &self.path))?;
             // Half a batch is made durable so that a kill at this point leaves a real torn tail.
-            file.sync_data().map_err(io_err("fsync", &self.path))?;
+            storage
+                .sync_data(file)
+                .map_err(io_err("fsync", &self.path))?;
             Counters::add(&self.counters.fsyncs, 1);
             hook("audit.mid_record");
-            return file.write_all(rest).map_err(io_err("write", &self.path));
+            return storage
+                .append(file, rest)
+                .map_err(io_err("write", &self.path));
         }
-        // One write_all of the whole batch: with O_APPEND the kernel places it at the end in one
+        // One write of the whole batch: with O_APPEND the kernel places it at the end in one
         // piece in the normal case, and the file lock keeps other writers out in every case.
-        file.write_all(bytes).map_err(io_err("write", &self.path))
+        storage
+            .append(file, bytes)
+            .map_err(io_err("write", &self.path))
     }
 
     /// Renames the active file into a segment once it has reached `segment_bytes`, and starts a
@@ -763,9 +787,11 @@ impl FileAuditLog {
         // Every append already fsynced its data; sync_all also settles the file's metadata before
         // its name changes.
         io.file.sync_all().map_err(io_err("fsync", &self.path))?;
-        fs::rename(&self.path, &target).map_err(io_err("rename into a segment", &self.path))?;
+        self.storage
+            .rename(&self.path, &target)
+            .map_err(io_err("rename into a segment", &self.path))?;
         let dir = parent_dir(&self.path);
-        sync_dir(&dir)?;
+        toolgate_storage::fsync_dir(self.storage.as_ref(), &dir)?;
         // If we crash here, the next open finds no active file, creates it and continues the chain
         // from this segment's last record.
         io.file = open_append(&self.path)?;

@@ -267,6 +267,9 @@ impl Storage for Delayed {
     fn link(&self, from: &Path, to: &Path) -> io::Result<()> {
         FsStorage.link(from, to)
     }
+    fn append(&self, file: &File, bytes: &[u8]) -> io::Result<()> {
+        FsStorage.append(file, bytes)
+    }
     fn fsync_dir(&self, dir: &Path) -> io::Result<()> {
         FsStorage.fsync_dir(dir)
     }

@@ -64,6 +64,9 @@ impl Storage for PageCache {
     fn write_at(&self, file: &File, offset: u64, bytes: &[u8]) -> io::Result<()> {
         self.inner.write_at(file, offset, bytes)
     }
+    fn append(&self, file: &File, bytes: &[u8]) -> io::Result<()> {
+        self.inner.append(file, bytes)
+    }
     fn sync_data(&self, file: &File) -> io::Result<()> {
         // What the file holds now is what this fdatasync will have made durable.
         let len = usize::try_from(file.metadata()?.len()).unwrap();

@@ -26,12 +26,16 @@ thread_local! {
 
 /// The work did not finish: it panicked, or the blocking pool dropped it (the runtime is shutting
 /// down).
-#[derive(Debug)]
-pub(crate) struct Cancelled;
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "the blocking task did not finish (it panicked, or the runtime is shutting down); retry the call"
+)]
+pub struct Cancelled;
 
-/// Runs `work`, which may block, without blocking other tasks of the runtime: in place on a
-/// multi-thread runtime's worker thread, else on the blocking pool.
-pub(crate) async fn run<F, R>(work: F) -> Result<R, Cancelled>
+/// Runs `work`, which may block (file I/O, fsyncs), without blocking other tasks of the runtime:
+/// in place on a multi-thread runtime's worker thread (`block_in_place`: no thread hand-off),
+/// else on the blocking pool. The gate runs its stores through it; handlers may too.
+pub async fn run<F, R>(work: F) -> Result<R, Cancelled>
 where
     F: FnOnce() -> R + Send + 'static,
     R: Send + 'static,

@@ -25,6 +25,7 @@ mod refusal;
 mod schema;
 mod state;
 
+pub use blocking::{Cancelled, run as run_blocking};
 pub use exactly_once::{IDEMPOTENCY_KEY_META, REPLAYED_META};
 pub use gate::{
     CONFIRM_ACTION, CONTRACT_DIGEST_META_KEY, EffectProbe, GateError, Gated, GatedBuilder, HALTED,

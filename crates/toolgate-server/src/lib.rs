@@ -64,6 +64,18 @@ pub struct ServerOptions {
     pub principal: Option<String>,
     /// The rights file (`--rights`, `TOOLGATE_RIGHTS_FILE`); without it only the policy decides.
     pub rights: Option<PathBuf>,
+    /// The storage every store of the ledger writes through (default: the real filesystem).
+    /// Tests pass a `toolgate_storage::FaultyStorage` to count the syncs of a call or fail one.
+    pub storage: Option<Arc<dyn toolgate_storage::Storage>>,
+}
+
+impl ServerOptions {
+    /// The storage of the ledger's stores.
+    fn storage(&self) -> Arc<dyn toolgate_storage::Storage> {
+        self.storage
+            .clone()
+            .unwrap_or_else(|| Arc::new(toolgate_storage::FsStorage))
+    }
 }
 
 /// The exactly-once effect store's directory inside the ledger.
@@ -75,7 +87,11 @@ const WAIT_IN_PROGRESS: std::time::Duration = std::time::Duration::from_secs(30)
 
 /// Opens the exactly-once effect store of `ledger`. Completed results are kept for the longest
 /// `window_secs` the policy gives any tool (24 h when none does).
-pub fn open_effects(ledger: &Path, policy: &Policy) -> anyhow::Result<EffectStore> {
+pub fn open_effects(
+    ledger: &Path,
+    policy: &Policy,
+    storage: Arc<dyn toolgate_storage::Storage>,
+) -> anyhow::Result<EffectStore> {
     let window = policy
         .allowed()
         .filter_map(|tool| policy.idempotency(tool).and_then(|s| s.window_secs))
@@ -84,7 +100,7 @@ pub fn open_effects(ledger: &Path, policy: &Policy) -> anyhow::Result<EffectStor
     let config = EffectConfig::new(ledger.join(EFFECTS_DIR))
         .wait_in_progress(WAIT_IN_PROGRESS)
         .completed_ttl(std::time::Duration::from_secs(window));
-    EffectStore::open(config)
+    EffectStore::open_with_storage(config, storage)
         .with_context(|| format!("cannot open the effect store in {}", ledger.display()))
 }
 
@@ -175,7 +191,9 @@ pub fn build(options: &ServerOptions) -> anyhow::Result<BuiltServer> {
     #[cfg(feature = "fault-injection")]
     let hook = fault::hook_from_env()?;
 
-    let mut audit_config = AuditConfig::new(options.ledger.join(AUDIT_FILE));
+    let storage = options.storage();
+    let mut audit_config =
+        AuditConfig::new(options.ledger.join(AUDIT_FILE)).storage(Arc::clone(&storage));
     if let Some(path) = &options.audit_key_file {
         audit_config = audit_config.checkpoint_key(load_key(path)?);
     }
@@ -199,18 +217,15 @@ pub fn build(options: &ServerOptions) -> anyhow::Result<BuiltServer> {
         tracing::warn!(?recovery, "repaired a torn audit tail left by a crash");
     }
 
-    let notes = notes::Notes::open(
-        options.ledger.join(NOTES_DIR),
-        Arc::new(toolgate_storage::FsStorage),
-    )
-    .with_context(|| format!("cannot open the notes in {}", options.ledger.display()))?;
+    let notes = notes::Notes::open(options.ledger.join(NOTES_DIR), Arc::clone(&storage))
+        .with_context(|| format!("cannot open the notes in {}", options.ledger.display()))?;
     #[cfg(feature = "fault-injection")]
     let notes = match hook {
         Some(hook) => notes.with_hook(hook),
         None => notes,
     };
 
-    let effects = Arc::new(open_effects(&options.ledger, &policy)?);
+    let effects = Arc::new(open_effects(&options.ledger, &policy, storage)?);
     let audit = Arc::new(audit);
     let sink: Arc<dyn AuditSink> = audit.clone();
     tracing::info!(digest = %live.integrity_digest(), "contract");
@@ -449,7 +464,7 @@ pub fn resume(options: &ServerOptions) -> anyhow::Result<Option<toolgate_guard::
 /// pruning in the audit log (pruning is explicit and audited). Returns how many were removed.
 pub fn prune_effects(options: &ServerOptions) -> anyhow::Result<u64> {
     let policy = load_policy(&options.policy)?;
-    let effects = open_effects(&options.ledger, &policy)?;
+    let effects = open_effects(&options.ledger, &policy, options.storage())?;
     let removed = effects.prune(std::time::SystemTime::now())?;
     let audit = operator_audit(options)?;
     audit.append(&operator_entry(

@@ -214,15 +214,14 @@ fn serving_runtime() -> std::io::Result<tokio::runtime::Runtime> {
         .build()
 }
 
-/// The serving runtime's blocking threads. When stdin is not a pipe, one of them is mostly parked
-/// in a read of stdin (tokio reads such a stdin on the pool; pipes go through the reactor, see
-/// `serve_stdio`), so 2 would leave a single thread for the audit log, the stores and stdout, and
-/// group commit would have no concurrent callers to batch. Measured (release build,
-/// 2026-11-30) as peak RSS over the stdio bench's flow (2,000 notes) and as the rate of 1,000
-/// `write_note` calls with distinct keys, 8 or 32 in flight: 2 threads 18.0-18.8 MiB and
-/// 490-670/s, 3 threads 18.8-19.5 MiB and 800-900/s, 4 threads 19.1-19.8 MiB and 650-900/s,
-/// tokio's default 19.9-20.7 MiB and 560-880/s.
-const BLOCKING_THREADS: usize = 3;
+/// The serving runtime's blocking threads: the stores' writes and fsyncs run there, so this bounds
+/// how many calls can wait on the disk at once (concurrent fsyncs of different files share the
+/// filesystem's journal commits, and the audit log and effect journal group-commit their
+/// callers). Threads are started on demand, so a sequential client uses one or two. All threads
+/// allocate from one dlmalloc heap (see the allocator above), so more threads no longer mean more
+/// malloc arenas. Measured with `benches/calls.rs` (16 calls in flight against sequential calls,
+/// same run): 3 threads 2.56x, 16 threads 3.71x.
+const BLOCKING_THREADS: usize = 16;
 
 /// Prints a one-line reason on stderr (the full cause chain, joined) and returns exit code 2.
 fn fail(error: &anyhow::Error) -> ExitCode {
@@ -287,6 +286,7 @@ fn main() -> ExitCode {
         segment_bytes: cli.segment_bytes,
         principal: cli.principal,
         rights: cli.rights,
+        storage: None,
     };
     match cli.command.unwrap_or(Command::Serve) {
         Command::Serve => {

@@ -66,14 +66,14 @@ pub struct NotesServer {
     notes: Arc<Notes>,
 }
 
-/// Runs blocking note I/O off the async thread.
+/// Runs blocking note I/O without blocking other tasks (in place on a multi-thread runtime).
 async fn blocking<T: Send + 'static>(
     work: impl FnOnce() -> Result<T, NoteError> + Send + 'static,
 ) -> Result<T, String> {
-    match tokio::task::spawn_blocking(work).await {
+    match toolgate_rmcp::run_blocking(work).await {
         Ok(Ok(value)) => Ok(value),
         Ok(Err(error)) => Err(format!("Error: {error}")),
-        Err(_) => Err("Error: the storage task was cancelled; retry the call".to_owned()),
+        Err(error) => Err(format!("Error: {error}")),
     }
 }
 

@@ -28,6 +28,9 @@ pub trait Storage: Send + Sync + fmt::Debug {
     fn read_at(&self, file: &File, offset: u64, len: usize) -> io::Result<Vec<u8>>;
     /// Writes all of `bytes` into the open `file` at `offset` (extending it if needed).
     fn write_at(&self, file: &File, offset: u64, bytes: &[u8]) -> io::Result<()>;
+    /// Writes all of `bytes` to the open `file` at its current position (its end, for a file
+    /// opened with `O_APPEND`). Counted as [`Op::Write`].
+    fn append(&self, file: &File, bytes: &[u8]) -> io::Result<()>;
     /// Makes the contents of the open `file` durable (`fdatasync`; counted as [`Op::FsyncFile`]).
     fn sync_data(&self, file: &File) -> io::Result<()>;
     /// Creates `path` exclusively (`O_CREAT | O_EXCL`) and writes `bytes` to it.
@@ -81,6 +84,10 @@ impl Storage for FsStorage {
         file.write_all_at(bytes, offset)
     }
 
+    fn append(&self, mut file: &File, bytes: &[u8]) -> io::Result<()> {
+        file.write_all(bytes)
+    }
+
     fn sync_data(&self, file: &File) -> io::Result<()> {
         file.sync_data()
     }
@@ -127,7 +134,8 @@ impl Storage for FsStorage {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 #[non_exhaustive]
 pub enum Op {
-    /// [`Storage::write_new`] (a compacted journal) and [`Storage::write_at`] (journal appends).
+    /// [`Storage::write_new`] (whole files), [`Storage::write_at`] and [`Storage::append`]
+    /// (journal appends).
     Write,
     /// [`Storage::fsync_file`] and [`Storage::sync_data`] (the journal's `fdatasync`).
     FsyncFile,
@@ -240,6 +248,11 @@ impl Storage for FaultyStorage {
     fn write_at(&self, file: &File, offset: u64, bytes: &[u8]) -> io::Result<()> {
         self.check(Op::Write)?;
         self.inner.write_at(file, offset, bytes)
+    }
+
+    fn append(&self, file: &File, bytes: &[u8]) -> io::Result<()> {
+        self.check(Op::Write)?;
+        self.inner.append(file, bytes)
     }
 
     fn sync_data(&self, file: &File) -> io::Result<()> {
