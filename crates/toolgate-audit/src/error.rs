@@ -22,6 +22,16 @@ pub enum AuditError {
         source: io::Error,
     },
 
+    /// Writing an exported chain to its destination failed.
+    #[error(
+        "could not write the exported audit log: {source}; check the destination (a full disk, a closed pipe) and retry"
+    )]
+    Export {
+        /// The underlying error.
+        #[source]
+        source: io::Error,
+    },
+
     /// Reading a log from a stream (not a named file) failed.
     #[error("could not read the audit log stream: {source}; check the input and retry")]
     Read {
@@ -113,6 +123,9 @@ impl AuditError {
                 source: io_copy(source),
             },
             AuditError::Read { source } => AuditError::Read {
+                source: io_copy(source),
+            },
+            AuditError::Export { source } => AuditError::Export {
                 source: io_copy(source),
             },
             AuditError::CorruptTail { path, detail } => AuditError::CorruptTail {

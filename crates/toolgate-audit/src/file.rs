@@ -20,6 +20,7 @@ use toolgate_storage::{FsStorage, Storage};
 use serde_json::Value;
 use toolgate_canon::{HmacKey, Sha256Digest};
 
+use crate::ChainHead;
 use crate::checkpoint::Checkpoint;
 use crate::record::{MAX_LINE_BYTES, SeqField, check_line, representable, seal};
 use crate::segments::{checkpoints_path, list_segments, lock_path, parent_dir, segment_path};
@@ -969,6 +970,42 @@ impl AuditSink for FileAuditLog {
             }
             queue = self.wake.wait(queue).unwrap_or_else(|p| p.into_inner());
         }
+    }
+
+    fn head(&self) -> Result<ChainHead, AuditError> {
+        let mut io = self.lock_io();
+        let _lock = FileLock::acquire(&self.lock_file, &self.lock_path)?;
+        self.refresh(&mut io)?;
+        Ok(ChainHead {
+            seq: io.seq,
+            sha256: io.head,
+        })
+    }
+
+    fn export(&self, out: &mut dyn std::io::Write) -> Result<u64, AuditError> {
+        // Under the lock, so no rotation or append moves the files while they are copied; only
+        // complete lines are copied (a torn tail of a crashed writer is not part of the chain).
+        let mut io = self.lock_io();
+        let _lock = FileLock::acquire(&self.lock_file, &self.lock_path)?;
+        self.refresh(&mut io)?;
+        let mut records = 0;
+        for path in crate::segments::chain_files(&self.path)? {
+            let mut reader = io::BufReader::new(File::open(&path).map_err(io_err("open", &path))?);
+            let mut line = Vec::new();
+            loop {
+                line.clear();
+                let read = reader
+                    .read_until(b'\n', &mut line)
+                    .map_err(io_err("read", &path))?;
+                if read == 0 || !line.ends_with(b"\n") {
+                    break;
+                }
+                out.write_all(&line)
+                    .map_err(|source| AuditError::Export { source })?;
+                records += 1;
+            }
+        }
+        Ok(records)
     }
 }
 

@@ -140,13 +140,33 @@ pub struct AppendReceipt {
     pub ts: u64,
 }
 
+/// The end of a chain: the last record's `seq` and `sha256` (`0` and all zeros for an empty log).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ChainHead {
+    /// How many records the chain holds (the last one's `seq`).
+    pub seq: u64,
+    /// The last record's `sha256`.
+    pub sha256: Sha256Digest,
+}
+
 /// Storage-agnostic audit sink.
 ///
 /// The file log is the embedded default; a PostgreSQL backend is planned, so this trait says nothing
-/// about files, paths or locks: only that a record is chained and durable when `append` returns.
+/// about files, paths or locks: only that a record is chained and durable when `append` returns,
+/// what the chain's head is, and how to read the chain back as `audit.jsonl` lines (which
+/// [`verify_reader`] and any independent verifier accept). `tests/sink_conformance.rs` runs the
+/// same cases against every sink.
 pub trait AuditSink: Send + Sync + std::fmt::Debug {
     /// Chains `entry` onto the log. Returns only after the record is durable.
     fn append(&self, entry: &AuditEntry) -> Result<AppendReceipt, AuditError>;
+
+    /// The chain's head as stored now (records appended by other writers of the same log
+    /// included).
+    fn head(&self) -> Result<ChainHead, AuditError>;
+
+    /// Writes every record, in chain order, as its canonical line followed by `\n`, to `out`
+    /// (the bytes of an `audit.jsonl` holding the whole chain). Returns how many records.
+    fn export(&self, out: &mut dyn std::io::Write) -> Result<u64, AuditError>;
 
     /// Whether `append` may block the calling thread on I/O (the file log fsyncs; a database
     /// sink waits for the server). An async caller then runs it off its executor's threads

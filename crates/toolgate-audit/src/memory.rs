@@ -7,7 +7,7 @@ use toolgate_canon::Sha256Digest;
 
 use crate::file::now_ns;
 use crate::record::{MAX_LINE_BYTES, seal};
-use crate::{AppendReceipt, AuditEntry, AuditError, AuditSink};
+use crate::{AppendReceipt, AuditEntry, AuditError, AuditSink, ChainHead};
 
 /// A hash-chained audit log held in memory: every `append` seals the record exactly as
 /// [`crate::FileAuditLog`] does (RFC 8785 line, `seq`, `prev_sha256`, `sha256`) and keeps the line,
@@ -88,6 +88,21 @@ impl AuditSink for MemoryAuditLog {
 
     fn may_block(&self) -> bool {
         false
+    }
+
+    fn head(&self) -> Result<ChainHead, AuditError> {
+        let state = self.state();
+        Ok(ChainHead {
+            seq: state.seq,
+            sha256: state.head,
+        })
+    }
+
+    fn export(&self, out: &mut dyn std::io::Write) -> Result<u64, AuditError> {
+        let state = self.state();
+        out.write_all(&state.bytes)
+            .map_err(|source| AuditError::Export { source })?;
+        Ok(state.seq)
     }
 }
 

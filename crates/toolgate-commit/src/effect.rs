@@ -102,6 +102,7 @@
 //! before doing so) and rebuild their index from it. Their open descriptor pins the old inode, so
 //! its number cannot be reused by a new file while they compare.
 
+mod memory;
 mod record;
 
 use std::collections::hash_map::Entry;
@@ -116,6 +117,7 @@ use std::time::{Duration, Instant, SystemTime};
 use serde_json::Value;
 use toolgate_canon::Sha256Digest;
 
+pub use memory::MemoryEffects;
 use record::{
     Liveness, Owner, Record, State, StoredResult, encode_line, liveness, now_ns, parse_line,
 };
@@ -154,6 +156,158 @@ pub enum EffectKind {
     Idempotent,
     /// Re-running could duplicate: a dead owner's record is indeterminate.
     Unsafe,
+}
+
+/// An exactly-once backend: where the one state machine of this module keeps its records.
+///
+/// [`EffectStore`] keeps them in a journal under a directory (one machine; `/proc` tells live
+/// owners from dead ones), [`MemoryEffects`] in memory (one process; for tests and embedders).
+/// Nothing here names files, processes or locks: a backend keeps, per (principal, tool, key), the
+/// record `absent -> in_progress (owner + lease) -> completed | failed`, decides every `begin`
+/// against the latest record atomically, and answers exactly as the module documentation's table
+/// says. Tickets are created by the backends of this crate; `tests/effect_conformance.rs` runs
+/// the same cases against every backend.
+pub trait EffectBackend: Send + Sync + fmt::Debug {
+    /// Starts one caller's wait for a key held by another live call (see [`InProgressWait`]).
+    fn in_progress_wait(&self) -> InProgressWait;
+
+    /// One attempt of [`EffectBackend::begin`], which never sleeps (see
+    /// [`EffectStore::begin_attempt`]).
+    fn begin_attempt(
+        &self,
+        req: &EffectRequest,
+        kind: EffectKind,
+        wait: &mut InProgressWait,
+    ) -> Result<Attempt, EffectError>;
+
+    /// Stores the outcome of `ticket`'s execution (durable before this returns for an unsafe
+    /// effect).
+    fn complete(&self, ticket: Ticket, result: &Value) -> Result<(), EffectError>;
+
+    /// Stores a definite failure; a `retryable` one lets the next call execute again.
+    fn fail(&self, ticket: Ticket, error: &str, retryable: bool) -> Result<(), EffectError>;
+
+    /// What the backend holds for `key` in `scope`.
+    fn lookup(&self, scope: &Scope, key: &str) -> Result<Option<EffectStatus>, EffectError>;
+
+    /// Operator resolution of an indeterminate record (see [`Resolution`]).
+    fn resolve(&self, scope: &Scope, key: &str, resolution: Resolution) -> Result<(), EffectError>;
+
+    /// Removes finished records older than the retention window; returns how many.
+    fn prune(&self, now: SystemTime) -> Result<u64, EffectError>;
+
+    /// Drops superseded history, if the backend keeps any.
+    fn compact(&self) -> Result<(), EffectError>;
+
+    /// Makes everything stored so far durable (idempotent outcomes are stored without waiting).
+    fn sync(&self) -> Result<(), EffectError>;
+
+    /// Outcome counts per tool since the backend was opened (process-local).
+    fn counters(&self) -> BTreeMap<String, Counters>;
+
+    /// Decides what the caller must do for `req`, polling (this thread sleeps between attempts)
+    /// while another live call holds the key and the configured wait has time left.
+    fn begin(&self, req: &EffectRequest, kind: EffectKind) -> Result<Begin, EffectError> {
+        let mut wait = self.in_progress_wait();
+        loop {
+            match self.begin_attempt(req, kind, &mut wait)? {
+                Attempt::Ready(begin) => return Ok(begin),
+                // Poll without holding anything: the owner needs the store to finish.
+                Attempt::Pause(pause) => std::thread::sleep(pause),
+            }
+        }
+    }
+}
+
+/// What a backend holds for one key ([`EffectBackend::lookup`]).
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub enum EffectStatus {
+    /// A call holds the key (`live`) or held it and is gone (indeterminate for an unsafe effect).
+    InProgress {
+        /// The request's fingerprint.
+        fingerprint: Sha256Digest,
+        /// Whether the owner may still be running the effect.
+        live: bool,
+    },
+    /// The effect completed with this result.
+    Completed {
+        /// The request's fingerprint.
+        fingerprint: Sha256Digest,
+        /// The stored result.
+        result: Value,
+    },
+    /// The effect failed.
+    Failed {
+        /// The request's fingerprint.
+        fingerprint: Sha256Digest,
+        /// The stored error.
+        error: String,
+        /// Whether the next call may execute again.
+        retryable: bool,
+    },
+}
+
+impl EffectStatus {
+    fn of(record: &Record, now: u64, path: &Path) -> Result<Self, EffectError> {
+        let fingerprint = record.fingerprint;
+        Ok(match &record.state {
+            State::InProgress => EffectStatus::InProgress {
+                fingerprint,
+                live: liveness(&record.owner, record.lease_until_ns, now) == Liveness::Live,
+            },
+            State::Completed(stored) => EffectStatus::Completed {
+                fingerprint,
+                result: stored.to_value().map_err(|e| EffectError::Corrupt {
+                    path: path.to_path_buf(),
+                    reason: format!("a stored result does not parse ({:?} error)", e.classify()),
+                })?,
+            },
+            State::Failed { error, retryable } => EffectStatus::Failed {
+                fingerprint,
+                error: error.to_string(),
+                retryable: *retryable,
+            },
+        })
+    }
+}
+
+impl EffectBackend for EffectStore {
+    fn in_progress_wait(&self) -> InProgressWait {
+        EffectStore::in_progress_wait(self)
+    }
+    fn begin_attempt(
+        &self,
+        req: &EffectRequest,
+        kind: EffectKind,
+        wait: &mut InProgressWait,
+    ) -> Result<Attempt, EffectError> {
+        EffectStore::begin_attempt(self, req, kind, wait)
+    }
+    fn complete(&self, ticket: Ticket, result: &Value) -> Result<(), EffectError> {
+        EffectStore::complete(self, ticket, result)
+    }
+    fn fail(&self, ticket: Ticket, error: &str, retryable: bool) -> Result<(), EffectError> {
+        EffectStore::fail(self, ticket, error, retryable)
+    }
+    fn lookup(&self, scope: &Scope, key: &str) -> Result<Option<EffectStatus>, EffectError> {
+        EffectStore::lookup(self, scope, key)
+    }
+    fn resolve(&self, scope: &Scope, key: &str, resolution: Resolution) -> Result<(), EffectError> {
+        EffectStore::resolve(self, scope, key, resolution)
+    }
+    fn prune(&self, now: SystemTime) -> Result<u64, EffectError> {
+        EffectStore::prune(self, now)
+    }
+    fn compact(&self) -> Result<(), EffectError> {
+        EffectStore::compact(self).map(drop)
+    }
+    fn sync(&self) -> Result<(), EffectError> {
+        EffectStore::sync(self)
+    }
+    fn counters(&self) -> BTreeMap<String, Counters> {
+        EffectStore::counters(self)
+    }
 }
 
 /// How to open an [`EffectStore`].
@@ -818,7 +972,7 @@ pub struct EffectStore {
     durability: Mutex<Durability>,
     /// Signalled when an fdatasync of the journal ends.
     durability_cond: Condvar,
-    counters: Mutex<BTreeMap<String, Counters>>,
+    counters: CounterTable,
 }
 
 impl fmt::Debug for EffectStore {
@@ -975,7 +1129,7 @@ impl EffectStore {
             queue: Mutex::default(),
             durability: Mutex::default(),
             durability_cond: Condvar::new(),
-            counters: Mutex::default(),
+            counters: CounterTable::default(),
         };
         {
             let mut journal = store.journal();
@@ -1030,14 +1184,20 @@ impl EffectStore {
     /// caller should not block a thread that long: it runs [`EffectStore::begin_attempt`] and
     /// pauses on its own timer instead.
     pub fn begin(&self, req: &EffectRequest, kind: EffectKind) -> Result<Begin, EffectError> {
-        let mut wait = self.in_progress_wait();
-        loop {
-            match self.begin_attempt(req, kind, &mut wait)? {
-                Attempt::Ready(begin) => return Ok(begin),
-                // Poll without holding anything: the owner needs the lock to finish.
-                Attempt::Pause(pause) => std::thread::sleep(pause),
-            }
-        }
+        EffectBackend::begin(self, req, kind)
+    }
+
+    /// What the store holds for `key` in `scope` (after reading what other processes appended).
+    pub fn lookup(&self, scope: &Scope, key: &str) -> Result<Option<EffectStatus>, EffectError> {
+        let name = record_name(scope, key)?;
+        let mut journal = self.journal();
+        let _lock = self.lock()?;
+        self.refresh(&mut journal)?;
+        let now = now_ns(SystemTime::now());
+        journal
+            .record(&name)
+            .map(|record| EffectStatus::of(record, now, &self.journal_path))
+            .transpose()
     }
 
     /// Starts one caller's wait for a key held by another live call, for
@@ -1105,44 +1265,14 @@ impl EffectStore {
             }
             Answer::Done | Answer::Pruned(_) => unreachable!("begin answers a decision"),
         };
-        match decision {
-            Decision::Replay(stored) => {
-                // Parsed here, outside the batch: the index keeps only the text.
-                let value = stored.to_value().map_err(|e| EffectError::Corrupt {
-                    path: self.journal_path.clone(),
-                    reason: format!(
-                        "the stored result of sha256:{name} does not parse ({:?} error)",
-                        e.classify()
-                    ),
-                })?;
-                self.count(&req.scope.tool, |c| c.replayed += 1);
-                Ok(Attempt::Ready(Begin::Replay(value)))
-            }
-            Decision::ReplayFailure(error) => {
-                self.count(&req.scope.tool, |c| c.replayed += 1);
-                Ok(Attempt::Ready(Begin::ReplayFailure(error)))
-            }
-            Decision::Conflict => {
-                self.count(&req.scope.tool, |c| c.conflict += 1);
-                Err(EffectError::Conflict { key_digest: name })
-            }
-            Decision::Indeterminate => {
-                self.count(&req.scope.tool, |c| c.indeterminate += 1);
-                Err(EffectError::Indeterminate { key_digest: name })
-            }
-            Decision::Busy(retry_after) => {
-                if let Some(pause) = wait.next_pause() {
-                    return Ok(Attempt::Pause(pause));
-                }
-                self.count(&req.scope.tool, |c| c.in_progress += 1);
-                Err(EffectError::InProgress {
-                    key_digest: name,
-                    retry_after,
-                })
-            }
-            // The leader turns `Take` into `Execute`.
-            Decision::Take => unreachable!("the leader answers Execute for Take"),
-        }
+        answer(
+            decision,
+            name,
+            req,
+            wait,
+            &self.counters,
+            &self.journal_path,
+        )
     }
 
     /// Stores `result` as the outcome of `ticket`'s execution: durable when this returns `Ok` for an
@@ -1213,10 +1343,7 @@ impl EffectStore {
 
     /// Outcome counts per tool since this store was opened.
     pub fn counters(&self) -> BTreeMap<String, Counters> {
-        self.counters
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone()
+        self.counters.snapshot()
     }
 
     /// Operator resolution of an indeterminate record (an `in_progress` record whose owner died)
@@ -1971,11 +2098,7 @@ impl EffectStore {
     }
 
     fn count(&self, tool: &str, bump: impl FnOnce(&mut Counters)) {
-        let mut counters = self.counters.lock().unwrap_or_else(PoisonError::into_inner);
-        match counters.get_mut(tool) {
-            Some(counts) => bump(counts),
-            None => bump(counters.entry(tool.to_owned()).or_default()),
-        }
+        self.counters.count(tool, bump);
     }
 
     #[cfg(feature = "fault-injection")]
@@ -2024,6 +2147,79 @@ fn decide(
             },
         },
     })
+}
+
+/// Turns a decision that is not `Take` into the caller's answer, counting it (shared by every
+/// backend, so they answer alike). `corrupt_path` names the store in a `Corrupt` error.
+fn answer(
+    decision: Decision,
+    name: Sha256Digest,
+    req: &EffectRequest,
+    wait: &mut InProgressWait,
+    counters: &CounterTable,
+    corrupt_path: &Path,
+) -> Result<Attempt, EffectError> {
+    let tool = &req.scope.tool;
+    match decision {
+        Decision::Replay(stored) => {
+            // Parsed here, outside the batch: the index keeps only the text.
+            let value = stored.to_value().map_err(|e| EffectError::Corrupt {
+                path: corrupt_path.to_path_buf(),
+                reason: format!(
+                    "the stored result of sha256:{name} does not parse ({:?} error)",
+                    e.classify()
+                ),
+            })?;
+            counters.count(tool, |c| c.replayed += 1);
+            Ok(Attempt::Ready(Begin::Replay(value)))
+        }
+        Decision::ReplayFailure(error) => {
+            counters.count(tool, |c| c.replayed += 1);
+            Ok(Attempt::Ready(Begin::ReplayFailure(error)))
+        }
+        Decision::Conflict => {
+            counters.count(tool, |c| c.conflict += 1);
+            Err(EffectError::Conflict { key_digest: name })
+        }
+        Decision::Indeterminate => {
+            counters.count(tool, |c| c.indeterminate += 1);
+            Err(EffectError::Indeterminate { key_digest: name })
+        }
+        Decision::Busy(retry_after) => {
+            if let Some(pause) = wait.next_pause() {
+                return Ok(Attempt::Pause(pause));
+            }
+            counters.count(tool, |c| c.in_progress += 1);
+            Err(EffectError::InProgress {
+                key_digest: name,
+                retry_after,
+            })
+        }
+        // The backend turns `Take` into `Execute`.
+        Decision::Take => unreachable!("a backend answers Execute for Take"),
+    }
+}
+
+/// Outcome counts per tool, shared by the backends.
+#[derive(Debug, Default)]
+struct CounterTable(Mutex<BTreeMap<String, Counters>>);
+
+impl CounterTable {
+    fn count(&self, tool: &str, bump: impl FnOnce(&mut Counters)) {
+        // Plain counters stay consistent even if a holder panicked.
+        let mut counters = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        match counters.get_mut(tool) {
+            Some(counts) => bump(counts),
+            None => bump(counters.entry(tool.to_owned()).or_default()),
+        }
+    }
+
+    fn snapshot(&self) -> BTreeMap<String, Counters> {
+        self.0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
 }
 
 /// The longest key accepted, in bytes of UTF-8: keys come from tool arguments (an untrusted

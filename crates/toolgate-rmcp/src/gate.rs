@@ -29,7 +29,7 @@ use rmcp::{ErrorData as McpError, RoleServer, ServerHandler};
 use serde_json::{Map, Value};
 use toolgate_audit::{AuditEntry, AuditSink, Decision as AuditDecision, Outcome};
 use toolgate_canon::Sha256Digest;
-use toolgate_commit::effect::EffectStore;
+use toolgate_commit::effect::EffectBackend;
 use toolgate_contract::awareness::{InputContract, contract_awareness};
 use toolgate_contract::diff::Change;
 use toolgate_guard::{KillSwitch, PendingActions, RateLimiter, RightsFile};
@@ -130,7 +130,7 @@ pub struct Gated<H> {
     audit: Arc<dyn AuditSink>,
     request_id_field: String,
     contract_changes: BTreeMap<String, Vec<Change>>,
-    effects: Option<Arc<EffectStore>>,
+    effects: Option<Arc<dyn EffectBackend>>,
     principal: String,
     probes: BTreeMap<String, EffectProbe>,
     schemas: SchemaCache,
@@ -188,7 +188,7 @@ pub struct GatedBuilder<H> {
     policy: Option<Arc<Policy>>,
     audit: Option<Arc<dyn AuditSink>>,
     request_id_field: String,
-    effects: Option<Arc<EffectStore>>,
+    effects: Option<Arc<dyn EffectBackend>>,
     principal: String,
     probes: BTreeMap<String, EffectProbe>,
     kill_switch: Option<KillSwitch>,
@@ -222,13 +222,14 @@ impl<H: ServerHandler> GatedBuilder<H> {
         self
     }
 
-    /// The store that makes the tools the policy opts in (`idempotency`) execute exactly once per
-    /// key; without it those settings are refused at build time.
+    /// The exactly-once backend (the file `EffectStore`, or `MemoryEffects`) that makes the tools
+    /// the policy opts in (`idempotency`) execute exactly once per key; without it those settings
+    /// are refused at build time.
     ///
     /// A call that finds its key held by another live call waits for it up to the store's
     /// `wait_in_progress`, polling from tokio timers rather than a blocking thread, so the runtime
     /// that serves the gate needs its time driver enabled (`enable_all`, or `enable_time`).
-    pub fn effect_store(mut self, effects: Arc<EffectStore>) -> Self {
+    pub fn effect_store(mut self, effects: Arc<impl EffectBackend + 'static>) -> Self {
         self.effects = Some(effects);
         self
     }

@@ -9,7 +9,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::BTreeSet;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, ErrorCode,
@@ -18,7 +18,6 @@ use rmcp::model::{
 use rmcp::service::{RequestContext, ServiceError};
 use rmcp::{ErrorData, RoleServer, ServerHandler, ServiceExt as _};
 use serde_json::{Value, json};
-use toolgate_audit::{AppendReceipt, AuditEntry, AuditError, AuditSink, Sha256Digest};
 use toolgate_policy::Policy;
 use toolgate_rmcp::Gated;
 
@@ -88,22 +87,6 @@ impl ServerHandler for Catalog {
     }
 }
 
-/// Keeps entries in memory: the property is about decisions, and an fsync per call would make
-/// hundreds of cases slow without testing anything more.
-#[derive(Debug, Default)]
-struct MemoryAudit(Mutex<Vec<AuditEntry>>);
-
-impl AuditSink for MemoryAudit {
-    fn append(&self, entry: &AuditEntry) -> Result<AppendReceipt, AuditError> {
-        self.0.lock().unwrap().push(entry.clone());
-        Ok(AppendReceipt {
-            sha256: Sha256Digest::ZERO,
-            ts: 0,
-            seq: 0,
-        })
-    }
-}
-
 struct Case {
     policy: Value,
     handler: BTreeSet<&'static str>,
@@ -147,7 +130,9 @@ async fn check(number: u64, case: &Case) {
         tools: case.handler.iter().map(|name| tool(name)).collect(),
     })
     .policy(policy)
-    .audit(Arc::new(MemoryAudit::default()))
+    // In memory: the property is about decisions, and an fsync per call would make hundreds of
+    // cases slow without testing anything more.
+    .audit(Arc::new(toolgate_audit::MemoryAuditLog::new()))
     .build()
     .unwrap();
 

@@ -24,7 +24,7 @@ use serde_json::{Map, Value, json};
 use toolgate_audit::{Decision as AuditDecision, Outcome};
 use toolgate_canon::Sha256Digest;
 use toolgate_commit::effect::{
-    Attempt, Begin, EffectError, EffectKind, EffectRequest, EffectStore, Resolution, Scope,
+    Attempt, Begin, EffectBackend, EffectError, EffectKind, EffectRequest, Resolution, Scope,
 };
 use toolgate_guard::{Limit, Status};
 use toolgate_policy::{BatchCall, Decision, Policy, ToolName};
@@ -619,7 +619,7 @@ struct ProbeCall {
 }
 
 /// Asks the effect store what to do with a call of an exactly-once tool, as
-/// [`EffectStore::begin`] would, without holding a thread while another live call holds the key.
+/// [`EffectBackend::begin`] would, without holding a thread while another live call holds the key.
 ///
 /// Each attempt is blocking work (it takes the store's lock and may wait for an fdatasync; it
 /// runs in place on a multi-thread runtime, else on the blocking pool: see `crate::blocking`);
@@ -633,7 +633,7 @@ struct ProbeCall {
 /// asked (once per call, as blocking work: it reads the effect's target), the record is
 /// resolved from its answer, and the call is decided again.
 async fn begin_effect(
-    store: Arc<EffectStore>,
+    store: Arc<dyn EffectBackend>,
     request: EffectRequest,
     kind: EffectKind,
     mut probe: Option<ProbeCall>,

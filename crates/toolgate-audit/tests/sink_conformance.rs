@@ -1,0 +1,184 @@
+//! One conformance suite for every audit sink: the same cases against the file log and the
+//! in-memory one; a new sink (PostgreSQL) joins by adding itself to `sinks`.
+//!
+//! What every sink must do: chain records with consecutive `seq` from 1, report the head it
+//! stores, and export the chain as `audit.jsonl` bytes that the verifier (and so any independent
+//! verifier) accepts, with concurrent appenders too.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::sync::Arc;
+use std::thread;
+
+use serde_json::Value;
+use toolgate_audit::{
+    AuditEntry, AuditSink, ChainHead, Decision, FileAuditLog, MemoryAuditLog, Outcome,
+    Sha256Digest, verify_reader,
+};
+
+struct Subject {
+    name: &'static str,
+    sink: Arc<dyn AuditSink>,
+    _dir: Option<tempfile::TempDir>,
+}
+
+fn sinks() -> Vec<Subject> {
+    let dir = tempfile::tempdir().unwrap();
+    let file = FileAuditLog::open(dir.path().join("audit.jsonl")).unwrap();
+    vec![
+        Subject {
+            name: "file",
+            sink: Arc::new(file),
+            _dir: Some(dir),
+        },
+        Subject {
+            name: "memory",
+            sink: Arc::new(MemoryAuditLog::new()),
+            _dir: None,
+        },
+    ]
+}
+
+fn entry(i: u64) -> AuditEntry {
+    AuditEntry::tool_call(
+        format!("req-{i}"),
+        "write_note",
+        if i.is_multiple_of(3) {
+            Decision::Deny
+        } else {
+            Decision::Allow
+        },
+        if i.is_multiple_of(3) {
+            Outcome::NotExecuted
+        } else {
+            Outcome::Committed
+        },
+        Sha256Digest::of(&i.to_be_bytes()),
+    )
+    .with_reason("conformance \u{e9}\u{1F600}")
+}
+
+fn exported(sink: &dyn AuditSink) -> (u64, Vec<u8>) {
+    let mut bytes = Vec::new();
+    let records = sink.export(&mut bytes).unwrap();
+    (records, bytes)
+}
+
+#[test]
+fn an_empty_sink_has_a_zero_head_and_exports_nothing() {
+    for subject in sinks() {
+        assert_eq!(
+            subject.sink.head().unwrap(),
+            ChainHead {
+                seq: 0,
+                sha256: Sha256Digest::ZERO
+            },
+            "{}",
+            subject.name
+        );
+        assert_eq!(exported(subject.sink.as_ref()), (0, Vec::new()));
+    }
+}
+
+#[test]
+fn appends_chain_with_consecutive_seq_and_the_export_verifies() {
+    for subject in sinks() {
+        let (name, sink) = (subject.name, subject.sink.as_ref());
+        let mut last = None;
+        for i in 1..=25 {
+            let receipt = sink.append(&entry(i)).unwrap();
+            assert_eq!(receipt.seq, i, "{name}");
+            last = Some(receipt);
+        }
+        let last = last.unwrap();
+        assert_eq!(
+            sink.head().unwrap(),
+            ChainHead {
+                seq: 25,
+                sha256: last.sha256
+            },
+            "{name}"
+        );
+        let (records, bytes) = exported(sink);
+        assert_eq!(records, 25, "{name}");
+        let report = verify_reader(bytes.as_slice()).unwrap();
+        assert!(report.is_intact(), "{name}: {report}");
+        assert_eq!(report.records, 25, "{name}");
+        // Each line is the canonical record, carrying what was appended.
+        for (i, line) in bytes
+            .split(|&b| b == b'\n')
+            .filter(|l| !l.is_empty())
+            .enumerate()
+        {
+            let record: Value = serde_json::from_slice(line).unwrap();
+            let n = i as u64 + 1;
+            assert_eq!(record["seq"], n, "{name}");
+            assert_eq!(record["request_id"], format!("req-{n}"), "{name}");
+            assert_eq!(record["outcome"], entry(n).outcome.as_str(), "{name}");
+            assert_eq!(toolgate_canon::canonical_value(&record), line, "{name}");
+        }
+    }
+}
+
+#[test]
+fn concurrent_appenders_leave_one_chain_without_gaps() {
+    for subject in sinks() {
+        let name = subject.name;
+        let handles: Vec<_> = (0..8)
+            .map(|t| {
+                let sink = Arc::clone(&subject.sink);
+                thread::spawn(move || {
+                    (0..20)
+                        .map(|i| sink.append(&entry(t * 100 + i)).unwrap().seq)
+                        .collect::<Vec<u64>>()
+                })
+            })
+            .collect();
+        let mut seqs: Vec<u64> = handles
+            .into_iter()
+            .flat_map(|h| h.join().unwrap())
+            .collect();
+        seqs.sort_unstable();
+        assert_eq!(seqs, (1..=160).collect::<Vec<u64>>(), "{name}");
+        let (records, bytes) = exported(subject.sink.as_ref());
+        assert_eq!(records, 160, "{name}");
+        assert!(
+            verify_reader(bytes.as_slice()).unwrap().is_intact(),
+            "{name}"
+        );
+    }
+}
+
+#[test]
+fn a_record_over_the_line_limit_is_refused_and_the_chain_goes_on() {
+    for subject in sinks() {
+        let (name, sink) = (subject.name, subject.sink.as_ref());
+        sink.append(&entry(1)).unwrap();
+        let huge = entry(2).with_reason("x".repeat(toolgate_audit::MAX_LINE_BYTES));
+        assert!(sink.append(&huge).is_err(), "{name}");
+        assert_eq!(sink.append(&entry(3)).unwrap().seq, 2, "{name}");
+        let (records, bytes) = exported(sink);
+        assert_eq!(records, 2, "{name}");
+        assert!(
+            verify_reader(bytes.as_slice()).unwrap().is_intact(),
+            "{name}"
+        );
+    }
+}
+
+/// The file log shared by two handles (two processes behave the same): each one's head and
+/// export include the other's appends.
+#[test]
+fn the_file_head_and_export_include_other_writers() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("audit.jsonl");
+    let a = FileAuditLog::open(&path).unwrap();
+    let b = FileAuditLog::open(&path).unwrap();
+    a.append(&entry(1)).unwrap();
+    let last = b.append(&entry(2)).unwrap();
+    let head = AuditSink::head(&a).unwrap();
+    assert_eq!((head.seq, head.sha256), (2, last.sha256));
+    let (records, bytes) = exported(&a);
+    assert_eq!(records, 2);
+    assert!(verify_reader(bytes.as_slice()).unwrap().is_intact());
+}

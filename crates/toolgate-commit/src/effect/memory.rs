@@ -1,0 +1,253 @@
+//! The in-memory backend: the same state machine as the journal, kept in a map of this process.
+//!
+//! Nothing survives the process, so it gives exactly-once across retries and concurrent calls of
+//! one process, not across restarts: for tests, benchmarks and embedders whose effects live in
+//! memory too. Owners are always this process's tickets, so liveness is exact.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::Path;
+use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, Instant, SystemTime};
+
+use serde_json::Value;
+use toolgate_canon::Sha256Digest;
+
+use super::record::{Liveness, Owner, Record, State, StoredResult, liveness, now_ns};
+use super::{
+    Attempt, Begin, CounterTable, Counters, Decision, EffectBackend, EffectError, EffectKind,
+    EffectRequest, EffectStatus, FIRST_PAUSE, InProgressWait, Resolution, Scope, Ticket, answer,
+    decide, record_name,
+};
+
+/// Named in `Corrupt` errors, which this backend can only report for a result that does not
+/// parse back.
+const NAME: &str = "(memory effect store)";
+
+/// An [`EffectBackend`] in this process's memory.
+#[derive(Debug)]
+pub struct MemoryEffects {
+    records: Mutex<HashMap<Sha256Digest, Record>>,
+    counters: CounterTable,
+    lease: Duration,
+    completed_ttl: Duration,
+    wait_in_progress: Option<Duration>,
+}
+
+impl Default for MemoryEffects {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl MemoryEffects {
+    /// An empty store: lease 30 s, finished records kept 24 h, `InProgress` answered at once
+    /// (the defaults of [`super::EffectConfig`]).
+    pub fn new() -> Self {
+        MemoryEffects {
+            records: Mutex::default(),
+            counters: CounterTable::default(),
+            lease: Duration::from_secs(30),
+            completed_ttl: Duration::from_secs(24 * 60 * 60),
+            wait_in_progress: None,
+        }
+    }
+
+    /// How long an owner is expected to hold a key (sets `retry_after`).
+    pub fn lease(mut self, lease: Duration) -> Self {
+        self.lease = lease;
+        self
+    }
+
+    /// How long finished records are kept before [`EffectBackend::prune`] may remove them.
+    pub fn completed_ttl(mut self, ttl: Duration) -> Self {
+        self.completed_ttl = ttl;
+        self
+    }
+
+    /// How long a call waits for another live call with the same key before `InProgress`.
+    pub fn wait_in_progress(mut self, wait: Duration) -> Self {
+        self.wait_in_progress = Some(wait);
+        self
+    }
+
+    fn records(&self) -> MutexGuard<'_, HashMap<Sha256Digest, Record>> {
+        // Every change is one insert or remove of a whole record, so the map is consistent even
+        // if a holder panicked.
+        self.records.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn finish(&self, ticket: Ticket, state: State) -> Result<(), EffectError> {
+        let is_failure = matches!(state, State::Failed { .. });
+        let mut records = self.records();
+        let ours = records
+            .get(&ticket.name)
+            .is_some_and(|r| r.state.is_in_progress() && r.owner == ticket.owner);
+        if !ours {
+            return Err(EffectError::LostOwnership {
+                key_digest: ticket.name,
+            });
+        }
+        let record = Record {
+            state,
+            fingerprint: ticket.fingerprint,
+            owner: ticket.owner,
+            lease_until_ns: ticket.lease_until_ns,
+            created_ns: ticket.created_ns,
+            finished_ns: Some(now_ns(SystemTime::now())),
+            principal: ticket.scope.principal.as_str().into(),
+            tool: ticket.scope.tool.as_str().into(),
+        };
+        records.insert(ticket.name, record);
+        drop(records);
+        let tool = ticket.scope.tool.clone();
+        // Dropping the ticket after the record changed: no one sees its record with a dead owner.
+        drop(ticket);
+        self.counters.count(&tool, |c| {
+            if is_failure {
+                c.failed += 1;
+            } else {
+                c.committed += 1;
+            }
+        });
+        Ok(())
+    }
+}
+
+impl EffectBackend for MemoryEffects {
+    fn in_progress_wait(&self) -> InProgressWait {
+        InProgressWait {
+            started: Instant::now(),
+            limit: self.wait_in_progress,
+            pause: FIRST_PAUSE,
+        }
+    }
+
+    fn begin_attempt(
+        &self,
+        req: &EffectRequest,
+        kind: EffectKind,
+        wait: &mut InProgressWait,
+    ) -> Result<Attempt, EffectError> {
+        let name = record_name(&req.scope, &req.key)?;
+        let now = now_ns(SystemTime::now());
+        let mut records = self.records();
+        let decision = match records.get(&name) {
+            None => Decision::Take,
+            Some(record) => decide(record, Path::new(NAME), req, kind, now)?,
+        };
+        if !matches!(decision, Decision::Take) {
+            drop(records);
+            return answer(decision, name, req, wait, &self.counters, Path::new(NAME));
+        }
+        let owner = Owner::fresh();
+        let lease = u64::try_from(self.lease.as_nanos()).unwrap_or(u64::MAX);
+        let record = Record {
+            state: State::InProgress,
+            fingerprint: req.fingerprint,
+            owner,
+            lease_until_ns: now.saturating_add(lease),
+            created_ns: now,
+            finished_ns: None,
+            principal: req.scope.principal.as_str().into(),
+            tool: req.scope.tool.as_str().into(),
+        };
+        // Live before the map is released: no one may see the record with an unregistered owner.
+        owner.register_live();
+        let ticket = Ticket {
+            scope: req.scope.clone(),
+            key: req.key.clone(),
+            fingerprint: req.fingerprint,
+            owner,
+            name,
+            created_ns: record.created_ns,
+            lease_until_ns: record.lease_until_ns,
+            kind,
+        };
+        records.insert(name, record);
+        Ok(Attempt::Ready(Begin::Execute(ticket)))
+    }
+
+    fn complete(&self, ticket: Ticket, result: &Value) -> Result<(), EffectError> {
+        let stored = StoredResult::from_value(result)?;
+        self.finish(ticket, State::Completed(stored))
+    }
+
+    fn fail(&self, ticket: Ticket, error: &str, retryable: bool) -> Result<(), EffectError> {
+        self.finish(
+            ticket,
+            State::Failed {
+                error: error.into(),
+                retryable,
+            },
+        )
+    }
+
+    fn lookup(&self, scope: &Scope, key: &str) -> Result<Option<EffectStatus>, EffectError> {
+        let name = record_name(scope, key)?;
+        let now = now_ns(SystemTime::now());
+        self.records()
+            .get(&name)
+            .map(|record| EffectStatus::of(record, now, Path::new(NAME)))
+            .transpose()
+    }
+
+    fn resolve(&self, scope: &Scope, key: &str, resolution: Resolution) -> Result<(), EffectError> {
+        let name = record_name(scope, key)?;
+        let now = now_ns(SystemTime::now());
+        let mut records = self.records();
+        let not = |state| EffectError::NotIndeterminate {
+            key_digest: name,
+            state,
+        };
+        let record = records.get(&name).ok_or_else(|| not("absent"))?;
+        match record.state {
+            State::Completed(_) => return Err(not("completed")),
+            State::Failed { .. } => return Err(not("failed")),
+            State::InProgress => {}
+        }
+        if liveness(&record.owner, record.lease_until_ns, now) == Liveness::Live {
+            return Err(not("in_progress (owner alive)"));
+        }
+        match resolution {
+            Resolution::Forget => {
+                records.remove(&name);
+            }
+            Resolution::Completed(result) => {
+                let completed = Record {
+                    state: State::Completed(StoredResult::from_value(&result)?),
+                    finished_ns: Some(now),
+                    ..record.clone()
+                };
+                records.insert(name, completed);
+            }
+        }
+        Ok(())
+    }
+
+    fn prune(&self, now: SystemTime) -> Result<u64, EffectError> {
+        let now = now_ns(now);
+        let ttl = u64::try_from(self.completed_ttl.as_nanos()).unwrap_or(u64::MAX);
+        let mut records = self.records();
+        let before = records.len();
+        records.retain(|_, record| {
+            record
+                .finished_ns
+                .is_none_or(|finished| now.saturating_sub(finished) <= ttl)
+        });
+        Ok((before - records.len()) as u64)
+    }
+
+    fn compact(&self) -> Result<(), EffectError> {
+        // The map holds only the latest record of each key: no history to drop.
+        Ok(())
+    }
+
+    fn sync(&self) -> Result<(), EffectError> {
+        // Nothing here is durable, and nothing more can be made so.
+        Ok(())
+    }
+
+    fn counters(&self) -> BTreeMap<String, Counters> {
+        self.counters.snapshot()
+    }
+}
