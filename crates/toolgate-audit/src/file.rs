@@ -6,14 +6,13 @@
 //! last line only when another process has written since our own last append (detected by the
 //! file's length and identity, checked under the lock).
 
-use std::collections::HashMap;
 use std::fs::{self, File, OpenOptions};
 use std::sync::Arc;
 
 use std::io::{self, BufRead, BufReader, Read, Write};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Condvar, Mutex, MutexGuard, OnceLock};
+use std::sync::{Mutex, MutexGuard, OnceLock};
 use std::time::{SystemTime, UNIX_EPOCH};
 use toolgate_storage::{FsStorage, Storage};
 
@@ -26,6 +25,7 @@ use crate::record::{MAX_LINE_BYTES, SeqField, check_line, representable, seal};
 use crate::segments::{checkpoints_path, list_segments, lock_path, parent_dir, segment_path};
 use crate::tail::{TailError, read_tail};
 use crate::{AppendReceipt, AuditEntry, AuditError, AuditSink, Decision};
+use toolgate_storage::GroupCommit;
 
 /// A callback run at a named crash point (`"audit.mid_record"`), for crash-consistency tests.
 ///
@@ -190,8 +190,7 @@ pub struct FileAuditLog {
     /// The active file and what this handle believes about the chain; held by the batch leader.
     io: Mutex<Io>,
     /// Appends waiting for a leader, and the results leaders hand back.
-    queue: Mutex<Queue>,
-    wake: Condvar,
+    group: GroupCommit<AuditEntry, Result<AppendReceipt, AuditError>>,
     recovered: OnceLock<Recovery>,
     counters: Counters,
     #[cfg(feature = "fault-injection")]
@@ -213,15 +212,6 @@ struct Io {
     known_len: Option<u64>,
     /// The `count` of the newest checkpoint this handle knows of.
     last_checkpoint: u64,
-}
-
-#[derive(Default)]
-struct Queue {
-    pending: Vec<(u64, AuditEntry)>,
-    done: HashMap<u64, Result<AppendReceipt, AuditError>>,
-    next_ticket: u64,
-    /// Whether some thread is currently writing a batch.
-    leader: bool,
 }
 
 impl std::fmt::Debug for FileAuditLog {
@@ -248,31 +238,6 @@ impl Drop for FileLock<'_> {
     fn drop(&mut self) {
         // Closing the descriptor would release the lock too; an unlock error leaves nothing to do.
         let _ = self.0.unlock();
-    }
-}
-
-/// Resolves the tickets of a batch whose leader panicked, so followers do not wait forever and the
-/// next appender can become leader.
-struct LeaderGuard<'a> {
-    log: &'a FileAuditLog,
-    own: u64,
-    tickets: Vec<u64>,
-    armed: bool,
-}
-
-impl Drop for LeaderGuard<'_> {
-    fn drop(&mut self) {
-        if !self.armed {
-            return;
-        }
-        let mut queue = self.log.lock_queue();
-        for &ticket in &self.tickets {
-            if ticket != self.own {
-                queue.done.insert(ticket, Err(AuditError::WriterPanicked));
-            }
-        }
-        queue.leader = false;
-        self.log.wake.notify_all();
     }
 }
 
@@ -448,8 +413,7 @@ impl FileAuditLog {
                 known_len: None,
                 last_checkpoint: 0,
             }),
-            queue: Mutex::new(Queue::default()),
-            wake: Condvar::new(),
+            group: GroupCommit::new(|| Err(AuditError::WriterPanicked)),
             recovered: OnceLock::new(),
             counters: Counters::default(),
             #[cfg(feature = "fault-injection")]
@@ -495,7 +459,7 @@ impl FileAuditLog {
             batches: load(&self.counters.batches),
             checkpoints: load(&self.counters.checkpoints),
             checkpoint_failures: load(&self.counters.checkpoint_failures),
-            queued: u64::try_from(self.lock_queue().pending.len()).unwrap_or(u64::MAX),
+            queued: u64::try_from(self.group.queued()).unwrap_or(u64::MAX),
         }
     }
 
@@ -530,12 +494,6 @@ impl FileAuditLog {
                 guard
             }
         }
-    }
-
-    fn lock_queue(&self) -> MutexGuard<'_, Queue> {
-        // Nothing panics while the queue lock is held except an allocation failure; the queue is
-        // consistent after every statement, so a poisoned guard is safe to keep using.
-        self.queue.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Brings `io` up to date with the files. Must be called with the file lock held.
@@ -863,13 +821,12 @@ impl FileAuditLog {
     }
 
     /// Writes one group-commit batch: lock, refresh, rotate, chain every entry, one write, one
-    /// fsync, then a checkpoint if one is due. Returns one result per ticket.
-    fn write_batch(
-        &self,
-        batch: Vec<(u64, AuditEntry)>,
-    ) -> Vec<(u64, Result<AppendReceipt, AuditError>)> {
+    /// fsync, then a checkpoint if one is due. Returns one result per entry, in order.
+    fn write_batch(&self, batch: Vec<AuditEntry>) -> Vec<Result<AppendReceipt, AuditError>> {
         let mut io = self.lock_io();
-        let mut results = Vec::with_capacity(batch.len());
+        // `None`: sealed into this batch's write, answered once the write is durable.
+        let mut results: Vec<Option<Result<AppendReceipt, AuditError>>> =
+            Vec::with_capacity(batch.len());
         let written = (|| {
             let _lock = FileLock::acquire(&self.lock_file, &self.lock_path)?;
             self.refresh(&mut io)?;
@@ -877,30 +834,25 @@ impl FileAuditLog {
             let mut bytes = Vec::new();
             let mut receipts = Vec::with_capacity(batch.len());
             let (mut seq, mut head) = (io.seq, io.head);
-            for (ticket, entry) in &batch {
+            for entry in &batch {
                 let ts = now_ns();
                 let sealed = seal(entry, Vec::new(), ts, seq + 1, head);
                 if sealed.line.len() > MAX_LINE_BYTES {
-                    results.push((
-                        *ticket,
-                        Err(AuditError::RecordTooLarge {
-                            len: sealed.line.len(),
-                            max: MAX_LINE_BYTES,
-                        }),
-                    ));
+                    results.push(Some(Err(AuditError::RecordTooLarge {
+                        len: sealed.line.len(),
+                        max: MAX_LINE_BYTES,
+                    })));
                     continue;
                 }
+                results.push(None);
                 seq += 1;
                 head = sealed.sha256;
                 bytes.extend_from_slice(&sealed.line);
-                receipts.push((
-                    *ticket,
-                    AppendReceipt {
-                        seq,
-                        sha256: sealed.sha256,
-                        ts,
-                    },
-                ));
+                receipts.push(AppendReceipt {
+                    seq,
+                    sha256: sealed.sha256,
+                    ts,
+                });
             }
             if receipts.is_empty() {
                 return Ok(receipts);
@@ -921,17 +873,28 @@ impl FileAuditLog {
             }
             Ok::<_, AuditError>(receipts)
         })();
+        // Entries not yet answered (all of them, when the failure came before sealing) get the
+        // batch's error, or their receipts in order.
+        results.resize_with(batch.len(), || None);
         match written {
-            Ok(receipts) => results.extend(receipts.into_iter().map(|(t, r)| (t, Ok(r)))),
-            Err(e) => {
-                for (ticket, _) in &batch {
-                    if !results.iter().any(|(t, _)| t == ticket) {
-                        results.push((*ticket, Err(e.duplicate())));
-                    }
-                }
+            Ok(receipts) => {
+                let mut receipts = receipts.into_iter();
+                results
+                    .into_iter()
+                    .map(|r| match r {
+                        Some(done) => done,
+                        None => receipts.next().ok_or(AuditError::WriterPanicked),
+                    })
+                    .collect()
             }
+            Err(e) => results
+                .into_iter()
+                .map(|r| match r {
+                    Some(done) => done,
+                    None => Err(e.duplicate()),
+                })
+                .collect(),
         }
-        results
     }
 }
 
@@ -940,36 +903,13 @@ impl AuditSink for FileAuditLog {
     /// every queued entry (its own included), writes them with one `write` and one `fsync`, and
     /// hands each follower its own receipt. An append returns only after its own record is durable.
     fn append(&self, entry: &AuditEntry) -> Result<AppendReceipt, AuditError> {
-        let mut queue = self.lock_queue();
-        let ticket = queue.next_ticket;
-        queue.next_ticket += 1;
-        queue.pending.push((ticket, entry.clone()));
-        loop {
-            if let Some(result) = queue.done.remove(&ticket) {
-                return result;
+        self.group.submit(entry.clone(), |jobs, _| {
+            let (entries, callers): (Vec<AuditEntry>, Vec<_>) = jobs.into_iter().unzip();
+            let results = self.write_batch(entries);
+            for (caller, result) in callers.into_iter().zip(results) {
+                caller.answer(result);
             }
-            if !queue.leader {
-                queue.leader = true;
-                let batch = std::mem::take(&mut queue.pending);
-                drop(queue);
-                let mut guard = LeaderGuard {
-                    log: self,
-                    own: ticket,
-                    tickets: batch.iter().map(|(t, _)| *t).collect(),
-                    armed: true,
-                };
-                let results = self.write_batch(batch);
-                guard.armed = false;
-                queue = self.lock_queue();
-                queue.done.extend(results);
-                queue.leader = false;
-                // Followers of this batch find their receipts; the first one still waiting
-                // becomes the next leader.
-                self.wake.notify_all();
-                continue;
-            }
-            queue = self.wake.wait(queue).unwrap_or_else(|p| p.into_inner());
-        }
+        })
     }
 
     fn head(&self) -> Result<ChainHead, AuditError> {

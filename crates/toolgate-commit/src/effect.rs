@@ -121,6 +121,7 @@ pub use memory::MemoryEffects;
 use record::{
     Liveness, Owner, Record, State, StoredResult, encode_line, liveness, now_ns, parse_line,
 };
+use toolgate_storage::{Caller, GroupCommit};
 pub use toolgate_storage::{FaultyStorage, FsStorage, Op, Storage};
 
 /// The lock file every transition locks exclusively; its contents are irrelevant.
@@ -578,6 +579,14 @@ pub enum EffectError {
         key_digest: Sha256Digest,
     },
 
+    /// The batch that carried this call failed unexpectedly (a panic in the store: a bug); its
+    /// outcome is unknown.
+    #[error(
+        "the effect store's batch carrying this call stopped unexpectedly (an internal error); \
+         retry with the same key: the store then answers from what was recorded"
+    )]
+    BatchAbandoned,
+
     /// `resolve` was asked to settle a record that is not indeterminate.
     #[error(
         "idempotency key sha256:{key_digest} is {state}, not indeterminate; only an in_progress \
@@ -869,47 +878,6 @@ enum Answer {
     Pruned(u64),
 }
 
-/// The group-commit queue: the first caller becomes the leader and runs every queued job in one
-/// batch (one write, at most one `fdatasync`); the others wait for their answers. Once its batch
-/// is written the leader hands the lead to the first caller that queued meanwhile, so the next
-/// batch is decided and written while this one is being fdatasynced.
-#[derive(Default)]
-struct Queue {
-    pending: Vec<(Job, Arc<Waiter>)>,
-    /// A leader is deciding and writing a batch (or was just handed the lead).
-    leading: bool,
-}
-
-/// One caller waiting in [`EffectStore::submit`], woken exactly once: with its answer, or to lead
-/// the next batch. Each caller has its own, so a batch wakes only its own callers.
-#[derive(Default)]
-struct Waiter {
-    slot: Mutex<Option<Wake>>,
-    cond: Condvar,
-}
-
-enum Wake {
-    Lead,
-    Answer(Result<Answer, EffectError>),
-}
-
-impl Waiter {
-    fn wake(&self, wake: Wake) {
-        *self.slot.lock().unwrap_or_else(PoisonError::into_inner) = Some(wake);
-        self.cond.notify_one();
-    }
-
-    fn wait(&self) -> Wake {
-        let mut slot = self.slot.lock().unwrap_or_else(PoisonError::into_inner);
-        loop {
-            if let Some(wake) = slot.take() {
-                return wake;
-            }
-            slot = self.cond.wait(slot).unwrap_or_else(PoisonError::into_inner);
-        }
-    }
-}
-
 /// What this store knows to be durable in its current journal file. It has its own mutex, so a
 /// leader can fdatasync its batch (or wait for another leader's fdatasync) after releasing the
 /// journal lock and the `flock`, while the next leader decides and writes the next batch.
@@ -943,7 +911,7 @@ struct SyncTarget {
 
 /// One job's answer, decided and written, not yet given.
 struct Pending {
-    waiter: Arc<Waiter>,
+    caller: Caller<Result<Answer, EffectError>>,
     answer: Result<Answer, EffectError>,
     /// The answer rests on lines that must be durable before it is given.
     needs_sync: bool,
@@ -968,7 +936,9 @@ pub struct EffectStore {
     /// other store instances.
     lock_file: File,
     journal: Mutex<Journal>,
-    queue: Mutex<Queue>,
+    /// The group commit: the first caller leads a batch of every queued job (one write, at most
+    /// one `fdatasync`), and hands the lead on once the batch is written.
+    group: GroupCommit<Job, Result<Answer, EffectError>>,
     durability: Mutex<Durability>,
     /// Signalled when an fdatasync of the journal ends.
     durability_cond: Condvar,
@@ -1038,6 +1008,7 @@ fn fail_all(mut answers: Vec<Pending>, e: &EffectError) -> Vec<Pending> {
 /// A copy of `e` for every job of a batch that failed as a whole (`io::Error` is not `Clone`).
 fn dup(e: &EffectError) -> EffectError {
     match e {
+        EffectError::BatchAbandoned => EffectError::BatchAbandoned,
         EffectError::Conflict { key_digest } => EffectError::Conflict {
             key_digest: *key_digest,
         },
@@ -1126,7 +1097,7 @@ impl EffectStore {
             storage,
             lock_file,
             journal: Mutex::new(Journal::new(journal_file, id)),
-            queue: Mutex::default(),
+            group: GroupCommit::new(|| Err(EffectError::BatchAbandoned)),
             durability: Mutex::default(),
             durability_cond: Condvar::new(),
             counters: CounterTable::default(),
@@ -1402,10 +1373,6 @@ impl EffectStore {
         Ok(())
     }
 
-    fn queue(&self) -> MutexGuard<'_, Queue> {
-        self.queue.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
     fn journal(&self) -> MutexGuard<'_, Journal> {
         self.journal.lock().unwrap_or_else(PoisonError::into_inner)
     }
@@ -1422,56 +1389,29 @@ impl EffectStore {
     /// `fdatasync`, and only then waits for the one the others need, so the next batch is decided
     /// and written during it (one `fdatasync` can then cover several batches).
     fn submit(&self, job: Job) -> Result<Answer, EffectError> {
-        let me = Arc::new(Waiter::default());
-        let mut queue = self.queue();
-        queue.pending.push((job, Arc::clone(&me)));
-        if queue.leading {
-            drop(queue);
-            match me.wait() {
-                Wake::Answer(answer) => return answer,
-                Wake::Lead => queue = self.queue(),
-            }
-        } else {
-            queue.leading = true;
-        }
-        let jobs = std::mem::take(&mut queue.pending);
-        drop(queue);
-        let decided = self.decide_batch(jobs);
-        {
-            let mut queue = self.queue();
-            match queue.pending.first() {
-                Some((_, next)) => next.wake(Wake::Lead),
-                None => queue.leading = false,
-            }
-        }
-        let mut own = None;
-        let mut give = |pending: Pending| {
-            if Arc::ptr_eq(&pending.waiter, &me) {
-                own = Some(pending.answer);
-            } else {
-                pending.waiter.wake(Wake::Answer(pending.answer));
-            }
-        };
-        let Decided { answers, sync } = decided;
-        let rest = match sync {
-            Err(e) => fail_all(answers, &e),
-            Ok(target) => {
-                let (rest, now): (Vec<Pending>, Vec<Pending>) =
-                    answers.into_iter().partition(|p| p.needs_sync);
-                now.into_iter().for_each(&mut give);
-                let durable =
-                    target.map_or(Ok(()), |t| self.wait_durable(&t.file, t.epoch, t.target));
-                match durable {
-                    Ok(()) => rest,
-                    Err(e) => fail_all(rest, &e),
+        self.group.submit(job, |jobs, handoff| {
+            let Decided { answers, sync } = self.decide_batch(jobs);
+            handoff.hand_off();
+            let give = |answers: Vec<Pending>| {
+                for pending in answers {
+                    pending.caller.answer(pending.answer);
+                }
+            };
+            match sync {
+                Err(e) => give(fail_all(answers, &e)),
+                Ok(target) => {
+                    let (rest, now): (Vec<Pending>, Vec<Pending>) =
+                        answers.into_iter().partition(|p| p.needs_sync);
+                    give(now);
+                    let durable =
+                        target.map_or(Ok(()), |t| self.wait_durable(&t.file, t.epoch, t.target));
+                    match durable {
+                        Ok(()) => give(rest),
+                        Err(e) => give(fail_all(rest, &e)),
+                    }
                 }
             }
-        };
-        rest.into_iter().for_each(give);
-        match own {
-            Some(answer) => answer,
-            None => unreachable!("a leader's own job is in the batch it leads"),
-        }
+        })
     }
 
     /// Under the journal lock and the `flock`: reads what other processes appended, decides every
@@ -1482,18 +1422,19 @@ impl EffectStore {
     /// does. After a `prune`, or when the journal grew past the threshold, the batch is made
     /// durable and the journal compacted here, still under the lock (the compaction is
     /// best-effort: see [`EffectStore::prune`]).
-    fn decide_batch(&self, jobs: Vec<(Job, Arc<Waiter>)>) -> Decided {
-        let failed = |jobs: Vec<(Job, Arc<Waiter>)>, e: &EffectError| Decided {
-            answers: jobs
-                .into_iter()
-                .map(|(_, waiter)| Pending {
-                    waiter,
-                    answer: Err(dup(e)),
-                    needs_sync: false,
-                })
-                .collect(),
-            sync: Ok(None),
-        };
+    fn decide_batch(&self, jobs: Vec<(Job, Caller<Result<Answer, EffectError>>)>) -> Decided {
+        let failed =
+            |jobs: Vec<(Job, Caller<Result<Answer, EffectError>>)>, e: &EffectError| Decided {
+                answers: jobs
+                    .into_iter()
+                    .map(|(_, caller)| Pending {
+                        caller,
+                        answer: Err(dup(e)),
+                        needs_sync: false,
+                    })
+                    .collect(),
+                sync: Ok(None),
+            };
         let mut journal = self.journal();
         let lock = match self.lock() {
             Ok(lock) => lock,
@@ -1511,12 +1452,12 @@ impl EffectStore {
         let mut any_sync = false;
         let answers: Vec<Pending> = jobs
             .into_iter()
-            .map(|(job, waiter)| {
+            .map(|(job, caller)| {
                 batch.needs_sync = false;
                 let answer = self.apply(&mut journal, job, now, &mut batch);
                 any_sync |= batch.needs_sync;
                 Pending {
-                    waiter,
+                    caller,
                     answer,
                     needs_sync: batch.needs_sync,
                 }

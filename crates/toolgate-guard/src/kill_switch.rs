@@ -14,7 +14,9 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use serde::{Deserialize, Serialize};
 
 use crate::GuardError;
-use toolgate_storage::FsStorage;
+use std::sync::Arc;
+
+use toolgate_storage::{FsStorage, Storage};
 
 /// Name of the halt file inside the ledger directory.
 pub const HALT_FILE_NAME: &str = "halt.json";
@@ -87,6 +89,7 @@ impl Status {
 pub struct KillSwitch {
     dir: PathBuf,
     path: PathBuf,
+    storage: Arc<dyn Storage>,
 }
 
 impl KillSwitch {
@@ -94,7 +97,17 @@ impl KillSwitch {
     pub fn new(ledger_dir: impl Into<PathBuf>) -> Self {
         let dir = ledger_dir.into();
         let path = dir.join(HALT_FILE_NAME);
-        KillSwitch { dir, path }
+        KillSwitch {
+            dir,
+            path,
+            storage: Arc::new(FsStorage),
+        }
+    }
+
+    /// The same switch writing (halt, resume) through `storage`: tests count or fail its steps.
+    pub fn with_storage(mut self, storage: Arc<dyn Storage>) -> Self {
+        self.storage = storage;
+        self
     }
 
     /// The halt file's path.
@@ -152,13 +165,13 @@ impl KillSwitch {
             reason: reason.to_owned(),
             since_ns: nanos_since_epoch(now),
         };
-        toolgate_storage::create_dir_durably(&FsStorage, &self.dir)?;
+        toolgate_storage::create_dir_durably(self.storage.as_ref(), &self.dir)?;
         let previous = match self.status() {
             Status::Running => None,
             Status::Halted(previous) => Some(previous),
         };
         toolgate_storage::replace_file(
-            &FsStorage,
+            self.storage.as_ref(),
             &self.dir,
             HALT_FILE_NAME,
             &halt.to_file_bytes(),
@@ -176,13 +189,13 @@ impl KillSwitch {
     /// retrying `resume` fsyncs again.
     pub fn resume(&self) -> Result<Option<Halt>, GuardError> {
         let taken = toolgate_storage::temp_path(&self.dir, "halt.json.resume");
-        match fs::rename(&self.path, &taken) {
+        match self.storage.rename(&self.path, &taken) {
             Ok(()) => {}
             Err(e) if e.kind() == io::ErrorKind::NotFound => {
                 // Running already (or the directory does not exist). Still fsync an existing
                 // directory, so that retrying after a failed fsync makes the earlier removal durable.
                 if self.dir.is_dir() {
-                    toolgate_storage::fsync_dir(&FsStorage, &self.dir)?;
+                    toolgate_storage::fsync_dir(self.storage.as_ref(), &self.dir)?;
                 }
                 return Ok(None);
             }
@@ -192,9 +205,10 @@ impl KillSwitch {
             .map_err(|e| format!("cannot open it: {e}"))
             .and_then(read_halt)
             .unwrap_or_else(|cause| self.unreadable(&cause));
-        // Best effort: a leftover `.halt.json.resume.*.tmp` is never read and can be deleted by hand.
-        let _ = fs::remove_file(&taken);
-        toolgate_storage::fsync_dir(&FsStorage, &self.dir)?;
+        // Best effort: a leftover `.halt.json.resume.*.tmp` is never read, and is removed as an
+        // orphan once this process is gone.
+        let _ = self.storage.remove(&taken);
+        toolgate_storage::fsync_dir(self.storage.as_ref(), &self.dir)?;
         Ok(Some(halt))
     }
 
@@ -270,6 +284,33 @@ mod tests {
             Status::Halted(h) => h,
             Status::Running => panic!("expected Halted, got Running"),
         }
+    }
+
+    #[test]
+    fn halt_and_resume_go_through_the_storage_and_fail_cleanly() {
+        use toolgate_storage::{FaultyStorage, Op};
+        let dir = tempfile::tempdir().unwrap();
+        let storage = Arc::new(FaultyStorage::new(Arc::new(FsStorage)));
+        let switch = KillSwitch::new(dir.path()).with_storage(storage.clone());
+        switch.halt_at("maintenance", "ops", at(1)).unwrap();
+        assert_eq!(
+            storage.syncs(),
+            2,
+            "temporary file fdatasync + directory fsync"
+        );
+        for op in [Op::Write, Op::FsyncFile, Op::Rename] {
+            storage.fail_nth(op, 1);
+            assert!(switch.halt_at("other", "ops", at(2)).is_err(), "{op:?}");
+            assert_eq!(halted(switch.status()).reason, "maintenance", "{op:?}");
+        }
+        storage.fail_nth(Op::Rename, 1);
+        assert!(switch.resume().is_err());
+        assert!(
+            switch.status().is_halted(),
+            "a failed resume leaves the halt"
+        );
+        assert_eq!(switch.resume().unwrap().unwrap().reason, "maintenance");
+        assert_eq!(switch.status(), Status::Running);
     }
 
     #[test]

@@ -225,7 +225,11 @@ pub fn build(options: &ServerOptions) -> anyhow::Result<BuiltServer> {
         None => notes,
     };
 
-    let effects = Arc::new(open_effects(&options.ledger, &policy, storage)?);
+    let effects = Arc::new(open_effects(
+        &options.ledger,
+        &policy,
+        Arc::clone(&storage),
+    )?);
     let audit = Arc::new(audit);
     let sink: Arc<dyn AuditSink> = audit.clone();
     tracing::info!(digest = %live.integrity_digest(), "contract");
@@ -245,7 +249,9 @@ pub fn build(options: &ServerOptions) -> anyhow::Result<BuiltServer> {
                 .clone()
                 .unwrap_or_else(|| "local".to_owned()),
         )
-        .kill_switch(toolgate_guard::KillSwitch::new(&options.ledger))
+        .kill_switch(
+            toolgate_guard::KillSwitch::new(&options.ledger).with_storage(Arc::clone(&storage)),
+        )
         .preflight(Arc::new(tools::NotesPreflight));
     let gated = match &options.rights {
         Some(path) => gated.rights(toolgate_guard::RightsFile::new(path)),
@@ -387,7 +393,8 @@ pub fn verify_ledger(ledger: &Path, key_file: Option<&Path>) -> anyhow::Result<V
 
 /// Opens the ledger's audit log for an operator command, with the configured checkpoint key.
 fn operator_audit(options: &ServerOptions) -> anyhow::Result<FileAuditLog> {
-    let mut audit_config = AuditConfig::new(options.ledger.join(AUDIT_FILE));
+    let mut audit_config =
+        AuditConfig::new(options.ledger.join(AUDIT_FILE)).storage(options.storage());
     if let Some(path) = &options.audit_key_file {
         audit_config = audit_config.checkpoint_key(load_key(path)?);
     }
@@ -422,7 +429,7 @@ pub fn halt(
     reason: &str,
     by: &str,
 ) -> anyhow::Result<Option<toolgate_guard::Halt>> {
-    let switch = toolgate_guard::KillSwitch::new(&options.ledger);
+    let switch = toolgate_guard::KillSwitch::new(&options.ledger).with_storage(options.storage());
     let (halt, previous) = switch.halt_at(reason, by, std::time::SystemTime::now())?;
     let audit = operator_audit(options)?;
     audit.append(&operator_entry(
@@ -438,7 +445,7 @@ pub fn halt(
 
 /// Lifts the kill switch and records it. Returns the halt that was in force, if any.
 pub fn resume(options: &ServerOptions) -> anyhow::Result<Option<toolgate_guard::Halt>> {
-    let switch = toolgate_guard::KillSwitch::new(&options.ledger);
+    let switch = toolgate_guard::KillSwitch::new(&options.ledger).with_storage(options.storage());
     let lifted = switch.resume()?;
     let audit = operator_audit(options)?;
     let reason = match &lifted {

@@ -8,7 +8,9 @@
 //! - [`TempFile`]: a temporary file created exclusively, written and fdatasynced, then published by
 //!   rename ([`TempFile::replace`]) or, write-once, by link ([`TempFile::publish_new`]);
 //! - [`replace_file`]: temporary file, fdatasync, rename, directory fsync;
-//! - [`fsync_dir`], [`create_dir_durably`], [`remove_orphaned_temps`].
+//! - [`fsync_dir`], [`create_dir_durably`], [`remove_orphaned_temps`];
+//! - [`GroupCommit`]: leader/follower group commit generic over the job and the answer, with an
+//!   early hand-off for pipelining, used by the audit log and the effect journal.
 //!
 //! The filesystem assumptions (a local POSIX filesystem where `fsync` of a directory makes its
 //! entries durable and `rename`/`link` are atomic; not NFS) are stated in `docs/storage.md`.
@@ -18,9 +20,11 @@
 
 mod backend;
 mod durable;
+mod group;
 
 pub use backend::{FaultyStorage, FsStorage, Op, Storage};
 pub use durable::{
     Published, StorageError, TempFile, create_dir_durably, fsync_dir, parent_of, pid_alive,
     remove_orphaned_temps, replace_file, temp_path, temp_writer_pid,
 };
+pub use group::{Caller, GroupCommit, Handoff};
