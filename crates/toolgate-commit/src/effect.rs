@@ -437,6 +437,15 @@ const FIRST_PAUSE: Duration = Duration::from_millis(1);
 const MAX_PAUSE: Duration = Duration::from_millis(50);
 
 impl InProgressWait {
+    /// A wait starting now that lasts `limit` (none: `InProgress` at once).
+    fn start(limit: Option<Duration>) -> Self {
+        InProgressWait {
+            started: Instant::now(),
+            limit,
+            pause: FIRST_PAUSE,
+        }
+    }
+
     /// The pause before the next attempt, or `None` when the wait is over; advances the backoff.
     fn next_pause(&mut self) -> Option<Duration> {
         let remaining = self.limit?.checked_sub(self.started.elapsed())?;
@@ -1175,11 +1184,7 @@ impl EffectStore {
     /// [`EffectStore::begin_attempt`]: it lasts the configured
     /// [`EffectConfig::wait_in_progress`] from now (no wait when none is configured).
     pub fn in_progress_wait(&self) -> InProgressWait {
-        InProgressWait {
-            started: Instant::now(),
-            limit: self.config.wait_in_progress,
-            pause: FIRST_PAUSE,
-        }
+        InProgressWait::start(self.config.wait_in_progress)
     }
 
     /// One attempt of [`EffectStore::begin`], which never sleeps: the same decision (one job of a

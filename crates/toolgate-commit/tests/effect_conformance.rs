@@ -28,11 +28,10 @@ struct Subject {
 fn backends(wait: Option<Duration>, ttl: Duration) -> Vec<Subject> {
     let dir = tempfile::tempdir().unwrap();
     let mut config = EffectConfig::new(dir.path()).completed_ttl(ttl);
-    let mut memory = MemoryEffects::new().completed_ttl(ttl);
     if let Some(wait) = wait {
         config = config.wait_in_progress(wait);
-        memory = memory.wait_in_progress(wait);
     }
+    let memory = MemoryEffects::with_config(&config);
     vec![
         Subject {
             name: "file",

@@ -2,20 +2,21 @@
 //!
 //! Nothing survives the process, so it gives exactly-once across retries and concurrent calls of
 //! one process, not across restarts: for tests, benchmarks and embedders whose effects live in
-//! memory too. Owners are always this process's tickets, so liveness is exact.
+//! memory too. Owners are always this process's tickets, so liveness is exact. It is configured
+//! by the same [`EffectConfig`] as the journal (its directory unused).
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
 use std::sync::{Mutex, MutexGuard, PoisonError};
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, SystemTime};
 
 use serde_json::Value;
 use toolgate_canon::Sha256Digest;
 
 use super::record::{Liveness, Owner, Record, State, StoredResult, liveness, now_ns};
 use super::{
-    Attempt, Begin, CounterTable, Counters, Decision, EffectBackend, EffectError, EffectKind,
-    EffectRequest, EffectStatus, FIRST_PAUSE, InProgressWait, Resolution, Scope, Ticket, answer,
+    Attempt, Begin, CounterTable, Counters, Decision, EffectBackend, EffectConfig, EffectError,
+    EffectKind, EffectRequest, EffectStatus, InProgressWait, Resolution, Scope, Ticket, answer,
     decide, record_name,
 };
 
@@ -40,34 +41,21 @@ impl Default for MemoryEffects {
 }
 
 impl MemoryEffects {
-    /// An empty store: lease 30 s, finished records kept 24 h, `InProgress` answered at once
-    /// (the defaults of [`super::EffectConfig`]).
+    /// An empty store with [`EffectConfig::new`]'s defaults (lease 30 s, finished records kept
+    /// 24 h, `InProgress` answered at once).
     pub fn new() -> Self {
+        Self::with_config(&EffectConfig::new(""))
+    }
+
+    /// An empty store with `config`'s lease, retention and wait (its directory is not used).
+    pub fn with_config(config: &EffectConfig) -> Self {
         MemoryEffects {
             records: Mutex::default(),
             counters: CounterTable::default(),
-            lease: Duration::from_secs(30),
-            completed_ttl: Duration::from_secs(24 * 60 * 60),
-            wait_in_progress: None,
+            lease: config.lease,
+            completed_ttl: config.completed_ttl,
+            wait_in_progress: config.wait_in_progress,
         }
-    }
-
-    /// How long an owner is expected to hold a key (sets `retry_after`).
-    pub fn lease(mut self, lease: Duration) -> Self {
-        self.lease = lease;
-        self
-    }
-
-    /// How long finished records are kept before [`EffectBackend::prune`] may remove them.
-    pub fn completed_ttl(mut self, ttl: Duration) -> Self {
-        self.completed_ttl = ttl;
-        self
-    }
-
-    /// How long a call waits for another live call with the same key before `InProgress`.
-    pub fn wait_in_progress(mut self, wait: Duration) -> Self {
-        self.wait_in_progress = Some(wait);
-        self
     }
 
     fn records(&self) -> MutexGuard<'_, HashMap<Sha256Digest, Record>> {
@@ -115,11 +103,7 @@ impl MemoryEffects {
 
 impl EffectBackend for MemoryEffects {
     fn in_progress_wait(&self) -> InProgressWait {
-        InProgressWait {
-            started: Instant::now(),
-            limit: self.wait_in_progress,
-            pause: FIRST_PAUSE,
-        }
+        InProgressWait::start(self.wait_in_progress)
     }
 
     fn begin_attempt(
