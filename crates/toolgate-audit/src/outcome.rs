@@ -30,7 +30,8 @@ pub enum Outcome {
     InProgress,
     /// An earlier call with this key stopped mid-effect; nothing ran until it is resolved.
     Indeterminate,
-    /// The call ended while a storage step was still running: its effect is in doubt.
+    /// The call ended while a storage step was still running: its effect is in doubt (written by
+    /// versions whose handlers stored through their permit; kept so old logs are counted).
     InDoubt,
     /// The call was dropped (the client cancelled) or its handler panicked.
     Cancelled,
