@@ -14,7 +14,9 @@
 //! - **Counts**: the server under `strace -f` (fsync, fdatasync, flock), for a run of N writes and
 //!   one of N writes plus N replays, minus a run with no call: deterministic per call.
 //!
-//! `CALLS_BENCH_ROUNDS` (default 7) and `CALLS_BENCH_PER_ROUND` (default 100) change the sizes.
+//! `CALLS_BENCH_ROUNDS` (default 7) and `CALLS_BENCH_PER_ROUND` (default 100) change the sizes;
+//! `CALLS_BENCH_SERVER=/path/to/toolgate-server` measures another build of the server (an older
+//! commit's, for a before/after in the same conditions).
 
 // A bench reports to stdout by design.
 #![allow(clippy::print_stdout)]
@@ -32,7 +34,11 @@ use std::time::{Duration, Instant};
 use serde_json::{Value, json};
 
 const POLICY: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../fixtures/policy.json");
-const SERVER: &str = env!("CARGO_BIN_EXE_toolgate-server");
+/// The server binary measured: `CALLS_BENCH_SERVER`, else this package's release build.
+fn server_binary() -> String {
+    std::env::var("CALLS_BENCH_SERVER")
+        .unwrap_or_else(|_| env!("CARGO_BIN_EXE_toolgate-server").to_owned())
+}
 const CONCURRENCY: usize = 16;
 
 fn env_usize(name: &str, default: usize) -> usize {
@@ -82,10 +88,10 @@ impl Peer {
                 command
                     .args(["-f", "-qq", "-e", "trace=fsync,fdatasync,flock", "-o"])
                     .arg(trace)
-                    .arg(SERVER);
+                    .arg(server_binary());
                 command
             }
-            None => Command::new(SERVER),
+            None => Command::new(server_binary()),
         };
         command
             .arg("--policy")
@@ -221,6 +227,7 @@ fn per_call(a: &BTreeMap<String, u64>, b: &BTreeMap<String, u64>, name: &str, n:
 }
 
 fn main() {
+    println!("server: {}", server_binary());
     let rounds = env_usize("CALLS_BENCH_ROUNDS", 7);
     let per_round = env_usize("CALLS_BENCH_PER_ROUND", 100);
 
