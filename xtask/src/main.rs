@@ -107,7 +107,7 @@ fn lock(check: bool, format: Format, root: &Path) -> anyhow::Result<ExitCode> {
         println!("toolgate.lock was not written: fix the violations above first");
         return Ok(ExitCode::from(1));
     }
-    write_lockfile(&lock_path, &live.lockfile)?;
+    write_lockfile(&toolgate_storage::FsStorage, &lock_path, &live.lockfile)?;
     println!(
         "wrote {}: {} tools, integrity sha256:{}",
         lock_path.display(),

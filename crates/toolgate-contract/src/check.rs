@@ -115,9 +115,14 @@ pub fn check_lockfile(path: &Path, live: &Lockfile) -> Result<CheckOutcome, Chec
     Ok(CheckOutcome::Drift { reason, changes })
 }
 
-/// Writes `live` to `path` durably: a temporary file in the same directory, fsync, rename over
-/// the old file, fsync of the directory. A crash leaves either the old or the new lockfile.
-pub fn write_lockfile(path: &Path, live: &Lockfile) -> Result<(), CheckError> {
+/// Writes `live` to `path` durably through `storage` (the storage floor's `replace_file`: a
+/// temporary file in the same directory, fdatasync, rename over the old file, fsync of the
+/// directory). A crash or a failed step leaves either the old or the new lockfile.
+pub fn write_lockfile(
+    storage: &dyn toolgate_storage::Storage,
+    path: &Path,
+    live: &Lockfile,
+) -> Result<(), CheckError> {
     let dir = toolgate_storage::parent_of(path);
     let name = path
         .file_name()
@@ -127,8 +132,7 @@ pub fn write_lockfile(path: &Path, live: &Lockfile) -> Result<(), CheckError> {
             path: path.to_owned(),
             source: std::io::Error::from(std::io::ErrorKind::InvalidInput),
         })?;
-    let storage = toolgate_storage::FsStorage;
-    toolgate_storage::replace_file(&storage, dir, name, live.render().as_bytes()).map_err(|e| {
+    toolgate_storage::replace_file(storage, dir, name, live.render().as_bytes()).map_err(|e| {
         CheckError::Io {
             action: e.op,
             path: e.path,

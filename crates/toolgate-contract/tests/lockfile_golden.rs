@@ -126,3 +126,30 @@ fn toolgate_version_is_not_digested() {
     assert_eq!(a.integrity_digest(), b.integrity_digest());
     assert_ne!(a.render(), b.render());
 }
+
+/// The lockfile writer goes through the storage floor: two syncs, and a failure at any step
+/// leaves the old lockfile whole and no temporary file.
+#[test]
+fn write_lockfile_is_durable_and_fails_cleanly() {
+    use std::sync::Arc;
+    use toolgate_storage::{FaultyStorage, FsStorage, Op};
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("toolgate.lock");
+    let storage = FaultyStorage::new(Arc::new(FsStorage));
+    let lock = Lockfile::new(sample_server(), VERSION);
+    toolgate_contract::check::write_lockfile(&storage, &path, &lock).unwrap();
+    assert_eq!(storage.syncs(), 2);
+    let written = std::fs::read_to_string(&path).unwrap();
+    assert_eq!(written, lock.render());
+    let other = Lockfile::new(sample_server(), "9.9.9");
+    for op in [Op::Write, Op::FsyncFile, Op::Rename] {
+        storage.fail_nth(op, 1);
+        let error = toolgate_contract::check::write_lockfile(&storage, &path, &other).unwrap_err();
+        assert!(
+            error.to_string().contains("injected fault"),
+            "{op:?}: {error}"
+        );
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), written, "{op:?}");
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1, "{op:?}");
+    }
+}
