@@ -71,9 +71,8 @@ async fn blocking<T: Send + 'static>(
     work: impl FnOnce() -> Result<T, NoteError> + Send + 'static,
 ) -> Result<T, String> {
     match toolgate_rmcp::run_blocking(work).await {
-        Ok(Ok(value)) => Ok(value),
-        Ok(Err(error)) => Err(format!("Error: {error}")),
-        Err(error) => Err(format!("Error: {error}")),
+        Ok(result) => result.map_err(|error| format!("Error: {error}")),
+        Err(cancelled) => Err(format!("Error: {cancelled}")),
     }
 }
 
