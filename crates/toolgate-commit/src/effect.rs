@@ -1565,10 +1565,7 @@ impl EffectStore {
                 // An unsafe outcome must be durable before the caller is told it is stored; an
                 // idempotent one only written (a power loss can only make a retry run it again).
                 batch.needs_sync = kind == EffectKind::Unsafe;
-                let ours = journal
-                    .record(&name)
-                    .is_some_and(|r| r.state.is_in_progress() && r.owner == owner);
-                if !ours {
+                if !held_by(journal.record(&name), &owner) {
                     return Err(EffectError::LostOwnership { key_digest: name });
                 }
                 let line = encode_line(&name, Some(&record))?;
@@ -1579,19 +1576,7 @@ impl EffectStore {
             }
             Job::Resolve { name, result } => {
                 batch.needs_sync = true;
-                let not = |state| EffectError::NotIndeterminate {
-                    key_digest: name,
-                    state,
-                };
-                let record = journal.record(&name).ok_or_else(|| not("absent"))?;
-                match record.state {
-                    State::Completed(_) => return Err(not("completed")),
-                    State::Failed { .. } => return Err(not("failed")),
-                    State::InProgress => {}
-                }
-                if liveness(&record.owner, record.lease_until_ns, now) == Liveness::Live {
-                    return Err(not("in_progress (owner alive)"));
-                }
+                let record = resolvable(journal.record(&name), name, now)?;
                 let (line, record) = match result {
                     None => (encode_line(&name, None)?, None),
                     Some(result) => {
@@ -2093,6 +2078,35 @@ fn decide(
             },
         },
     })
+}
+
+/// The record `resolve` may settle (shared by every backend): one `in_progress` whose owner is
+/// gone; anything else is `NotIndeterminate`, naming what it is.
+fn resolvable(
+    record: Option<&Record>,
+    name: Sha256Digest,
+    now: u64,
+) -> Result<&Record, EffectError> {
+    let not = |state| EffectError::NotIndeterminate {
+        key_digest: name,
+        state,
+    };
+    let record = record.ok_or_else(|| not("absent"))?;
+    match record.state {
+        State::Completed(_) => return Err(not("completed")),
+        State::Failed { .. } => return Err(not("failed")),
+        State::InProgress => {}
+    }
+    if liveness(&record.owner, record.lease_until_ns, now) == Liveness::Live {
+        return Err(not("in_progress (owner alive)"));
+    }
+    Ok(record)
+}
+
+/// Whether `owner` still holds the record, so that its outcome may be stored (shared by every
+/// backend).
+fn held_by(record: Option<&Record>, owner: &Owner) -> bool {
+    record.is_some_and(|r| r.state.is_in_progress() && r.owner == *owner)
 }
 
 /// Turns a decision that is not `Take` into the caller's answer, counting it (shared by every

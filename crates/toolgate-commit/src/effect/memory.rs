@@ -13,11 +13,11 @@ use std::time::{Duration, SystemTime};
 use serde_json::Value;
 use toolgate_canon::Sha256Digest;
 
-use super::record::{Liveness, Owner, Record, State, StoredResult, liveness, now_ns};
+use super::record::{Owner, Record, State, StoredResult, now_ns};
 use super::{
     Attempt, Begin, CounterTable, Counters, Decision, EffectBackend, EffectConfig, EffectError,
     EffectKind, EffectRequest, EffectStatus, InProgressWait, Resolution, Scope, Ticket, answer,
-    decide, record_name,
+    decide, held_by, record_name, resolvable,
 };
 
 /// Named in `Corrupt` errors, which this backend can only report for a result that does not
@@ -67,10 +67,7 @@ impl MemoryEffects {
     fn finish(&self, ticket: Ticket, state: State) -> Result<(), EffectError> {
         let is_failure = matches!(state, State::Failed { .. });
         let mut records = self.records();
-        let ours = records
-            .get(&ticket.name)
-            .is_some_and(|r| r.state.is_in_progress() && r.owner == ticket.owner);
-        if !ours {
+        if !held_by(records.get(&ticket.name), &ticket.owner) {
             return Err(EffectError::LostOwnership {
                 key_digest: ticket.name,
             });
@@ -179,19 +176,7 @@ impl EffectBackend for MemoryEffects {
         let name = record_name(scope, key)?;
         let now = now_ns(SystemTime::now());
         let mut records = self.records();
-        let not = |state| EffectError::NotIndeterminate {
-            key_digest: name,
-            state,
-        };
-        let record = records.get(&name).ok_or_else(|| not("absent"))?;
-        match record.state {
-            State::Completed(_) => return Err(not("completed")),
-            State::Failed { .. } => return Err(not("failed")),
-            State::InProgress => {}
-        }
-        if liveness(&record.owner, record.lease_until_ns, now) == Liveness::Live {
-            return Err(not("in_progress (owner alive)"));
-        }
+        let record = resolvable(records.get(&name), name, now)?;
         match resolution {
             Resolution::Forget => {
                 records.remove(&name);
