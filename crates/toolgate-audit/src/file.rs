@@ -25,7 +25,7 @@ use crate::record::{MAX_LINE_BYTES, SeqField, check_line, representable, seal};
 use crate::segments::{checkpoints_path, list_segments, lock_path, parent_dir, segment_path};
 use crate::tail::{TailError, read_tail};
 use crate::{AppendReceipt, AuditEntry, AuditError, AuditSink, Decision};
-use toolgate_storage::GroupCommit;
+use toolgate_storage::{GroupCommit, LockFile};
 
 /// A callback run at a named crash point (`"audit.mid_record"`), for crash-consistency tests.
 ///
@@ -182,9 +182,8 @@ struct Checkpoints {
 pub struct FileAuditLog {
     path: PathBuf,
     storage: Arc<dyn Storage>,
-    lock_path: PathBuf,
     /// The `<stem>.lock` file whose `flock` serializes writers across processes.
-    lock_file: File,
+    lock_file: LockFile,
     checkpoints: Option<Checkpoints>,
     segment_bytes: Option<u64>,
     /// The active file and what this handle believes about the chain; held by the batch leader.
@@ -220,24 +219,6 @@ impl std::fmt::Debug for FileAuditLog {
             .field("path", &self.path)
             .field("recovered", &self.recovered.get())
             .finish_non_exhaustive()
-    }
-}
-
-/// Holds the exclusive advisory lock; released when dropped, including when a panic unwinds
-/// through an append, so a failing thread cannot block other processes.
-struct FileLock<'a>(&'a File);
-
-impl<'a> FileLock<'a> {
-    fn acquire(file: &'a File, path: &Path) -> Result<Self, AuditError> {
-        file.lock().map_err(io_err("lock", path))?;
-        Ok(FileLock(file))
-    }
-}
-
-impl Drop for FileLock<'_> {
-    fn drop(&mut self) {
-        // Closing the descriptor would release the lock too; an unlock error leaves nothing to do.
-        let _ = self.0.unlock();
     }
 }
 
@@ -381,16 +362,7 @@ impl FileAuditLog {
             return Err(AuditError::InvalidPath { path });
         }
         let file = open_append(&path)?;
-        let lock_path = lock_path(&path);
-        // The lock file holds no data, so its creation needs no fsync: losing it in a crash only
-        // means the next open creates it again.
-        let lock_file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .open(&lock_path)
-            .map_err(io_err("create", &lock_path))?;
+        let lock_file = LockFile::open(lock_path(&path))?;
         let checkpoints = config.checkpoint_key.map(|key| Checkpoints {
             key,
             every: config.checkpoint_every.unwrap_or(DEFAULT_CHECKPOINT_EVERY),
@@ -401,7 +373,6 @@ impl FileAuditLog {
         let log = FileAuditLog {
             path,
             storage: config.storage,
-            lock_path,
             lock_file,
             checkpoints,
             segment_bytes: config.segment_bytes,
@@ -421,7 +392,7 @@ impl FileAuditLog {
         };
         {
             let mut io = log.lock_io();
-            let _lock = FileLock::acquire(&log.lock_file, &log.lock_path)?;
+            let _lock = log.lock_file.lock()?;
             log.refresh(&mut io)?;
         }
         Ok(log)
@@ -472,7 +443,7 @@ impl FileAuditLog {
             return Ok(None);
         };
         let mut io = self.lock_io();
-        let _lock = FileLock::acquire(&self.lock_file, &self.lock_path)?;
+        let _lock = self.lock_file.lock()?;
         self.refresh(&mut io)?;
         io.last_checkpoint = last_checkpoint_count(&cps.path);
         if io.seq <= io.last_checkpoint {
@@ -828,7 +799,7 @@ impl FileAuditLog {
         let mut results: Vec<Option<Result<AppendReceipt, AuditError>>> =
             Vec::with_capacity(batch.len());
         let written = (|| {
-            let _lock = FileLock::acquire(&self.lock_file, &self.lock_path)?;
+            let _lock = self.lock_file.lock()?;
             self.refresh(&mut io)?;
             self.rotate_if_full(&mut io)?;
             let mut bytes = Vec::new();
@@ -914,7 +885,7 @@ impl AuditSink for FileAuditLog {
 
     fn head(&self) -> Result<ChainHead, AuditError> {
         let mut io = self.lock_io();
-        let _lock = FileLock::acquire(&self.lock_file, &self.lock_path)?;
+        let _lock = self.lock_file.lock()?;
         self.refresh(&mut io)?;
         Ok(ChainHead {
             seq: io.seq,
@@ -926,7 +897,7 @@ impl AuditSink for FileAuditLog {
         // Under the lock, so no rotation or append moves the files while they are copied; only
         // complete lines are copied (a torn tail of a crashed writer is not part of the chain).
         let mut io = self.lock_io();
-        let _lock = FileLock::acquire(&self.lock_file, &self.lock_path)?;
+        let _lock = self.lock_file.lock()?;
         self.refresh(&mut io)?;
         let mut records = 0;
         for path in crate::segments::chain_files(&self.path)? {

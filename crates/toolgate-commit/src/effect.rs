@@ -121,7 +121,7 @@ pub use memory::MemoryEffects;
 use record::{
     Liveness, Owner, Record, State, StoredResult, encode_line, liveness, now_ns, parse_line,
 };
-use toolgate_storage::{Caller, GroupCommit};
+use toolgate_storage::{Caller, GroupCommit, LockFile, LockGuard};
 pub use toolgate_storage::{FaultyStorage, FsStorage, Op, Storage};
 
 /// The lock file every transition locks exclusively; its contents are irrelevant.
@@ -943,7 +943,7 @@ pub struct EffectStore {
     /// The lock file, opened once. Only used with `journal` locked (which serializes this store's
     /// threads; a `flock` is per open file description); the `flock` serializes processes and
     /// other store instances.
-    lock_file: File,
+    lock_file: LockFile,
     journal: Mutex<Journal>,
     /// The group commit: the first caller leads a batch of every queued job (one write, at most
     /// one `fdatasync`), and hands the lead on once the batch is written.
@@ -960,18 +960,6 @@ impl fmt::Debug for EffectStore {
             .field("config", &self.config)
             .field("storage", &self.storage)
             .finish_non_exhaustive()
-    }
-}
-
-struct DirLock<'a> {
-    file: &'a File,
-}
-
-impl Drop for DirLock<'_> {
-    fn drop(&mut self) {
-        // Closing would release it too; unlocking here makes the release point explicit. An error
-        // cannot leave the lock held past the file's close, so it is safe to ignore.
-        let _ = self.file.unlock();
     }
 }
 
@@ -1078,14 +1066,7 @@ impl EffectStore {
                 .fsync_dir(parent)
                 .map_err(io_err("fsync parent of store directory", parent))?;
         }
-        let lock_path = dir.join(LOCK_FILE_NAME);
-        let lock_file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .open(&lock_path)
-            .map_err(io_err("open lock file", &lock_path))?;
+        let lock_file = LockFile::open(dir.join(LOCK_FILE_NAME))?;
         let journal_path = dir.join(JOURNAL_FILE_NAME);
         let journal_file = OpenOptions::new()
             .read(true)
@@ -1994,20 +1975,8 @@ impl EffectStore {
     }
 
     /// The `flock` of `dir/.lock`; callers hold the `journal` mutex.
-    fn lock(&self) -> Result<DirLock<'_>, EffectError> {
-        let path = self.dir.join(LOCK_FILE_NAME);
-        loop {
-            match self.lock_file.lock() {
-                Ok(()) => {
-                    return Ok(DirLock {
-                        file: &self.lock_file,
-                    });
-                }
-                // A signal interrupted the wait; waiting again is the only sane response.
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                Err(e) => return Err(io_err("lock", &path)(e)),
-            }
-        }
+    fn lock(&self) -> Result<LockGuard<'_>, EffectError> {
+        Ok(self.lock_file.lock()?)
     }
 
     /// Deletes the temporary file of a crashed compaction (compactions run under the lock, so

@@ -10,7 +10,9 @@
 //! - [`replace_file`]: temporary file, fdatasync, rename, directory fsync;
 //! - [`fsync_dir`], [`create_dir_durably`], [`remove_orphaned_temps`];
 //! - [`GroupCommit`]: leader/follower group commit generic over the job and the answer, with an
-//!   early hand-off for pipelining, used by the audit log and the effect journal.
+//!   early hand-off for pipelining, used by the audit log and the effect journal;
+//! - [`LockFile`]: a store's cross-process writer lock (`flock`), released by the kernel when its
+//!   holder dies.
 //!
 //! The filesystem assumptions (a local POSIX filesystem where `fsync` of a directory makes its
 //! entries durable and `rename`/`link` are atomic; not NFS) are stated in `docs/storage.md`.
@@ -21,6 +23,7 @@
 mod backend;
 mod durable;
 mod group;
+mod lock;
 
 pub use backend::{FaultyStorage, FsStorage, Op, Storage};
 pub use durable::{
@@ -28,3 +31,4 @@ pub use durable::{
     remove_orphaned_temps, replace_file, temp_path, temp_writer_pid,
 };
 pub use group::{Caller, GroupCommit, Handoff};
+pub use lock::{LockFile, LockGuard};
