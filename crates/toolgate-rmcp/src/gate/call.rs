@@ -563,33 +563,6 @@ impl<H: ServerHandler> Gated<H> {
             Ok(_) => recorded.unwrap_or(Outcome::TaskCreated),
             Err(_) => recorded.unwrap_or(Outcome::Error),
         };
-        if let (Some(ticket), Some(effects)) = (ticket, &self.effects) {
-            // Store the result (or the failure) before the allow record, so that a retry after
-            // this point replays instead of running the effect again.
-            let settle = match &response {
-                Ok(CallToolResponse::Complete(result)) if result.is_error != Some(true) => {
-                    Ok(exactly_once::stored(result))
-                }
-                _ => Err(outcome),
-            };
-            let store = Arc::clone(effects);
-            let settled = crate::blocking::run(move || match settle {
-                Ok(stored) => store.complete(ticket, &stored),
-                Err(why) => store.fail(
-                    ticket,
-                    &format!("Error: the earlier call ended as {why}"),
-                    true,
-                ),
-            })
-            .await;
-            if !matches!(settled, Ok(Ok(()))) {
-                tracing::error!(tool = %name, "could not record the call in the effect store");
-                return Err(McpError::internal_error(
-                    "the call ran but the effect store could not record it; retry with the same key: the store reports the call as in progress or indeterminate until resolved",
-                    None,
-                ));
-            }
-        }
         let entry = self
             .entry(
                 state,
@@ -600,12 +573,63 @@ impl<H: ServerHandler> Gated<H> {
                 args_digest,
             )
             .with_reason(rule.clone());
-        if let Err(error) = self.record(entry).await {
+        let audit_failed = |error: String| {
             tracing::error!(tool = %name, %error, "could not audit an allowed call");
-            return Err(McpError::internal_error(
+            Err(McpError::internal_error(
                 "the call ran but its audit record could not be written; any effect is durable, so retry with the same idempotency key to replay it once the audit log is writable",
                 None,
-            ));
+            ))
+        };
+        if let (Some(ticket), Some(effects)) = (ticket, &self.effects) {
+            // Store the result (or the failure) before the allow record, so that a retry after
+            // this point replays instead of running the effect again; both in one blocking task
+            // (one hand-off to the pool per call instead of two).
+            let settle = match &response {
+                Ok(CallToolResponse::Complete(result)) if result.is_error != Some(true) => {
+                    Ok(exactly_once::stored(result))
+                }
+                _ => Err(outcome),
+            };
+            let store = Arc::clone(effects);
+            let audit = Arc::clone(&self.audit);
+            let settled = crate::blocking::run(move || {
+                let stored = match settle {
+                    Ok(stored) => store.complete(ticket, &stored),
+                    Err(why) => store.fail(
+                        ticket,
+                        &format!("Error: the earlier call ended as {why}"),
+                        true,
+                    ),
+                };
+                match stored {
+                    Ok(()) => Ok(audit.append(&entry).map(drop).map_err(|e| e.to_string())),
+                    Err(error) => {
+                        // The call ran but its outcome is not stored: it still leaves its record,
+                        // as an error.
+                        let mut failed = entry;
+                        failed.outcome = Outcome::Error;
+                        if let Err(audit_error) = audit.append(&failed) {
+                            tracing::error!(error = %audit_error, "could not audit a call whose outcome the effect store lost");
+                        }
+                        Err(error)
+                    }
+                }
+            })
+            .await;
+            match settled {
+                Ok(Ok(Ok(()))) => {}
+                Ok(Ok(Err(error))) => return audit_failed(error),
+                Ok(Err(error)) => {
+                    tracing::error!(tool = %name, %error, "could not record the call in the effect store");
+                    return Err(McpError::internal_error(
+                        "the call ran but the effect store could not record it; retry with the same key: the store reports the call as in progress or indeterminate until resolved",
+                        None,
+                    ));
+                }
+                Err(_) => return audit_failed("the storage task was cancelled".to_owned()),
+            }
+        } else if let Err(error) = self.record(entry).await {
+            return audit_failed(error);
         }
         tracing::info!(tool = %name, decision = "allow", outcome = outcome.as_str(), "tools/call");
         response
