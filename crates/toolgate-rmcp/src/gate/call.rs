@@ -416,81 +416,42 @@ impl<H: ServerHandler> Gated<H> {
                 probe: Arc::clone(probe),
                 arguments: arguments.cloned(),
             });
-            let begun = begin_effect(Arc::clone(effects), request, kind, probe).await;
-            let answer: Option<(Outcome, Result<CallToolResult, McpError>)> = match begun {
-                Ok(Ok(Begin::Execute(t))) => {
-                    ticket = Some(t);
-                    None
-                }
-                Ok(Ok(Begin::Replay(stored))) => Some(
-                    match exactly_once::replayed(stored, settings.replay_marker.as_ref()) {
-                        Some(result) => (Outcome::Replay, Ok(result)),
-                        None => (
-                            Outcome::Error,
-                            Err(McpError::internal_error(
-                                "the stored result of this call cannot be read back; inspect the effect store",
-                                None,
-                            )),
-                        ),
-                    },
-                ),
-                Ok(Ok(Begin::ReplayFailure(text))) => Some((
-                    Outcome::Replay,
-                    Ok(CallToolResult::error(vec![ContentBlock::text(text)])),
-                )),
-                Ok(Err(EffectError::Conflict { .. })) => Some((
-                    Outcome::Conflict,
-                    Ok(error_text(
-                        "Error: this idempotency key was already used with different arguments; nothing was executed. Retry with the original arguments, or use a new key for a new effect",
-                    )),
-                )),
-                Ok(Err(EffectError::InProgress { retry_after, .. })) => Some((
-                    Outcome::InProgress,
-                    Ok(error_text(&format!(
-                        "Error: a call with this idempotency key is still in progress; nothing was executed. Retry after {} s",
-                        retry_after.as_secs().max(1)
-                    ))),
-                )),
-                Ok(Err(EffectError::Indeterminate { .. })) => Some((
-                    Outcome::Indeterminate,
-                    Ok(error_text(
-                        "Error: an earlier call with this idempotency key stopped mid-effect, so the effect may or may not have happened; it is not re-run automatically. An operator must inspect the target and resolve the key",
-                    )),
-                )),
-                Ok(Err(error)) => Some((
+            // The allow record of an answer given without the handler, appended in the same
+            // blocking task that decided it (one hand-off per replay instead of two).
+            let entry = self
+                .entry(
+                    state,
+                    request_id.clone(),
+                    &name,
+                    AuditDecision::Allow,
                     Outcome::Error,
-                    Err(McpError::internal_error(
-                        format!("the effect store failed: {error}"),
-                        None,
-                    )),
-                )),
-                Err(_) => Some((
-                    Outcome::Error,
-                    Err(McpError::internal_error(
-                        "the effect store task was cancelled; retry the call",
-                        None,
-                    )),
-                )),
-            };
-            if let Some((outcome, response)) = answer {
-                let entry = self
-                    .entry(
-                        state,
-                        request_id.clone(),
-                        &name,
-                        AuditDecision::Allow,
-                        outcome,
-                        args_digest,
-                    )
-                    .with_reason(rule.clone());
-                if let Err(error) = self.record(entry).await {
-                    tracing::error!(tool = %name, %error, "could not audit an exactly-once answer");
-                    return Err(McpError::internal_error(
-                        "the call's audit record could not be written; retry once the audit log is writable",
-                        None,
-                    ));
+                    args_digest,
+                )
+                .with_reason(rule.clone());
+            let decided = begin_effect(
+                Arc::clone(effects),
+                request,
+                kind,
+                probe,
+                Answering {
+                    marker: settings.replay_marker.clone(),
+                    audit: Arc::clone(&self.audit),
+                    entry,
+                },
+            )
+            .await;
+            match decided {
+                EffectAnswer::Execute(t) => ticket = Some(t),
+                EffectAnswer::Answered { response, recorded } => {
+                    if let Err(error) = recorded {
+                        tracing::error!(tool = %name, %error, "could not audit an exactly-once answer");
+                        return Err(McpError::internal_error(
+                            "the call's audit record could not be written; retry once the audit log is writable",
+                            None,
+                        ));
+                    }
+                    return response.map(Into::into);
                 }
-                return response.map(Into::into);
             }
         }
 
@@ -642,16 +603,104 @@ struct ProbeCall {
     arguments: Option<JsonObject>,
 }
 
+/// What the exactly-once step decided for a call.
+enum EffectAnswer {
+    /// Run the handler; store its outcome with the ticket.
+    Execute(toolgate_commit::effect::Ticket),
+    /// Answered without the handler (replay, conflict, in progress, indeterminate, a store
+    /// failure); `recorded` says whether its allow record was appended.
+    Answered {
+        response: Result<CallToolResult, McpError>,
+        recorded: Result<(), String>,
+    },
+}
+
+/// How to answer and audit a call the store does not let execute.
+struct Answering {
+    marker: Option<toolgate_policy::ReplayMarker>,
+    audit: Arc<dyn toolgate_audit::AuditSink>,
+    /// The allow record, its outcome set once the answer is known.
+    entry: toolgate_audit::AuditEntry,
+}
+
+impl Answering {
+    /// The answer to `begun`, with its allow record appended (blocking work), or the ticket to
+    /// execute with.
+    fn settle(&self, begun: Result<Begin, EffectError>) -> EffectAnswer {
+        let (outcome, response) = match begun {
+            Ok(Begin::Execute(ticket)) => return EffectAnswer::Execute(ticket),
+            Ok(Begin::Replay(stored)) => match exactly_once::replayed(stored, self.marker.as_ref())
+            {
+                Some(result) => (Outcome::Replay, Ok(result)),
+                None => (
+                    Outcome::Error,
+                    Err(McpError::internal_error(
+                        "the stored result of this call cannot be read back; inspect the effect store",
+                        None,
+                    )),
+                ),
+            },
+            Ok(Begin::ReplayFailure(text)) => (
+                Outcome::Replay,
+                Ok(CallToolResult::error(vec![ContentBlock::text(text)])),
+            ),
+            Err(EffectError::Conflict { .. }) => (
+                Outcome::Conflict,
+                Ok(error_text(
+                    "Error: this idempotency key was already used with different arguments; nothing was executed. Retry with the original arguments, or use a new key for a new effect",
+                )),
+            ),
+            Err(EffectError::InProgress { retry_after, .. }) => (
+                Outcome::InProgress,
+                Ok(error_text(&format!(
+                    "Error: a call with this idempotency key is still in progress; nothing was executed. Retry after {} s",
+                    retry_after.as_secs().max(1)
+                ))),
+            ),
+            Err(EffectError::Indeterminate { .. }) => (
+                Outcome::Indeterminate,
+                Ok(error_text(
+                    "Error: an earlier call with this idempotency key stopped mid-effect, so the effect may or may not have happened; it is not re-run automatically. An operator must inspect the target and resolve the key",
+                )),
+            ),
+            Err(error) => (
+                Outcome::Error,
+                Err(McpError::internal_error(
+                    format!("the effect store failed: {error}"),
+                    None,
+                )),
+            ),
+        };
+        let mut entry = self.entry.clone();
+        entry.outcome = outcome;
+        let recorded = self
+            .audit
+            .append(&entry)
+            .map(drop)
+            .map_err(|e| e.to_string());
+        EffectAnswer::Answered { response, recorded }
+    }
+}
+
+/// One blocking step of [`begin_effect`].
+enum Step {
+    Done(EffectAnswer),
+    Pause(std::time::Duration),
+    /// Indeterminate, with a probe still to ask.
+    Probe(EffectError),
+}
+
 /// Asks the effect store what to do with a call of an exactly-once tool, as
-/// [`EffectBackend::begin`] would, without holding a thread while another live call holds the key.
+/// [`EffectBackend::begin`] would, without holding a thread while another live call holds the key,
+/// and answers (and audits) a call it does not let execute.
 ///
 /// Each attempt is blocking work (it takes the store's lock and may wait for an fdatasync; it
 /// runs in place on a multi-thread runtime, else on the blocking pool: see `crate::blocking`);
-/// the pauses between attempts (1 ms doubling to 50 ms, for at most the store's
-/// `wait_in_progress`) are timers on the runtime. A waiting call therefore holds no blocking
-/// thread, so the pool can stay small (the server's is, to bound glibc's per-thread malloc
-/// arenas) and many concurrent retries of one key cannot starve the call they wait for. The
-/// store counts the call once, whatever the number of attempts.
+/// an answer that is not `Execute` is audited in the same blocking task. The pauses between
+/// attempts (1 ms doubling to 50 ms, for at most the store's `wait_in_progress`) are timers on
+/// the runtime. A waiting call therefore holds no blocking thread, so the pool can stay small and
+/// many concurrent retries of one key cannot starve the call they wait for. The store counts the
+/// call once, whatever the number of attempts.
 ///
 /// An unsafe effect whose caller died is `Indeterminate`: the tool's probe, if it has one, is
 /// asked (once per call, as blocking work: it reads the effect's target), the record is
@@ -661,52 +710,86 @@ async fn begin_effect(
     request: EffectRequest,
     kind: EffectKind,
     mut probe: Option<ProbeCall>,
-) -> Result<Result<Begin, EffectError>, crate::blocking::Cancelled> {
+    answering: Answering,
+) -> EffectAnswer {
     let request = Arc::new(request);
+    let answering = Arc::new(answering);
+    let cancelled = |answering: &Answering| {
+        let mut entry = answering.entry.clone();
+        entry.outcome = Outcome::Error;
+        // The task that would have recorded the answer did not run to its end: record here.
+        let recorded = answering
+            .audit
+            .append(&entry)
+            .map(drop)
+            .map_err(|e| e.to_string());
+        EffectAnswer::Answered {
+            response: Err(McpError::internal_error(
+                "the effect store task was cancelled; retry the call",
+                None,
+            )),
+            recorded,
+        }
+    };
     let mut wait = store.in_progress_wait();
     loop {
-        let attempt = {
-            let store = Arc::clone(&store);
-            let request = Arc::clone(&request);
-            let (attempt, waited) = crate::blocking::run(move || {
-                let attempt = store.begin_attempt(&request, kind, &mut wait);
-                (attempt, wait)
+        let probing = probe.is_some();
+        let step = {
+            let (store, request, task) = (
+                Arc::clone(&store),
+                Arc::clone(&request),
+                Arc::clone(&answering),
+            );
+            let ran = crate::blocking::run(move || {
+                let step = match store.begin_attempt(&request, kind, &mut wait) {
+                    Ok(Attempt::Pause(pause)) => Step::Pause(pause),
+                    Err(error @ EffectError::Indeterminate { .. }) if probing => Step::Probe(error),
+                    Ok(Attempt::Ready(begin)) => Step::Done(task.settle(Ok(begin))),
+                    Err(error) => Step::Done(task.settle(Err(error))),
+                };
+                (step, wait)
             })
-            .await?;
-            wait = waited;
-            attempt
+            .await;
+            match ran {
+                Ok((step, waited)) => {
+                    wait = waited;
+                    step
+                }
+                Err(_) => return cancelled(&answering),
+            }
         };
-        let indeterminate = match attempt {
-            Ok(Attempt::Ready(begin)) => return Ok(Ok(begin)),
-            Ok(Attempt::Pause(pause)) => {
+        let indeterminate = match step {
+            Step::Done(answer) => return answer,
+            Step::Pause(pause) => {
                 tokio::time::sleep(pause).await;
                 continue;
             }
-            Err(error @ EffectError::Indeterminate { .. }) => error,
-            Err(error) => return Ok(Err(error)),
+            Step::Probe(error) => error,
         };
         let Some(ProbeCall { probe, arguments }) = probe.take() else {
-            return Ok(Err(indeterminate));
+            unreachable!("a step asks for the probe only while there is one");
         };
-        let store = Arc::clone(&store);
-        let request = Arc::clone(&request);
+        let (store, request) = (Arc::clone(&store), Arc::clone(&request));
+        let task = Arc::clone(&answering);
         let resolved = crate::blocking::run(move || {
             let resolution = match probe(arguments.as_ref()) {
                 ProbeAnswer::Happened(result) => {
                     Resolution::Completed(exactly_once::stored(&result))
                 }
                 ProbeAnswer::NotHappened => Resolution::Forget,
-                ProbeAnswer::Unknown => return Ok(false),
+                ProbeAnswer::Unknown => return Some(task.settle(Err(indeterminate))),
             };
-            store.resolve(&request.scope, &request.key, resolution)?;
-            Ok(true)
+            match store.resolve(&request.scope, &request.key, resolution) {
+                // Decided again with the same wait: the record is now completed or absent.
+                Ok(()) => None,
+                Err(error) => Some(task.settle(Err(error))),
+            }
         })
-        .await?;
+        .await;
         match resolved {
-            // Decided again with the same wait: the record is now completed or absent.
-            Ok(true) => {}
-            Ok(false) => return Ok(Err(indeterminate)),
-            Err(error) => return Ok(Err(error)),
+            Ok(None) => {}
+            Ok(Some(answer)) => return answer,
+            Err(_) => return cancelled(&answering),
         }
     }
 }
