@@ -477,6 +477,20 @@ pub struct Ticket {
 }
 
 impl Ticket {
+    /// The record that stores this execution's outcome (shared by every backend).
+    fn finished(&self, state: State) -> Record {
+        Record {
+            state,
+            fingerprint: self.fingerprint,
+            owner: self.owner,
+            lease_until_ns: self.lease_until_ns,
+            created_ns: self.created_ns,
+            finished_ns: Some(now_ns(SystemTime::now())),
+            principal: self.scope.principal.as_str().into(),
+            tool: self.scope.tool.as_str().into(),
+        }
+    }
+
     /// The scope of the key this ticket holds.
     pub fn scope(&self) -> &Scope {
         &self.scope
@@ -1328,17 +1342,8 @@ impl EffectStore {
         #[cfg(feature = "fault-injection")]
         self.fault("effect.before_complete");
         let is_failure = matches!(state, State::Failed { .. });
-        let record = Record {
-            state,
-            fingerprint: ticket.fingerprint,
-            owner: ticket.owner,
-            lease_until_ns: ticket.lease_until_ns,
-            created_ns: ticket.created_ns,
-            finished_ns: Some(now_ns(SystemTime::now())),
-            // Replaced by the interned names when the record enters the index.
-            principal: ticket.scope.principal.as_str().into(),
-            tool: ticket.scope.tool.as_str().into(),
-        };
+        // Its names are replaced by the interned ones when the record enters the index.
+        let record = ticket.finished(state);
         // On an error the ticket is dropped: its record then has a dead owner, unless the outcome
         // line reached the journal (a failed fdatasync), in which case a retry replays it after
         // the next successful fdatasync.

@@ -72,17 +72,7 @@ impl MemoryEffects {
                 key_digest: ticket.name,
             });
         }
-        let record = Record {
-            state,
-            fingerprint: ticket.fingerprint,
-            owner: ticket.owner,
-            lease_until_ns: ticket.lease_until_ns,
-            created_ns: ticket.created_ns,
-            finished_ns: Some(now_ns(SystemTime::now())),
-            principal: ticket.scope.principal.as_str().into(),
-            tool: ticket.scope.tool.as_str().into(),
-        };
-        records.insert(ticket.name, record);
+        records.insert(ticket.name, ticket.finished(state));
         drop(records);
         let tool = ticket.scope.tool.clone();
         // Dropping the ticket after the record changed: no one sees its record with a dead owner.
