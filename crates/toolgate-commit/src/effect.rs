@@ -1516,18 +1516,14 @@ impl EffectStore {
                 // of this process, and after a power loss a retry re-runs the effect, which is
                 // harmless by declaration.
                 batch.needs_sync |= kind == EffectKind::Unsafe;
-                let owner = Owner::fresh();
-                let lease = u64::try_from(self.config.lease.as_nanos()).unwrap_or(u64::MAX);
-                let record = Record {
-                    state: State::InProgress,
-                    fingerprint: req.fingerprint,
-                    owner,
-                    lease_until_ns: now.saturating_add(lease),
-                    created_ns: now,
-                    finished_ns: None,
-                    principal: journal.intern(&req.scope.principal),
-                    tool: journal.intern(&req.scope.tool),
-                };
+                let record = in_progress(
+                    &req,
+                    now,
+                    self.config.lease,
+                    journal.intern(&req.scope.principal),
+                    journal.intern(&req.scope.tool),
+                );
+                let owner = record.owner;
                 let line = encode_line(&name, Some(&record))?;
                 batch.lines.extend(&line);
                 let line_end = journal.end + batch.lines.len() as u64;
@@ -2052,6 +2048,28 @@ fn decide(
             },
         },
     })
+}
+
+/// A fresh `in_progress` record of `req` for a new owner of this process (shared by every
+/// backend), with the scope's names as the backend keeps them.
+fn in_progress(
+    req: &EffectRequest,
+    now: u64,
+    lease: Duration,
+    principal: Arc<str>,
+    tool: Arc<str>,
+) -> Record {
+    let lease = u64::try_from(lease.as_nanos()).unwrap_or(u64::MAX);
+    Record {
+        state: State::InProgress,
+        fingerprint: req.fingerprint,
+        owner: Owner::fresh(),
+        lease_until_ns: now.saturating_add(lease),
+        created_ns: now,
+        finished_ns: None,
+        principal,
+        tool,
+    }
 }
 
 /// The record `resolve` may settle (shared by every backend): one `in_progress` whose owner is

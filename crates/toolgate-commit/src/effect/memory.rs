@@ -13,11 +13,11 @@ use std::time::{Duration, SystemTime};
 use serde_json::Value;
 use toolgate_canon::Sha256Digest;
 
-use super::record::{Owner, Record, State, StoredResult, now_ns};
+use super::record::{Record, State, StoredResult, now_ns};
 use super::{
     Attempt, Begin, CounterTable, Counters, Decision, EffectBackend, EffectConfig, EffectError,
     EffectKind, EffectRequest, EffectStatus, InProgressWait, Resolution, Scope, Ticket, answer,
-    decide, held_by, record_name, resolvable,
+    decide, held_by, in_progress, record_name, resolvable,
 };
 
 /// Named in `Corrupt` errors, which this backend can only report for a result that does not
@@ -110,18 +110,14 @@ impl EffectBackend for MemoryEffects {
             drop(records);
             return answer(decision, name, req, wait, &self.counters, Path::new(NAME));
         }
-        let owner = Owner::fresh();
-        let lease = u64::try_from(self.lease.as_nanos()).unwrap_or(u64::MAX);
-        let record = Record {
-            state: State::InProgress,
-            fingerprint: req.fingerprint,
-            owner,
-            lease_until_ns: now.saturating_add(lease),
-            created_ns: now,
-            finished_ns: None,
-            principal: req.scope.principal.as_str().into(),
-            tool: req.scope.tool.as_str().into(),
-        };
+        let record = in_progress(
+            req,
+            now,
+            self.lease,
+            req.scope.principal.as_str().into(),
+            req.scope.tool.as_str().into(),
+        );
+        let owner = record.owner;
         // Live before the map is released: no one may see the record with an unregistered owner.
         owner.register_live();
         let ticket = Ticket {
