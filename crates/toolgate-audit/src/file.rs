@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard, OnceLock};
 use std::time::{SystemTime, UNIX_EPOCH};
-use toolgate_storage::{FsStorage, Storage};
+use toolgate_storage::{FsStorage, Storage, Symlinks};
 
 use serde_json::Value;
 use toolgate_canon::{HmacKey, Sha256Digest};
@@ -259,18 +259,18 @@ fn identity(_meta: &fs::Metadata) -> Option<(u64, u64)> {
     None
 }
 
-/// Opens (creating, with a durable directory entry) the file at `path` for read and append.
-fn open_append(path: &Path) -> Result<File, AuditError> {
+/// Opens (creating, with a durable directory entry) the regular file at `path` for read and append,
+/// never blocking on a FIFO and following a link only with [`Symlinks::Follow`] (the operator's
+/// mirror); the log and its checkpoint file sit in the ledger, where the layout has no links.
+fn open_append(path: &Path, symlinks: Symlinks) -> Result<File, AuditError> {
     let mut options = OpenOptions::new();
     options.read(true).append(true);
-    match options.open(path) {
+    match toolgate_storage::open_regular(path, &options, symlinks) {
         Ok(file) => Ok(file),
         Err(e) if e.kind() == io::ErrorKind::NotFound => {
             let dir = parent_dir(path);
             toolgate_storage::create_dir_durably(&toolgate_storage::FsStorage, &dir)?;
-            let file = options
-                .create(true)
-                .open(path)
+            let file = toolgate_storage::open_regular(path, options.create(true), symlinks)
                 .map_err(io_err("create", path))?;
             // The new directory entry must survive a crash, or the first lines could vanish with it.
             sync_dir(&dir)?;
@@ -278,6 +278,11 @@ fn open_append(path: &Path) -> Result<File, AuditError> {
         }
         Err(e) => Err(io_err("open", path)(e)),
     }
+}
+
+/// Opens a file of the chain (the log, a segment) for reading: a regular file, not a link.
+pub(crate) fn open_read(path: &Path) -> Result<File, AuditError> {
+    toolgate_storage::open_regular_read(path, Symlinks::Refuse).map_err(io_err("open", path))
 }
 
 fn tail_error(path: &Path) -> impl FnOnce(TailError) -> AuditError + '_ {
@@ -300,7 +305,7 @@ fn max_line() -> u64 {
 
 /// The number of `\n` in `file`, for a log written before records carried `seq`.
 fn count_lines(path: &Path) -> Result<u64, AuditError> {
-    let mut reader = BufReader::new(File::open(path).map_err(io_err("open", path))?);
+    let mut reader = BufReader::new(open_read(path)?);
     let mut count = 0u64;
     loop {
         let buf = reader.fill_buf().map_err(io_err("read", path))?;
@@ -316,7 +321,7 @@ fn count_lines(path: &Path) -> Result<u64, AuditError> {
 /// The newest checkpoint's `count` in the checkpoint file at `path`; 0 when there is none or the
 /// last line cannot be read (the cost is at most one extra checkpoint).
 fn last_checkpoint_count(path: &Path) -> u64 {
-    let Ok(file) = File::open(path) else {
+    let Ok(file) = toolgate_storage::open_regular_read(path, Symlinks::Refuse) else {
         return 0;
     };
     let Ok(len) = file.metadata().map(|m| m.len()) else {
@@ -332,8 +337,8 @@ fn last_checkpoint_count(path: &Path) -> u64 {
 /// Appends `line` to the checkpoint file at `path` and fsyncs it. A torn line left by a crash in
 /// an earlier checkpoint write is cut off first: it was never acknowledged and carries no
 /// signature, and leaving it would make the next line unparseable.
-fn append_durably(path: &Path, line: &[u8]) -> Result<(), AuditError> {
-    let file = open_append(path)?;
+fn append_durably(path: &Path, line: &[u8], symlinks: Symlinks) -> Result<(), AuditError> {
+    let file = open_append(path, symlinks)?;
     let len = file.metadata().map_err(io_err("stat", path))?.len();
     let tail = read_tail(&file, len, max_line()).map_err(tail_error(path))?;
     if !tail.torn.is_empty() {
@@ -361,7 +366,7 @@ impl FileAuditLog {
         if path.file_name().is_none() {
             return Err(AuditError::InvalidPath { path });
         }
-        let file = open_append(&path)?;
+        let file = open_append(&path, Symlinks::Refuse)?;
         let lock_file = LockFile::open(lock_path(&path))?;
         let checkpoints = config.checkpoint_key.map(|key| Checkpoints {
             key,
@@ -480,7 +485,7 @@ impl FileAuditLog {
         if current.is_none() || current != io.identity {
             // A crash between a rotation's rename and the creation of the new active file leaves
             // no active file; creating it here continues the chain from the last segment.
-            io.file = open_append(&self.path)?;
+            io.file = open_append(&self.path, Symlinks::Refuse)?;
             io.identity = io.file.metadata().ok().as_ref().and_then(identity);
             io.known_len = None;
         }
@@ -507,7 +512,7 @@ impl FileAuditLog {
             None => match list_segments(&self.path)?.last() {
                 None => (Sha256Digest::ZERO, 0),
                 Some((_, segment)) => {
-                    let file = File::open(segment).map_err(io_err("open", segment))?;
+                    let file = open_read(segment)?;
                     let seg_len = file.metadata().map_err(io_err("stat", segment))?.len();
                     let seg_tail =
                         read_tail(&file, seg_len, max_line()).map_err(tail_error(segment))?;
@@ -724,7 +729,7 @@ impl FileAuditLog {
         toolgate_storage::fsync_dir(self.storage.as_ref(), &dir)?;
         // If we crash here, the next open finds no active file, creates it and continues the chain
         // from this segment's last record.
-        io.file = open_append(&self.path)?;
+        io.file = open_append(&self.path, Symlinks::Refuse)?;
         io.identity = io.file.metadata().ok().as_ref().and_then(identity);
         io.known_len = Some(0);
         Ok(())
@@ -774,10 +779,11 @@ impl FileAuditLog {
     fn write_checkpoint(&self, io: &mut Io, cps: &Checkpoints) -> Result<Checkpoint, AuditError> {
         let checkpoint = Checkpoint::sign(&cps.key, io.seq, io.head, now_ns());
         let line = checkpoint.line();
-        let result = append_durably(&cps.path, &line).and_then(|()| match &cps.mirror {
-            Some(mirror) => append_durably(mirror, &line),
-            None => Ok(()),
-        });
+        let result =
+            append_durably(&cps.path, &line, Symlinks::Refuse).and_then(|()| match &cps.mirror {
+                Some(mirror) => append_durably(mirror, &line, Symlinks::Follow),
+                None => Ok(()),
+            });
         match result {
             Ok(()) => {
                 io.last_checkpoint = io.seq;
@@ -901,7 +907,7 @@ impl AuditSink for FileAuditLog {
         self.refresh(&mut io)?;
         let mut records = 0;
         for path in crate::segments::chain_files(&self.path)? {
-            let mut reader = io::BufReader::new(File::open(&path).map_err(io_err("open", &path))?);
+            let mut reader = io::BufReader::new(open_read(&path)?);
             let mut line = Vec::new();
             loop {
                 line.clear();

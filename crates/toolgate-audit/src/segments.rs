@@ -123,11 +123,7 @@ pub fn read_records(
     let files = chain_files(log_path)?;
     // Open the active file eagerly so a missing log is an error now, not a silent empty iterator.
     if files.len() == 1 {
-        File::open(&files[0]).map_err(|source| AuditError::Io {
-            action: "open",
-            path: files[0].clone(),
-            source,
-        })?;
+        crate::file::open_read(&files[0])?;
     }
     Ok(Records {
         files: files.into(),
@@ -149,7 +145,8 @@ impl Iterator for Records {
         loop {
             if self.current.is_none() {
                 let path = self.files.pop_front()?;
-                match File::open(&path) {
+                match toolgate_storage::open_regular_read(&path, toolgate_storage::Symlinks::Refuse)
+                {
                     Ok(file) => self.current = Some((path, BufReader::new(file), 0)),
                     Err(source) => {
                         return Some(Err(AuditError::Io {

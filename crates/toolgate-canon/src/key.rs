@@ -14,6 +14,9 @@ use subtle::ConstantTimeEq;
 /// the hash, bounds the strength of the MAC (RFC 2104 section 3).
 pub const MIN_KEY_BYTES: usize = 32;
 
+/// The largest key file read: a key is 32 to a few hundred bytes, so anything larger is not one.
+pub const MAX_KEY_FILE_BYTES: u64 = 4096;
+
 /// Why bytes were not accepted as an HMAC key.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]

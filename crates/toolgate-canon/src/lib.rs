@@ -17,7 +17,7 @@
 mod jcs;
 mod key;
 
-pub use key::{HmacKey, KeyError, MIN_KEY_BYTES};
+pub use key::{HmacKey, KeyError, MAX_KEY_FILE_BYTES, MIN_KEY_BYTES};
 
 use std::fmt;
 use std::str::FromStr;

@@ -241,8 +241,8 @@ struct Delayed {
 }
 
 impl Storage for Delayed {
-    fn read(&self, path: &Path) -> io::Result<Option<Vec<u8>>> {
-        FsStorage.read(path)
+    fn read(&self, path: &Path, max_bytes: u64) -> io::Result<Option<Vec<u8>>> {
+        FsStorage.read(path, max_bytes)
     }
     fn read_at(&self, file: &File, offset: u64, len: usize) -> io::Result<Vec<u8>> {
         FsStorage.read_at(file, offset, len)

@@ -121,7 +121,7 @@ pub use memory::MemoryEffects;
 use record::{
     Liveness, Owner, Record, State, StoredResult, encode_line, liveness, now_ns, parse_line,
 };
-use toolgate_storage::{Caller, GroupCommit, LockFile, LockGuard};
+use toolgate_storage::{Caller, GroupCommit, LockFile, LockGuard, Symlinks};
 pub use toolgate_storage::{FaultyStorage, FsStorage, Op, Storage};
 
 /// The lock file every transition locks exclusively; its contents are irrelevant.
@@ -687,6 +687,10 @@ const JOURNAL_FILE_NAME: &str = "effects.journal";
 /// a mapping of its own, whose release makes glibc keep up to twice as much freed memory in every
 /// thread's heap from then on (about 1 MiB more resident in toolgate-server).
 const CHUNK: u64 = 64 << 10;
+
+/// The largest record file of the previous layout that `open` migrates (a record holds one tool
+/// result; 64 MiB is far beyond any the gate stores).
+const MAX_RECORD_FILE_BYTES: u64 = 64 << 20;
 /// How much of the journal is read at a time when looking for lines appended by others.
 const READ_STEP: usize = 16 * 1024;
 
@@ -1082,13 +1086,16 @@ impl EffectStore {
         }
         let lock_file = LockFile::open(dir.join(LOCK_FILE_NAME))?;
         let journal_path = dir.join(JOURNAL_FILE_NAME);
-        let journal_file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .open(&journal_path)
-            .map_err(io_err("open journal", &journal_path))?;
+        let journal_file = toolgate_storage::open_regular(
+            &journal_path,
+            OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create(true)
+                .truncate(false),
+            Symlinks::Refuse,
+        )
+        .map_err(io_err("open journal", &journal_path))?;
         let id = file_id(
             &journal_file
                 .metadata()
@@ -1702,11 +1709,12 @@ impl EffectStore {
         if file_id(&current) == journal.file_id {
             return Ok(());
         }
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .open(path)
-            .map_err(io_err("open the compacted journal", path))?;
+        let file = toolgate_storage::open_regular(
+            path,
+            OpenOptions::new().read(true).write(true),
+            Symlinks::Refuse,
+        )
+        .map_err(io_err("open the compacted journal", path))?;
         let id = file_id(
             &file
                 .metadata()
@@ -1809,11 +1817,12 @@ impl EffectStore {
         self.storage
             .fsync_file(temp)
             .map_err(io_err("fdatasync the compacted journal", temp))?;
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .open(temp)
-            .map_err(io_err("open the compacted journal", temp))?;
+        let file = toolgate_storage::open_regular(
+            temp,
+            OpenOptions::new().read(true).write(true),
+            Symlinks::Refuse,
+        )
+        .map_err(io_err("open the compacted journal", temp))?;
         let id = file_id(
             &file
                 .metadata()
@@ -1951,7 +1960,7 @@ impl EffectStore {
             };
             let Some(bytes) = self
                 .storage
-                .read(&path)
+                .read(&path, MAX_RECORD_FILE_BYTES)
                 .map_err(io_err("read effect record", &path))?
             else {
                 continue;

@@ -55,8 +55,8 @@ impl PageCache {
 }
 
 impl Storage for PageCache {
-    fn read(&self, path: &Path) -> io::Result<Option<Vec<u8>>> {
-        self.inner.read(path)
+    fn read(&self, path: &Path, max_bytes: u64) -> io::Result<Option<Vec<u8>>> {
+        self.inner.read(path, max_bytes)
     }
     fn read_at(&self, file: &File, offset: u64, len: usize) -> io::Result<Vec<u8>> {
         self.inner.read_at(file, offset, len)

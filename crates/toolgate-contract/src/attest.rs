@@ -71,10 +71,17 @@ impl HmacSha256Signer {
     /// trimmed or decoded: a file holding 64 hex characters is a 64-byte key made of those
     /// characters, not 32 decoded bytes.
     pub fn from_key_file(path: &Path) -> Result<Self, AttestError> {
-        let bytes = std::fs::read(path).map_err(|source| AttestError::Io {
+        let io_error = |source| AttestError::Io {
             path: path.to_owned(),
             source,
-        })?;
+        };
+        let bytes = toolgate_storage::read_regular(
+            path,
+            toolgate_canon::MAX_KEY_FILE_BYTES,
+            toolgate_storage::Symlinks::Follow,
+        )
+        .map_err(io_error)?
+        .ok_or_else(|| io_error(std::io::ErrorKind::NotFound.into()))?;
         Ok(Self {
             key: HmacKey::from_file_bytes(bytes).map_err(key_error)?,
         })

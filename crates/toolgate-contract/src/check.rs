@@ -77,9 +77,14 @@ impl CheckOutcome {
 
 /// Compares `live` with the lockfile at `path`.
 pub fn check_lockfile(path: &Path, live: &Lockfile) -> Result<CheckOutcome, CheckError> {
-    let committed = match std::fs::read_to_string(path) {
-        Ok(text) => text,
-        Err(error) if error.kind() == std::io::ErrorKind::NotFound => {
+    let read = toolgate_storage::read_regular_text(
+        path,
+        crate::MAX_LOCKFILE_BYTES,
+        toolgate_storage::Symlinks::Follow,
+    );
+    let committed = match read {
+        Ok(Some(text)) => text,
+        Ok(None) => {
             return Ok(CheckOutcome::Drift {
                 reason: DriftReason::Missing,
                 changes: Vec::new(),

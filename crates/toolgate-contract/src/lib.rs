@@ -13,6 +13,9 @@
 
 #![forbid(unsafe_code)]
 
+/// The largest `toolgate.lock` read (16 MiB; a lockfile of 1,000 tools is about 2 MiB).
+pub const MAX_LOCKFILE_BYTES: u64 = 16 << 20;
+
 pub mod attest;
 pub mod awareness;
 pub mod check;

@@ -16,7 +16,7 @@ use serde::{Deserialize, Serialize};
 use crate::GuardError;
 use std::sync::Arc;
 
-use toolgate_storage::{FsStorage, Storage};
+use toolgate_storage::{FsStorage, Storage, Symlinks};
 
 /// Name of the halt file inside the ledger directory.
 pub const HALT_FILE_NAME: &str = "halt.json";
@@ -125,7 +125,7 @@ impl KillSwitch {
     /// ``the halt file <path> is unreadable or invalid (<cause>); fix or remove it with
     /// `toolgate-server resume` ``.
     pub fn status(&self) -> Status {
-        match File::open(&self.path) {
+        match toolgate_storage::open_regular_read(&self.path, Symlinks::Refuse) {
             Err(e) if e.kind() == io::ErrorKind::NotFound => Status::Running,
             Err(e) => Status::Halted(self.unreadable(&format!("cannot open it: {e}"))),
             Ok(file) => {
@@ -201,7 +201,7 @@ impl KillSwitch {
             }
             Err(e) => return Err(GuardError::io("move aside halt file", &self.path, e)),
         }
-        let halt = File::open(&taken)
+        let halt = toolgate_storage::open_regular_read(&taken, Symlinks::Refuse)
             .map_err(|e| format!("cannot open it: {e}"))
             .and_then(read_halt)
             .unwrap_or_else(|cause| self.unreadable(&cause));

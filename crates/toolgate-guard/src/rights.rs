@@ -29,7 +29,7 @@
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::fmt;
-use std::fs::{self, File};
+use std::fs;
 use std::io::Read as _;
 use std::marker::PhantomData;
 use std::path::{Path, PathBuf};
@@ -233,11 +233,15 @@ impl RightsFile {
             path: self.path.clone(),
             problem,
         };
-        let file = File::open(&self.path).map_err(unreadable)?;
+        // A regular file only, opened without blocking (a FIFO here must not freeze the caller);
+        // the operator chose the path, so a link to a regular file is followed.
+        let file =
+            toolgate_storage::open_regular_read(&self.path, toolgate_storage::Symlinks::Follow)
+                .map_err(|e| match toolgate_storage::FileProblem::of(&e) {
+                    Some(problem) => invalid(problem.to_string()),
+                    None => unreadable(e),
+                })?;
         let meta = file.metadata().map_err(unreadable)?;
-        if !meta.is_file() {
-            return Err(invalid("it is not a regular file".to_owned()));
-        }
         let stamp = Stamp::of(&meta);
         if let Some(cached) = cache.as_ref()
             && cached.stamp == stamp
@@ -579,7 +583,10 @@ mod tests {
         // Simulates a coarse-timestamp filesystem: the rewrite keeps size, inode and mtime.
         let (_dir, file) = setup(ALICE_BOB);
         let mtime = SystemTime::now();
-        let mut f = File::options().write(true).open(file.path()).unwrap();
+        let mut f = std::fs::File::options()
+            .write(true)
+            .open(file.path())
+            .unwrap();
         f.set_modified(mtime).unwrap();
         assert!(file.rights_at("alice", mtime).unwrap().allows("write_note"));
         let revoked = ALICE_BOB.replace("write_note", "write_nope");

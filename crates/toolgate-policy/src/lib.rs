@@ -55,6 +55,9 @@ pub const DEFAULT_CONFIRMATION_TTL_SECS: u64 = 300;
 /// The longest allowed `confirmation.ttl_secs` (one day).
 pub const MAX_CONFIRMATION_TTL_SECS: u64 = 86_400;
 
+/// The largest policy file [`Policy::load`] reads (4 MiB: a 1,000-rule policy is about 100 KiB).
+pub const MAX_POLICY_FILE_BYTES: u64 = 4 << 20;
+
 /// Why a policy could not be loaded. Every message names the problem and how to fix it.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -260,11 +263,22 @@ fn default_effect() -> EffectSafety {
 
 impl Policy {
     /// Reads and parses the policy file at `path`.
+    ///
+    /// The file must be a regular file (a link to one is followed) of at most
+    /// [`MAX_POLICY_FILE_BYTES`]: a FIFO, a device or a larger file is refused without blocking
+    /// or reading it whole.
     pub fn load(path: &Path) -> Result<Self, PolicyError> {
-        let text = std::fs::read_to_string(path).map_err(|source| PolicyError::Io {
+        let io_error = |source| PolicyError::Io {
             path: path.to_owned(),
             source,
-        })?;
+        };
+        let text = toolgate_storage::read_regular_text(
+            path,
+            MAX_POLICY_FILE_BYTES,
+            toolgate_storage::Symlinks::Follow,
+        )
+        .map_err(io_error)?
+        .ok_or_else(|| io_error(std::io::ErrorKind::NotFound.into()))?;
         Self::from_json(&text)
     }
 

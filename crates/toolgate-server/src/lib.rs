@@ -121,8 +121,13 @@ pub struct BuiltServer {
 
 /// Reads an HMAC key file (one trailing newline ignored); the error names the file.
 pub fn load_key(path: &Path) -> anyhow::Result<HmacKey> {
-    let bytes = std::fs::read(path)
-        .with_context(|| format!("cannot read the key file {}", path.display()))?;
+    let bytes = toolgate_storage::read_regular(
+        path,
+        toolgate_canon::MAX_KEY_FILE_BYTES,
+        toolgate_storage::Symlinks::Follow,
+    )
+    .and_then(|bytes| bytes.ok_or_else(|| std::io::ErrorKind::NotFound.into()))
+    .with_context(|| format!("cannot read the key file {}", path.display()))?;
     HmacKey::from_file_bytes(bytes)
         .with_context(|| format!("the key in {} is unusable", path.display()))
 }
@@ -179,8 +184,13 @@ pub fn build(options: &ServerOptions) -> anyhow::Result<BuiltServer> {
     check_contract(options, &live)?;
     let changes = match &options.previous_lock {
         Some(path) => {
-            let text = std::fs::read_to_string(path)
-                .with_context(|| format!("cannot read the previous lockfile {}", path.display()))?;
+            let text = toolgate_storage::read_regular_text(
+                path,
+                toolgate_contract::MAX_LOCKFILE_BYTES,
+                toolgate_storage::Symlinks::Follow,
+            )
+            .and_then(|text| text.ok_or_else(|| std::io::ErrorKind::NotFound.into()))
+            .with_context(|| format!("cannot read the previous lockfile {}", path.display()))?;
             let previous = Lockfile::parse(&text)
                 .with_context(|| format!("the previous lockfile {} is invalid", path.display()))?;
             diff(previous.contract(), live.contract())
@@ -191,6 +201,7 @@ pub fn build(options: &ServerOptions) -> anyhow::Result<BuiltServer> {
     #[cfg(feature = "fault-injection")]
     let hook = fault::hook_from_env()?;
 
+    check_ledger_layout(&options.ledger)?;
     let storage = options.storage();
     let mut audit_config =
         AuditConfig::new(options.ledger.join(AUDIT_FILE)).storage(Arc::clone(&storage));
@@ -268,6 +279,24 @@ pub fn build(options: &ServerOptions) -> anyhow::Result<BuiltServer> {
         effects,
         options: options.clone(),
     })
+}
+
+/// Refuses a ledger whose `notes/` or `effects/` is a link or not a directory: the layout has no
+/// links, and following one would put the notes or the exactly-once journal outside the ledger.
+/// (The ledger directory itself may be a link: the operator chose its path. Files inside these
+/// directories are opened without following links by the stores themselves.)
+fn check_ledger_layout(ledger: &Path) -> anyhow::Result<()> {
+    for dir in [NOTES_DIR, EFFECTS_DIR] {
+        let path = ledger.join(dir);
+        toolgate_storage::check_real_dir(&path).with_context(|| {
+            format!(
+                "{} must be a directory inside the ledger, not a link or a file; move it aside \
+                 and restart",
+                path.display()
+            )
+        })?;
+    }
+    Ok(())
 }
 
 /// Re-reads the policy file and installs it in the running gate: the file is parsed completely

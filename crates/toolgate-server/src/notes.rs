@@ -16,6 +16,9 @@ use toolgate_storage::{Published, Storage, StorageError, TempFile};
 
 /// Suffix of published notes.
 const NOTE_SUFFIX: &str = ".json";
+/// The largest note file read back (a note is one request's text, bounded by the transport's
+/// line limit, so a larger file was not written by this server).
+const MAX_NOTE_BYTES: u64 = 16 << 20;
 /// Length of a SHA-256 in lowercase hex.
 const HEX_LEN: usize = 64;
 
@@ -118,7 +121,7 @@ impl Notes {
         let path = self.path_for(request_id);
         let storage = self.storage.as_ref();
         if let Some(stored) = storage
-            .read(&path)
+            .read(&path, MAX_NOTE_BYTES)
             .map_err(|e| StorageError::new("read note", &path, e))?
         {
             return self.already_there(&path, &stored, &bytes);
@@ -177,7 +180,7 @@ impl Notes {
     }
 
     fn read(&self, path: &Path) -> Result<Vec<u8>, NoteError> {
-        match self.storage.read(path) {
+        match self.storage.read(path, MAX_NOTE_BYTES) {
             Ok(Some(bytes)) => Ok(bytes),
             Ok(None) => Err(NoteError::Corrupt {
                 path: path.to_owned(),

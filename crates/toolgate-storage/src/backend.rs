@@ -9,6 +9,8 @@ use std::os::unix::fs::FileExt as _;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
+use crate::Symlinks;
+
 /// The file operations of toolgate's stores, so that tests can count every write and sync and fail
 /// the Nth one (in the manner of redb's `StorageBackend`). Journal appends are
 /// [`Storage::write_at`] (counted as [`Op::Write`]) made durable by [`Storage::sync_data`]
@@ -22,8 +24,10 @@ use std::sync::Mutex;
 /// Writer locks are deliberately not part of the trait: they are kernel `flock`s whose release on
 /// process death is what makes recovery sound, and a test double could not honour that.
 pub trait Storage: Send + Sync + fmt::Debug {
-    /// The bytes of `path`, or `None` if it does not exist.
-    fn read(&self, path: &Path) -> io::Result<Option<Vec<u8>>>;
+    /// The bytes of the regular file `path` (at most `max_bytes`), or `None` if it does not exist.
+    /// A link, a FIFO, a device or a file over `max_bytes` is an error carrying a
+    /// [`crate::FileProblem`] (see [`crate::read_regular`]), never a blocked or unbounded read.
+    fn read(&self, path: &Path, max_bytes: u64) -> io::Result<Option<Vec<u8>>>;
     /// Up to `len` bytes of the open `file` from `offset` (fewer only at its end).
     fn read_at(&self, file: &File, offset: u64, len: usize) -> io::Result<Vec<u8>>;
     /// Writes all of `bytes` into the open `file` at `offset` (extending it if needed).
@@ -56,12 +60,8 @@ pub trait Storage: Send + Sync + fmt::Debug {
 pub struct FsStorage;
 
 impl Storage for FsStorage {
-    fn read(&self, path: &Path) -> io::Result<Option<Vec<u8>>> {
-        match fs::read(path) {
-            Ok(bytes) => Ok(Some(bytes)),
-            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
-            Err(e) => Err(e),
-        }
+    fn read(&self, path: &Path, max_bytes: u64) -> io::Result<Option<Vec<u8>>> {
+        crate::read_regular(path, max_bytes, Symlinks::Refuse)
     }
 
     fn read_at(&self, file: &File, offset: u64, len: usize) -> io::Result<Vec<u8>> {
@@ -99,7 +99,7 @@ impl Storage for FsStorage {
 
     fn fsync_file(&self, path: &Path) -> io::Result<()> {
         // fdatasync also flushes the size of a newly written file (metadata needed to read it back).
-        OpenOptions::new().write(true).open(path)?.sync_data()
+        crate::open_regular(path, OpenOptions::new().write(true), Symlinks::Refuse)?.sync_data()
     }
 
     fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
@@ -111,7 +111,7 @@ impl Storage for FsStorage {
     }
 
     fn fsync_dir(&self, dir: &Path) -> io::Result<()> {
-        File::open(dir)?.sync_all()
+        crate::open_dir(dir, Symlinks::Follow)?.sync_all()
     }
 
     fn remove(&self, path: &Path) -> io::Result<()> {
@@ -237,8 +237,8 @@ impl FaultyStorage {
 }
 
 impl Storage for FaultyStorage {
-    fn read(&self, path: &Path) -> io::Result<Option<Vec<u8>>> {
-        self.inner.read(path)
+    fn read(&self, path: &Path, max_bytes: u64) -> io::Result<Option<Vec<u8>>> {
+        self.inner.read(path, max_bytes)
     }
 
     fn read_at(&self, file: &File, offset: u64, len: usize) -> io::Result<Vec<u8>> {

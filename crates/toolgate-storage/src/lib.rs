@@ -11,6 +11,9 @@
 //! - [`fsync_dir`], [`create_dir_durably`], [`remove_orphaned_temps`];
 //! - [`GroupCommit`]: leader/follower group commit generic over the job and the answer, with an
 //!   early hand-off for pipelining, used by the audit log and the effect journal;
+//! - [`open_regular`], [`read_regular`], [`open_dir`]: the one way a file is opened: regular
+//!   files only (checked on the descriptor), never blocking on a FIFO or device, links refused
+//!   inside the ledger, reads capped;
 //! - [`LockFile`]: a store's cross-process writer lock (`flock`), released by the kernel when its
 //!   holder dies.
 //!
@@ -24,6 +27,7 @@ mod backend;
 mod durable;
 mod group;
 mod lock;
+mod open;
 
 pub use backend::{FaultyStorage, FsStorage, Op, Storage};
 pub use durable::{
@@ -32,3 +36,7 @@ pub use durable::{
 };
 pub use group::{Caller, GroupCommit, Handoff};
 pub use lock::{LockFile, LockGuard};
+pub use open::{
+    FileProblem, Symlinks, check_real_dir, open_dir, open_regular, open_regular_read, read_capped,
+    read_regular, read_regular_text,
+};

@@ -29,16 +29,20 @@ pub struct LockGuard<'a> {
 }
 
 impl LockFile {
-    /// Opens (creating if absent, never truncating) the lock file at `path`.
+    /// Opens (creating if absent, never truncating) the lock file at `path`: a regular file, not a
+    /// link (see [`crate::open_regular`]).
     pub fn open(path: impl Into<PathBuf>) -> Result<Self, StorageError> {
         let path = path.into();
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .open(&path)
-            .map_err(|e| StorageError::new("open lock file", &path, e))?;
+        let file = crate::open_regular(
+            &path,
+            OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create(true)
+                .truncate(false),
+            crate::Symlinks::Refuse,
+        )
+        .map_err(|e| StorageError::new("open lock file", &path, e))?;
         Ok(LockFile { file, path })
     }
 
