@@ -31,7 +31,7 @@ pub use file::FaultHook;
 pub use file::{AuditConfig, AuditStats, FileAuditLog, Recovery};
 pub use memory::MemoryAuditLog;
 pub use outcome::Outcome;
-pub use record::MAX_LINE_BYTES;
+pub use record::{MAX_LINE_BYTES, MAX_REASON_BYTES, MAX_TEXT_FIELD_BYTES};
 pub use segments::read_records;
 pub use toolgate_canon::{HmacKey, KeyError};
 pub use verify::{

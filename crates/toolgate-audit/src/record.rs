@@ -16,6 +16,49 @@ use crate::{AuditEntry, ProblemKind};
 /// exists so that a garbage file without newlines cannot make a reader allocate without bound.
 pub const MAX_LINE_BYTES: usize = 1 << 20;
 
+/// The longest `request_id`, `method` or `name` recorded as it is, in bytes of UTF-8. A longer
+/// one (a caller's 1 MiB JSON-RPC id, an unknown tool's name) is recorded as `sha256:<hex>` of its
+/// bytes, with its length in `<field>_bytes`, so every decision is audited whatever the size of its
+/// inputs and an audit line always fits [`MAX_LINE_BYTES`].
+pub const MAX_TEXT_FIELD_BYTES: usize = 256;
+
+/// The longest `reason` recorded as it is (reasons are the gate's own words, a few hundred bytes;
+/// longer ones are recorded as their digest and length like the other text fields).
+pub const MAX_REASON_BYTES: usize = 4096;
+
+/// A text field of a record, bounded: the text itself, or its digest when longer than `max`.
+enum Bounded<'a> {
+    Text(&'a str),
+    Digest { text: String, bytes: u64 },
+}
+
+impl<'a> Bounded<'a> {
+    fn of(text: &'a str, max: usize) -> Self {
+        if text.len() <= max {
+            Bounded::Text(text)
+        } else {
+            Bounded::Digest {
+                text: format!("sha256:{}", Sha256Digest::of(text.as_bytes())),
+                bytes: u64::try_from(text.len()).unwrap_or(u64::MAX),
+            }
+        }
+    }
+
+    fn text(&self) -> &str {
+        match self {
+            Bounded::Text(text) => text,
+            Bounded::Digest { text, .. } => text,
+        }
+    }
+
+    fn bytes(&self) -> Option<u64> {
+        match self {
+            Bounded::Text(_) => None,
+            Bounded::Digest { bytes, .. } => Some(*bytes),
+        }
+    }
+}
+
 /// A record ready to be written.
 #[derive(Debug)]
 pub(crate) struct Sealed {
@@ -96,20 +139,37 @@ pub(crate) fn seal(
     prev: Sha256Digest,
 ) -> Sealed {
     let prev_hex = prev.hex_bytes();
+    let request_id = Bounded::of(&entry.request_id, MAX_TEXT_FIELD_BYTES);
+    let method = Bounded::of(&entry.method, MAX_TEXT_FIELD_BYTES);
+    let name = Bounded::of(&entry.name, MAX_TEXT_FIELD_BYTES);
+    let reason = entry
+        .reason
+        .as_deref()
+        .map(|reason| Bounded::of(reason, MAX_REASON_BYTES));
     let mut members: Vec<(&str, Field<'_>)> = Vec::with_capacity(12 + extra.len());
     members.extend([
         ("ts", Field::Number(ts)),
-        ("request_id", Field::Text(entry.request_id.as_str())),
-        ("method", Field::Text(entry.method.as_str())),
-        ("name", Field::Text(entry.name.as_str())),
+        ("request_id", Field::Text(request_id.text())),
+        ("method", Field::Text(method.text())),
+        ("name", Field::Text(name.text())),
         ("decision", Field::Text(entry.decision.as_str())),
         ("outcome", Field::Text(entry.outcome.as_str())),
         ("args_digest", Field::Digest(entry.args_digest)),
         ("prev_sha256", Field::Digest(prev)),
         ("seq", Field::Number(seq)),
     ]);
-    if let Some(reason) = &entry.reason {
-        members.push(("reason", Field::Text(reason.as_str())));
+    if let Some(reason) = &reason {
+        members.push(("reason", Field::Text(reason.text())));
+    }
+    for (key, field) in [
+        ("request_id_bytes", Some(&request_id)),
+        ("method_bytes", Some(&method)),
+        ("name_bytes", Some(&name)),
+        ("reason_bytes", reason.as_ref()),
+    ] {
+        if let Some(bytes) = field.and_then(Bounded::bytes) {
+            members.push((key, Field::Number(bytes)));
+        }
     }
     if let Some(digest) = entry.policy_digest {
         members.push(("policy_digest", Field::Digest(digest)));
@@ -380,6 +440,51 @@ mod tests {
         assert!(text.contains("\"reason\":\"policy allow\""), "{text}");
         assert!(text.contains("\"seq\":2,"), "{text}");
         assert_eq!(link.seq, SeqField::Valid(2));
+    }
+
+    #[test]
+    fn oversized_text_fields_are_recorded_as_digest_and_length() {
+        let long_id = "i".repeat(2 << 20);
+        let long_name = "n".repeat(MAX_TEXT_FIELD_BYTES + 1);
+        let long_reason = "r".repeat(MAX_REASON_BYTES + 1);
+        let entry = AuditEntry::tool_call(
+            long_id.as_str(),
+            long_name.as_str(),
+            Decision::Deny,
+            crate::Outcome::NotExecuted,
+            Sha256Digest::of(b"{}"),
+        )
+        .with_reason(long_reason.as_str());
+        let sealed = seal(&entry, vec![], 1, 1, Sha256Digest::ZERO);
+        assert!(sealed.line.len() < 1024, "{}", sealed.line.len());
+        check_line(sealed.line.strip_suffix(b"\n").unwrap()).unwrap();
+        let record: Value = serde_json::from_slice(&sealed.line).unwrap();
+        for (field, text) in [
+            ("request_id", &long_id),
+            ("name", &long_name),
+            ("reason", &long_reason),
+        ] {
+            assert_eq!(
+                record[field],
+                format!("sha256:{}", Sha256Digest::of(text.as_bytes())),
+                "{field}"
+            );
+            assert_eq!(record[format!("{field}_bytes")], text.len(), "{field}");
+        }
+        assert!(record.get("method_bytes").is_none());
+        // At the limit, the text itself and no length.
+        let id = "i".repeat(MAX_TEXT_FIELD_BYTES);
+        let entry = AuditEntry::tool_call(
+            id.as_str(),
+            "write_note",
+            Decision::Deny,
+            crate::Outcome::NotExecuted,
+            Sha256Digest::of(b"{}"),
+        );
+        let record: Value =
+            serde_json::from_slice(&seal(&entry, vec![], 1, 1, Sha256Digest::ZERO).line).unwrap();
+        assert_eq!(record["request_id"], id.as_str());
+        assert!(record.get("request_id_bytes").is_none());
     }
 
     #[test]

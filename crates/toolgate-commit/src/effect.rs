@@ -144,7 +144,8 @@ pub struct Scope {
 pub struct EffectRequest {
     /// Whose key it is.
     pub scope: Scope,
-    /// The idempotency key: non-empty, at most 1024 bytes of UTF-8, no control characters.
+    /// The idempotency key: non-empty, at most [`MAX_KEY_BYTES`] bytes of UTF-8, no control
+    /// characters.
     pub key: String,
     /// What the request asks (e.g. SHA-256 of canonical arguments and the input schema digest).
     pub fingerprint: Sha256Digest,
@@ -651,7 +652,7 @@ pub enum EffectError {
 
     /// The key (or scope) is not acceptable.
     #[error(
-        "invalid idempotency key: {reason}; use a non-empty key of at most 1024 bytes of UTF-8 \
+        "invalid idempotency key: {reason}; use a non-empty key of at most 2048 bytes of UTF-8 \
          without control characters"
     )]
     InvalidKey {
@@ -2185,10 +2186,11 @@ impl CounterTable {
 
 /// The longest key accepted, in bytes of UTF-8: keys come from tool arguments (an untrusted
 /// caller), so a bound keeps one request from making the store hash and log arbitrarily large
-/// strings; 1024 bytes is far above any realistic request id.
-const MAX_KEY_BYTES: usize = 1024;
+/// strings. The gate refuses caller keys over 1024 bytes before dispatch and adds a short
+/// namespace prefix (`key:`), so every key it derives fits well within this.
+pub const MAX_KEY_BYTES: usize = 2048;
 
-/// Refuses empty keys, keys over 1024 bytes and keys with control characters. The reason never
+/// Refuses empty keys, keys over [`MAX_KEY_BYTES`] and keys with control characters. The reason never
 /// quotes the key, because keys are caller input and errors reach logs.
 fn check_key(key: &str) -> Result<(), EffectError> {
     let reason = if key.is_empty() {

@@ -266,7 +266,11 @@ fn keys_are_scoped_to_principal_and_tool_and_checked() {
             let t = ticket(execute(name, backend, &r, kind));
             backend.complete(t, &result(7)).unwrap();
         }
-        for key in [String::new(), "x".repeat(1025), "a\u{7}b".to_owned()] {
+        for key in [
+            String::new(),
+            "x".repeat(toolgate_commit::effect::MAX_KEY_BYTES + 1),
+            "a\u{7}b".to_owned(),
+        ] {
             assert!(
                 matches!(
                     backend.begin(&simple(&key, "a"), kind),

@@ -14,11 +14,81 @@ use toolgate_canon::Sha256Digest;
 use toolgate_commit::effect::EffectKind;
 use toolgate_policy::{EffectSafety, Idempotency, ReplayMarker};
 
+use crate::refusal::Refusal;
+
 /// The `_meta` key a client may use to pass an idempotency key.
 pub const IDEMPOTENCY_KEY_META: &str = "io.toolgate/idempotencyKey";
 
-/// Keys longer than this are stored as their digest.
-const MAX_KEY_LEN: usize = 1024;
+/// The longest idempotency key a caller may pass (argument or `_meta`), in bytes of UTF-8.
+/// Checked with the other argument rules before dispatch ([`key_refusal`]), so the effect store
+/// never sees a key it would refuse.
+pub const MAX_IDEMPOTENCY_KEY_BYTES: usize = 1024;
+
+/// The refusal of a caller's idempotency key (the policy's `key_argument`, else the `_meta` key):
+/// empty, over [`MAX_IDEMPOTENCY_KEY_BYTES`], or with a control character. Same shape as every
+/// argument refusal; the key itself is never quoted.
+pub(crate) fn key_refusal(
+    settings: &Idempotency,
+    tool: &str,
+    arguments: Option<&JsonObject>,
+    meta: &RequestMetaObject,
+) -> Option<Refusal> {
+    let from_argument = settings.key_argument.as_deref().and_then(|field| {
+        arguments
+            .and_then(|a| a.get(field))
+            .and_then(Value::as_str)
+            .map(|key| (field, key))
+    });
+    let (field, key) = from_argument.or_else(|| {
+        meta.0
+            .0
+            .get(IDEMPOTENCY_KEY_META)
+            .and_then(Value::as_str)
+            .map(|key| (IDEMPOTENCY_KEY_META, key))
+    })?;
+    let (check, problem) = if key.is_empty() {
+        ("min_bytes", "is empty".to_owned())
+    } else if key.len() > MAX_IDEMPOTENCY_KEY_BYTES {
+        (
+            "max_bytes",
+            format!(
+                "has {} bytes, more than {MAX_IDEMPOTENCY_KEY_BYTES}",
+                key.len()
+            ),
+        )
+    } else if let Some((offset, c)) = key.char_indices().find(|(_, c)| c.is_control()) {
+        (
+            "control_characters",
+            format!(
+                "contains the control character U+{:04X} at byte {offset}",
+                u32::from(c)
+            ),
+        )
+    } else {
+        return None;
+    };
+    let rule = format!("idempotency.{tool}.key.{check}");
+    let fix = format!(
+        "pass a key of 1 to {MAX_IDEMPOTENCY_KEY_BYTES} bytes of UTF-8 without control characters"
+    );
+    let shown = if field == IDEMPOTENCY_KEY_META {
+        format!("the `_meta` key `{IDEMPOTENCY_KEY_META}`")
+    } else {
+        format!("argument `{field}`")
+    };
+    let mut refusal = Refusal::argument(
+        tool,
+        field,
+        rule.clone(),
+        json!({"min_bytes": 1, "max_bytes": MAX_IDEMPOTENCY_KEY_BYTES, "control_characters": false}),
+        format!(
+            "Error: {shown} of `{tool}` is its idempotency key and {problem} (policy rule {rule}); {fix}"
+        ),
+        &fix,
+    );
+    refusal.details["received"] = json!({"bytes": key.len()});
+    Some(refusal)
+}
 
 /// The idempotency key of a call.
 pub(crate) fn key_for(
@@ -34,8 +104,8 @@ pub(crate) fn key_for(
         .and_then(Value::as_str);
     let from_meta = || meta.0.0.get(IDEMPOTENCY_KEY_META).and_then(Value::as_str);
     match from_argument.or_else(from_meta) {
-        Some(key) if !key.is_empty() && key.len() <= MAX_KEY_LEN => format!("key:{key}"),
-        Some(key) if !key.is_empty() => format!("key-sha256:{}", Sha256Digest::of(key.as_bytes())),
+        // Checked by `key_refusal` before dispatch: 1 to 1024 bytes, no control characters.
+        Some(key) if !key.is_empty() => format!("key:{key}"),
         _ => format!("args:{args_digest}"),
     }
 }
@@ -146,8 +216,56 @@ mod tests {
             key_for(&settings, Some(&no_id), &none, digest),
             format!("args:{digest}")
         );
-        let long = object(json!({"request_id": "x".repeat(2000)}));
-        assert!(key_for(&settings, Some(&long), &none, digest).starts_with("key-sha256:"));
+    }
+
+    #[test]
+    fn keys_are_refused_at_the_boundaries_and_for_control_characters() {
+        let settings: Idempotency =
+            serde_json::from_value(json!({"key_argument": "request_id"})).expect("valid");
+        let none = RequestMetaObject::default();
+        let refusal = |key: &str| {
+            let args = object(json!({"request_id": key}));
+            key_refusal(&settings, "write_note", Some(&args), &none).map(|r| r.rule)
+        };
+        // 1024 bytes of UTF-8 made of multi-byte characters: the limit is in bytes.
+        let at_limit = "\u{e9}".repeat(MAX_IDEMPOTENCY_KEY_BYTES / 2);
+        assert_eq!(at_limit.len(), MAX_IDEMPOTENCY_KEY_BYTES);
+        assert_eq!(refusal(&at_limit), None);
+        assert_eq!(refusal(&"k".repeat(1023)), None);
+        assert_eq!(refusal(&"k".repeat(1024)), None);
+        assert_eq!(
+            refusal(&"k".repeat(1025)).as_deref(),
+            Some("idempotency.write_note.key.max_bytes")
+        );
+        assert_eq!(
+            refusal(&format!("{at_limit}k")).as_deref(),
+            Some("idempotency.write_note.key.max_bytes")
+        );
+        assert_eq!(
+            refusal("").as_deref(),
+            Some("idempotency.write_note.key.min_bytes")
+        );
+        for control in ["a\nb", "a\u{0}b", "a\u{7f}b", "a\u{85}b"] {
+            assert_eq!(
+                refusal(control).as_deref(),
+                Some("idempotency.write_note.key.control_characters"),
+                "{control:?}"
+            );
+        }
+        // The `_meta` key is checked the same way when no argument carries the key.
+        let mut meta = RequestMetaObject::default();
+        meta.0
+            .0
+            .insert(IDEMPOTENCY_KEY_META.to_owned(), json!("k".repeat(1025)));
+        let no_id = object(json!({"text": "t"}));
+        let refused = key_refusal(&settings, "write_note", Some(&no_id), &meta).unwrap();
+        assert_eq!(refused.details["field"], IDEMPOTENCY_KEY_META);
+        assert_eq!(refused.details["received"]["bytes"], 1025);
+        assert!(
+            refused.message.starts_with("Error: "),
+            "{}",
+            refused.message
+        );
     }
 
     #[test]

@@ -74,6 +74,7 @@ impl ArgumentChecker {
             &input,
             input_schema,
             arguments,
+            &rmcp::model::RequestMetaObject::default(),
         ) else {
             return Verdict::Admitted;
         };

@@ -91,9 +91,6 @@ pub struct Preparation {
 /// At most this many changes are shown in a refusal's contract note.
 const MAX_CONTRACT_CHANGES: usize = 5;
 
-/// Request ids longer than this are recorded as their digest, so a caller cannot bloat the log.
-const MAX_RECORDED_REQUEST_ID: usize = 256;
-
 /// Why a gate could not be built.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -420,12 +417,8 @@ impl<H: ServerHandler> Gated<H> {
             .and_then(Value::as_object)
             .is_some_and(|properties| properties.contains_key(&self.request_id_field));
         match arguments.and_then(|a| a.get(&self.request_id_field)) {
-            Some(Value::String(id)) if declared && id.len() <= MAX_RECORDED_REQUEST_ID => {
-                id.clone()
-            }
-            Some(Value::String(id)) if declared => {
-                format!("sha256:{}", Sha256Digest::of(id.as_bytes()))
-            }
+            // However long: the audit record keeps a long one as its digest and length.
+            Some(Value::String(id)) if declared => id.clone(),
             _ => format!("rpc:{rpc_id}"),
         }
     }

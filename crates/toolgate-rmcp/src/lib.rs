@@ -26,7 +26,7 @@ mod schema;
 mod state;
 
 pub use blocking::{Cancelled, run as run_blocking};
-pub use exactly_once::{IDEMPOTENCY_KEY_META, REPLAYED_META};
+pub use exactly_once::{IDEMPOTENCY_KEY_META, MAX_IDEMPOTENCY_KEY_BYTES, REPLAYED_META};
 pub use gate::{
     CONFIRM_ACTION, CONTRACT_DIGEST_META_KEY, EffectProbe, GateError, Gated, GatedBuilder, HALTED,
     Preflight, Preparation, ProbeAnswer, REJECT_ACTION, TOOL_NOT_FOUND,

@@ -133,6 +133,7 @@ impl<H: ServerHandler> Gated<H> {
             &input,
             &tool.input_schema,
             arguments,
+            &context.meta,
         );
         if refusal.is_none() {
             refusal = self.batch_refusal(&policy, &name, arguments).await;
@@ -803,7 +804,8 @@ fn limit(rate: toolgate_policy::Rate) -> Limit {
 
 /// Step 4 of the pipeline: the first refusal of a call's arguments, in this order: the input
 /// schema's top-level shape (required and unknown arguments), the policy's argument rules (from
-/// `decision`), the full JSON Schema, then path containment through symbolic links.
+/// `decision`), the full JSON Schema, path containment through symbolic links, then the
+/// idempotency key's limits (for a tool the policy makes exactly-once).
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn argument_refusal(
     schemas: &SchemaCache,
@@ -814,6 +816,7 @@ pub(crate) fn argument_refusal(
     input: &InputShape,
     input_schema: &Arc<JsonObject>,
     arguments: Option<&Map<String, Value>>,
+    meta: &rmcp::model::RequestMetaObject,
 ) -> Option<Refusal> {
     input
         .problem(name, arguments)
@@ -823,6 +826,11 @@ pub(crate) fn argument_refusal(
         })
         .or_else(|| schemas.check(name, input_schema, arguments).err())
         .or_else(|| path_refusal(policy, principal, name, arguments))
+        .or_else(|| {
+            policy.idempotency(name).and_then(|settings| {
+                crate::exactly_once::key_refusal(settings, name, arguments, meta)
+            })
+        })
 }
 
 /// The refusal of a path argument that lies inside its roots lexically but leaves them through a
