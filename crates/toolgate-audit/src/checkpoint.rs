@@ -14,7 +14,7 @@ use toolgate_canon::{HmacKey, Sha256Digest, canonical_value};
 pub(crate) const MAC_PREFIX: &[u8] = b"toolgate-audit-checkpoint-v1\n";
 
 /// One signed checkpoint: after `count` records the chain head was `head`.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub struct Checkpoint {
     /// How many records the log held (the `seq` of the record whose `sha256` is `head`).

@@ -98,6 +98,24 @@ pub enum AuditError {
         path: PathBuf,
     },
 
+    /// A torn tail (bytes after the last newline, left by an interrupted write) could not be saved
+    /// as evidence, so it was not repaired. The log is unchanged (the torn bytes are cut off only
+    /// once they are durable elsewhere) and no `.torn-*` file was left behind; nothing was appended.
+    #[error(
+        "the audit log {} ends with {torn_bytes} torn bytes that could not be saved as evidence before the repair ({source}); the log was left unchanged and no evidence file was kept; free space on that filesystem or fix its permissions, then open the log again (the repair is retried)",
+        log.display()
+    )]
+    TornTailNotSaved {
+        /// The log whose tail is torn.
+        log: PathBuf,
+        /// How many bytes follow the last newline.
+        torn_bytes: u64,
+        /// The storage step that failed (writing, syncing or linking the evidence file, or syncing
+        /// its directory).
+        #[source]
+        source: toolgate_storage::StorageError,
+    },
+
     /// The thread that was writing this record's batch panicked (for instance in a fault hook), so
     /// whether the record reached the disk is unknown.
     #[error(
@@ -143,6 +161,19 @@ impl AuditError {
                 detail: detail.clone(),
             },
             AuditError::SegmentExists { path } => AuditError::SegmentExists { path: path.clone() },
+            AuditError::TornTailNotSaved {
+                log,
+                torn_bytes,
+                source,
+            } => AuditError::TornTailNotSaved {
+                log: log.clone(),
+                torn_bytes: *torn_bytes,
+                source: toolgate_storage::StorageError::new(
+                    source.op,
+                    source.path.clone(),
+                    io_copy(&source.source),
+                ),
+            },
             AuditError::WriterPanicked => AuditError::WriterPanicked,
         }
     }

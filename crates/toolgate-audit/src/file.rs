@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard, OnceLock};
 use std::time::{SystemTime, UNIX_EPOCH};
-use toolgate_storage::{FsStorage, Storage, Symlinks};
+use toolgate_storage::{FsStorage, Published, Storage, StorageError, Symlinks, TempFile};
 
 use serde_json::Value;
 use toolgate_canon::{HmacKey, Sha256Digest};
@@ -625,39 +625,53 @@ impl FileAuditLog {
         Ok(())
     }
 
-    /// Writes `torn` durably to a new `<logname>.torn-<ts>` file and returns its path.
+    /// Writes `torn` durably to a new `<logname>.torn-<ts>` file through the log's storage and
+    /// returns its path.
+    ///
+    /// The bytes go to a temporary file first (written and fdatasynced), which is then linked to
+    /// its evidence name (never replacing an earlier repair's file) and the directory fsynced. So a
+    /// `.torn-*` file exists only with all of its bytes: a full disk or any other failed step leaves
+    /// no empty or partial evidence file, and the caller keeps the log unchanged.
     fn save_torn(&self, torn: &[u8], ts: u64) -> Result<PathBuf, AuditError> {
+        let storage = self.storage.as_ref();
         let dir = parent_dir(&self.path);
         let name = self
             .path
             .file_name()
             .map(|n| n.to_string_lossy().into_owned())
             .unwrap_or_default();
-        // create_new never overwrites an earlier repair's evidence; a clash (same ns) tries the next
-        // number.
+        let not_saved = |source| AuditError::TornTailNotSaved {
+            log: self.path.clone(),
+            torn_bytes: u64::try_from(torn.len()).unwrap_or(u64::MAX),
+            source,
+        };
+        let temp_stem = format!("{name}.torn");
+        // A clash (an earlier repair in the same ns) tries the next number.
         let mut suffix = ts;
-        loop {
+        let candidate = loop {
             let candidate = dir.join(format!("{name}.torn-{suffix}"));
-            match OpenOptions::new()
-                .write(true)
-                .create_new(true)
-                .open(&candidate)
-            {
-                Ok(mut file) => {
-                    file.write_all(torn).map_err(io_err("write", &candidate))?;
-                    file.sync_all().map_err(io_err("fsync", &candidate))?;
-                    sync_dir(&dir)?;
-                    return Ok(candidate);
+            // Dropping `temp` (on error, or once linked) removes the temporary name.
+            let temp = TempFile::write(storage, &dir, &temp_stem, torn).map_err(not_saved)?;
+            match temp.publish_new(&candidate).map_err(not_saved)? {
+                Published::Created => break candidate,
+                Published::Exists if suffix < ts.saturating_add(1000) => suffix += 1,
+                Published::Exists => {
+                    return Err(not_saved(StorageError::new(
+                        "find a free evidence name (1000 were taken), last",
+                        candidate,
+                        io::Error::from(io::ErrorKind::AlreadyExists),
+                    )));
                 }
-                Err(e)
-                    if e.kind() == io::ErrorKind::AlreadyExists
-                        && suffix < ts.saturating_add(1000) =>
-                {
-                    suffix += 1;
-                }
-                Err(e) => return Err(io_err("create", &candidate)(e)),
             }
+        };
+        if let Err(e) = toolgate_storage::fsync_dir(storage, &dir) {
+            // The new name might not survive a power loss. The log keeps the torn bytes, so the
+            // retried repair saves them again; removing this copy keeps one evidence file per
+            // repair (best effort: if it stays, it is complete).
+            let _ = storage.remove(&candidate);
+            return Err(not_saved(e));
         }
+        Ok(candidate)
     }
 
     /// Writes `bytes` (whole lines) to the active file and fsyncs, keeping `known_len` honest.

@@ -35,7 +35,8 @@ pub use record::{MAX_LINE_BYTES, MAX_REASON_BYTES, MAX_TEXT_FIELD_BYTES};
 pub use segments::read_records;
 pub use toolgate_canon::{HmacKey, KeyError};
 pub use verify::{
-    Problem, ProblemKind, VerifyOptions, VerifyReport, verify, verify_file, verify_reader,
+    Problem, ProblemKind, VerifyOptions, VerifyReport, Warning, WarningKind, verify, verify_file,
+    verify_reader,
 };
 
 /// The gate's decision for one call, written as `"allow"` or `"deny"`.

@@ -1,6 +1,7 @@
 //! The verifier: walks a log (rotated segments, then the active file) line by line and reports the
 //! first place where the chain, the sequence numbers or a signed checkpoint disagree.
 
+use std::collections::HashSet;
 use std::fmt;
 use std::fs::File;
 use std::io::{BufRead, BufReader, Read};
@@ -21,13 +22,26 @@ pub struct VerifyReport {
     pub records: u64,
     /// The `sha256` of the last good record (`"0" * 64` when there is none).
     pub head: Sha256Digest,
-    /// The first problem found, if any.
+    /// The first problem found, if any. A bad checkpoint line comes first, then the first bad
+    /// line of the log, then a checkpoint missing from the checkpoint file or the mirror.
     pub problem: Option<Problem>,
-    /// Checkpoints whose signature verified and whose `(count, head)` the log was checked against.
+    /// Distinct checkpoints (of the checkpoint file and the mirror together) whose signature
+    /// verified and whose `(count, head)` the log was checked against.
     pub checkpoints_verified: u64,
     /// Checkpoint lines present but not checked because no key was given: without the key,
     /// truncation after a line boundary and a re-chained replacement are not detectable.
     pub checkpoints_unchecked: u64,
+    /// With a key, when the log itself verified: how many records follow the newest verified
+    /// checkpoint (all of them when there is none). No signature covers them, so cutting them off
+    /// is not detectable. `None` without a key or when the log is broken.
+    pub records_after_checkpoint: Option<u64>,
+    /// With [`VerifyOptions::checkpoint_mirror`]: the first checkpoint present in one of the two
+    /// files and missing from the other ([`ProblemKind::CheckpointMissing`]). It is also
+    /// [`problem`](Self::problem) when nothing else is wrong; kept here so that it is reported
+    /// next to a log problem too.
+    pub checkpoint_mismatch: Option<Problem>,
+    /// Conditions that do not break the log but limit what verification proved.
+    pub warnings: Vec<Warning>,
 }
 
 impl VerifyReport {
@@ -47,8 +61,21 @@ impl fmt::Display for VerifyReport {
                 self.records, self.head
             )?,
         }
+        if let Some(mismatch) = &self.checkpoint_mismatch
+            && self.problem.as_ref() != Some(mismatch)
+        {
+            write!(f, "; also {mismatch}")?;
+        }
         if self.checkpoints_verified > 0 {
             write!(f, "; {} checkpoints verified", self.checkpoints_verified)?;
+            if let Some(after) = self.records_after_checkpoint
+                && after > 0
+            {
+                write!(
+                    f,
+                    "; {after} records after the newest checkpoint (not covered by any signature)"
+                )?;
+            }
         }
         if self.checkpoints_unchecked > 0 {
             write!(
@@ -57,7 +84,45 @@ impl fmt::Display for VerifyReport {
                 self.checkpoints_unchecked
             )?;
         }
+        for warning in &self.warnings {
+            write!(f, "; WARNING: {}", warning.detail)?;
+        }
         Ok(())
+    }
+}
+
+/// Something verification could not vouch for although nothing is broken; it does not change
+/// the exit status of `audit verify`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Warning {
+    /// What kind of limitation.
+    pub kind: WarningKind,
+    /// A human-readable explanation naming the files and what to check.
+    pub detail: String,
+}
+
+impl fmt::Display for Warning {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.kind.as_str(), self.detail)
+    }
+}
+
+/// The kinds of [`Warning`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum WarningKind {
+    /// A key was given, but neither the checkpoint file nor the mirror holds a checkpoint line:
+    /// nothing is signed, so the key adds nothing to the chain check.
+    NoCheckpoints,
+}
+
+impl WarningKind {
+    /// The stable name used in reports and scripts.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            WarningKind::NoCheckpoints => "no_checkpoints",
+        }
     }
 }
 
@@ -66,7 +131,8 @@ impl fmt::Display for VerifyReport {
 #[non_exhaustive]
 pub struct Problem {
     /// The 1-based line number, in the file named by `segment` (a rotated segment), by
-    /// `checkpoint_file` (for [`ProblemKind::BadCheckpointSignature`]), or else in the active file.
+    /// `checkpoint_file` (for [`ProblemKind::BadCheckpointSignature`] and
+    /// [`ProblemKind::CheckpointMissing`]), or else in the active file.
     pub line: u64,
     /// The kind of damage.
     pub kind: ProblemKind,
@@ -77,7 +143,8 @@ pub struct Problem {
     pub seq: Option<u64>,
     /// The rotated segment holding `line`; `None` when it is in the active file.
     pub segment: Option<PathBuf>,
-    /// The checkpoint file holding `line`, for [`ProblemKind::BadCheckpointSignature`].
+    /// The checkpoint file (or mirror) holding `line`, for
+    /// [`ProblemKind::BadCheckpointSignature`] and [`ProblemKind::CheckpointMissing`].
     pub checkpoint_file: Option<PathBuf>,
 }
 
@@ -128,6 +195,11 @@ pub enum ProblemKind {
     TruncatedBeforeCheckpoint,
     /// A checkpoint line is malformed or its MAC does not verify under the given key.
     BadCheckpointSignature,
+    /// A checkpoint is in the checkpoint file but not in the mirror, or the other way round: one
+    /// of them was deleted, rolled back or rewritten, or the mirror fell behind (a crash or a
+    /// failed write between the two appends). `line` and `checkpoint_file` name the checkpoint's
+    /// place in the file that has it.
+    CheckpointMissing,
 }
 
 impl ProblemKind {
@@ -143,6 +215,7 @@ impl ProblemKind {
             ProblemKind::TornTail => "torn_tail",
             ProblemKind::TruncatedBeforeCheckpoint => "truncated_before_checkpoint",
             ProblemKind::BadCheckpointSignature => "bad_checkpoint_signature",
+            ProblemKind::CheckpointMissing => "checkpoint_missing",
         }
     }
 }
@@ -159,6 +232,7 @@ pub struct VerifyOptions {
     log_path: PathBuf,
     key: Option<HmacKey>,
     checkpoints_path: Option<PathBuf>,
+    mirror: Option<PathBuf>,
 }
 
 impl VerifyOptions {
@@ -168,6 +242,7 @@ impl VerifyOptions {
             log_path: log_path.into(),
             key: None,
             checkpoints_path: None,
+            mirror: None,
         }
     }
 
@@ -177,10 +252,22 @@ impl VerifyOptions {
         self
     }
 
-    /// Read checkpoints from `path` (for instance the mirror) instead of
-    /// `<log dir>/<stem>.checkpoints.jsonl`.
+    /// Read checkpoints from `path` instead of `<log dir>/<stem>.checkpoints.jsonl`.
     pub fn checkpoints_path(mut self, path: impl Into<PathBuf>) -> Self {
         self.checkpoints_path = Some(path.into());
+        self
+    }
+
+    /// Also read the mirror at `path` (the file the writer was given as
+    /// [`AuditConfig::checkpoint_mirror`](crate::AuditConfig::checkpoint_mirror)) and compare it
+    /// with the checkpoint file:
+    ///
+    /// - with a key, every line of both files must verify, and the log is checked against the
+    ///   checkpoints of both, so a cut is caught against the newest checkpoint in either file;
+    /// - with or without a key, a checkpoint in one file and not in the other is a
+    ///   [`ProblemKind::CheckpointMissing`] (a mirror that does not exist has no checkpoints).
+    pub fn checkpoint_mirror(mut self, path: impl Into<PathBuf>) -> Self {
+        self.mirror = Some(path.into());
         self
     }
 
@@ -192,21 +279,46 @@ impl VerifyOptions {
 }
 
 /// Verifies the log named by `options`: every rotated segment in order, then the active file, then
-/// (with a key) every checkpoint. `Err` only when a file cannot be read; damage is in the report.
+/// (with a key) every checkpoint, and with a mirror the agreement of the two checkpoint files.
+/// `Err` only when a file cannot be read; damage is in the report.
 ///
 /// A missing checkpoint file counts as no checkpoints: its deletion is detectable only by
 /// verifying against the mirror (see docs/audit-format.md).
 pub fn verify(options: &VerifyOptions) -> Result<VerifyReport, AuditError> {
-    let cp_path = options.checkpoints_file();
-    let (checkpoints, bad_checkpoint, unchecked) = match &options.key {
-        Some(key) => {
-            let (good, bad) = load_checkpoints(&cp_path, key)?;
-            (good, bad, 0)
-        }
-        None => (Vec::new(), None, count_checkpoint_lines(&cp_path)?),
+    let key = options.key.as_ref();
+    let primary = CheckpointFile::load(options.checkpoints_file(), key)?;
+    let mirror = match &options.mirror {
+        Some(path) => Some(CheckpointFile::load(path.clone(), key)?),
+        None => None,
     };
-    let verified = u64::try_from(checkpoints.len()).unwrap_or(u64::MAX);
-    let mut walker = Walker::new(checkpoints);
+    let mismatch = mirror.as_ref().and_then(|m| compare(&primary, m));
+    let bad_checkpoint = primary
+        .bad
+        .clone()
+        .or_else(|| mirror.as_ref().and_then(|m| m.bad.clone()));
+    // The log is checked against the verified checkpoints of both files; one in both counts once.
+    let mut anchors: Vec<Anchor> = Vec::new();
+    if key.is_some() {
+        anchors.extend(primary.good.iter().map(|(line, cp)| Anchor {
+            line: *line,
+            checkpoint: cp.clone(),
+            mirror_only: false,
+        }));
+        if let Some(m) = &mirror {
+            let known: HashSet<&Checkpoint> = primary.good.iter().map(|(_, cp)| cp).collect();
+            anchors.extend(m.good.iter().filter(|(_, cp)| !known.contains(cp)).map(
+                |(line, cp)| Anchor {
+                    line: *line,
+                    checkpoint: cp.clone(),
+                    mirror_only: true,
+                },
+            ));
+        }
+        anchors.sort_by_key(|a| a.checkpoint.count);
+    }
+    let verified = u64::try_from(anchors.len()).unwrap_or(u64::MAX);
+    let newest = anchors.last().map(|a| a.checkpoint.count);
+    let mut walker = Walker::new(anchors, options.mirror.clone());
     for file in chain_files(&options.log_path)? {
         let segment = (file != options.log_path).then(|| file.clone());
         let reader = File::open(&file).map_err(|source| AuditError::Io {
@@ -222,15 +334,179 @@ pub fn verify(options: &VerifyOptions) -> Result<VerifyReport, AuditError> {
         }
     }
     let mut report = walker.finish();
-    report.checkpoints_unchecked = unchecked;
+    if key.is_some() {
+        if report.problem.is_none() {
+            report.records_after_checkpoint =
+                Some(report.records.saturating_sub(newest.unwrap_or(0)));
+        }
+        if primary.lines == 0 && mirror.as_ref().is_none_or(|m| m.lines == 0) {
+            report
+                .warnings
+                .push(no_checkpoints(&primary, mirror.as_ref(), report.records));
+        }
+    } else {
+        // Without a key, a line of the mirror that is also in the checkpoint file counts once.
+        let in_both = mirror.as_ref().map_or(0, |m| {
+            let known: HashSet<&Checkpoint> = primary.good.iter().map(|(_, cp)| cp).collect();
+            let shared = m.good.iter().filter(|(_, cp)| known.contains(cp)).count();
+            u64::try_from(shared).unwrap_or(u64::MAX)
+        });
+        report.checkpoints_unchecked =
+            (primary.lines + mirror.as_ref().map_or(0, |m| m.lines)).saturating_sub(in_both);
+    }
+    report.checkpoint_mismatch = mismatch.clone();
     if let Some(problem) = bad_checkpoint {
         // Forged or damaged anchors are reported before anything else: the log checks above used
         // only the checkpoints that verified.
         report.problem = Some(problem);
     } else {
-        report.checkpoints_verified = verified;
+        if key.is_some() {
+            report.checkpoints_verified = verified;
+        }
+        if report.problem.is_none() {
+            report.problem = mismatch;
+        }
     }
     Ok(report)
+}
+
+/// The warning for a verification with a key that found no checkpoint line anywhere.
+fn no_checkpoints(
+    primary: &CheckpointFile,
+    mirror: Option<&CheckpointFile>,
+    records: u64,
+) -> Warning {
+    let files = match mirror {
+        Some(m) => format!("{} nor in the mirror {}", primary.describe(), m.describe()),
+        None => primary.describe(),
+    };
+    Warning {
+        kind: WarningKind::NoCheckpoints,
+        detail: format!(
+            "a key was given but no checkpoint was found in {files}: none of the {records} records is covered by a signature, so truncation and re-chained replacement are not detected; check that the writer runs with the key (--audit-key-file), which writes a checkpoint every --checkpoint-every records and at clean shutdown, and that the checkpoint file was not deleted"
+        ),
+    }
+}
+
+/// The checkpoints of one file. With a key, `good` holds the lines that verified; without one,
+/// the lines that parse (unverified, used only to compare the file with its mirror).
+struct CheckpointFile {
+    path: PathBuf,
+    exists: bool,
+    /// Complete lines in the file.
+    lines: u64,
+    good: Vec<(u64, Checkpoint)>,
+    /// With a key, the first line that does not verify.
+    bad: Option<Problem>,
+}
+
+impl CheckpointFile {
+    /// Reads the file at `path` (no file: no checkpoints). An unterminated last line (a checkpoint
+    /// write interrupted by a crash, never acknowledged) is ignored.
+    fn load(path: PathBuf, key: Option<&HmacKey>) -> Result<Self, AuditError> {
+        let mut good = Vec::new();
+        let mut bad = None;
+        let mut lines = 0;
+        let exists = for_each_checkpoint_line(&path, |line_no, line| {
+            lines += 1;
+            let fault = match (Checkpoint::parse(line), key) {
+                (Err(detail), Some(_)) => Some(format!("not a checkpoint line: {detail}")),
+                (Err(_), None) => None,
+                (Ok(cp), None) => {
+                    good.push((line_no, cp));
+                    None
+                }
+                (Ok(cp), Some(key)) if cp.key_id != key.key_id() => Some(format!(
+                    "signed with key id {} but the given key has id {}; verify with the key the writer used",
+                    cp.key_id,
+                    key.key_id()
+                )),
+                (Ok(cp), Some(key)) if !cp.verify(key) => Some(format!(
+                    "the MAC of the checkpoint for {} records does not verify: the line was edited or forged",
+                    cp.count
+                )),
+                (Ok(cp), Some(_)) => {
+                    good.push((line_no, cp));
+                    None
+                }
+            };
+            if let (Some(detail), None) = (fault, &bad) {
+                bad = Some(Problem {
+                    line: line_no,
+                    kind: ProblemKind::BadCheckpointSignature,
+                    detail,
+                    seq: None,
+                    segment: None,
+                    checkpoint_file: Some(path.clone()),
+                });
+            }
+        })?;
+        Ok(CheckpointFile {
+            path,
+            exists,
+            lines,
+            good,
+            bad,
+        })
+    }
+
+    /// The file's path, and that it does not exist when so.
+    fn describe(&self) -> String {
+        if self.exists {
+            self.path.display().to_string()
+        } else {
+            format!("{} (which does not exist)", self.path.display())
+        }
+    }
+}
+
+/// The first checkpoint that is in one of the two files and not in the other. One that the
+/// checkpoint file lacks is reported first: the mirror exists to catch a checkpoint file that
+/// was deleted or rolled back.
+fn compare(primary: &CheckpointFile, mirror: &CheckpointFile) -> Option<Problem> {
+    let missing_from = |has: &CheckpointFile,
+                        lacks: &CheckpointFile,
+                        what_has: &str,
+                        what_lacks: &str,
+                        why: &str| {
+        let present: HashSet<&Checkpoint> = lacks.good.iter().map(|(_, cp)| cp).collect();
+        let absent: Vec<&(u64, Checkpoint)> = has
+            .good
+            .iter()
+            .filter(|(_, cp)| !present.contains(cp))
+            .collect();
+        let (line, cp) = absent.first()?;
+        Some(Problem {
+            line: *line,
+            kind: ProblemKind::CheckpointMissing,
+            detail: format!(
+                "the checkpoint for {} records is missing from {what_lacks} {}; {} of the {} checkpoints in {what_has} are missing from it: {why}",
+                cp.count,
+                lacks.describe(),
+                absent.len(),
+                has.good.len(),
+            ),
+            seq: None,
+            segment: None,
+            checkpoint_file: Some(has.path.clone()),
+        })
+    };
+    missing_from(
+        mirror,
+        primary,
+        "the mirror",
+        "the checkpoint file",
+        "the checkpoint file was deleted, rolled back or rewritten; restore it from the mirror and find out who changed it",
+    )
+    .or_else(|| {
+        missing_from(
+            primary,
+            mirror,
+            "the checkpoint file",
+            "the mirror",
+            "the mirror fell behind (a crash or a failed write between the two appends, or a writer run without --checkpoint-mirror) or was rolled back or rewritten; if nothing else is wrong, append the missing lines to the mirror",
+        )
+    })
 }
 
 fn in_file(e: AuditError, path: &Path) -> AuditError {
@@ -261,67 +537,28 @@ pub fn verify_file(path: &Path) -> Result<VerifyReport, AuditError> {
 /// Memory use is bounded by [`MAX_LINE_BYTES`]: a longer line is reported as malformed rather than
 /// buffered.
 pub fn verify_reader<R: Read>(reader: R) -> Result<VerifyReport, AuditError> {
-    let mut walker = Walker::new(Vec::new());
+    let mut walker = Walker::new(Vec::new(), None);
     walker.walk(reader, None)?;
     Ok(walker.finish())
 }
 
-/// A verified checkpoint and its line in the checkpoint file.
-type Numbered = (u64, Checkpoint);
-
-/// Parses the checkpoint file and checks every MAC. Returns the good checkpoints sorted by count
-/// and the first bad line as a problem. An unterminated last line (a checkpoint write interrupted
-/// by a crash, never acknowledged) is ignored.
-fn load_checkpoints(
-    path: &Path,
-    key: &HmacKey,
-) -> Result<(Vec<Numbered>, Option<Problem>), AuditError> {
-    let mut good = Vec::new();
-    let mut bad = None;
-    for_each_checkpoint_line(path, |line_no, line| {
-        let fault = match Checkpoint::parse(line) {
-            Err(detail) => Some(format!("not a checkpoint line: {detail}")),
-            Ok(cp) if cp.key_id != key.key_id() => Some(format!(
-                "signed with key id {} but the given key has id {}; verify with the key the writer used",
-                cp.key_id,
-                key.key_id()
-            )),
-            Ok(cp) if !cp.verify(key) => Some(format!(
-                "the MAC of the checkpoint for {} records does not verify: the line was edited or forged",
-                cp.count
-            )),
-            Ok(cp) => {
-                good.push((line_no, cp));
-                None
-            }
-        };
-        if let (Some(detail), None) = (fault, &bad) {
-            bad = Some(Problem {
-                line: line_no,
-                kind: ProblemKind::BadCheckpointSignature,
-                detail,
-                seq: None,
-                segment: None,
-                checkpoint_file: Some(path.to_path_buf()),
-            });
-        }
-    })?;
-    good.sort_by_key(|(_, cp)| cp.count);
-    Ok((good, bad))
-}
-
-fn count_checkpoint_lines(path: &Path) -> Result<u64, AuditError> {
-    let mut count = 0;
-    for_each_checkpoint_line(path, |_, _| count += 1)?;
-    Ok(count)
+/// A verified checkpoint the log is checked against, with its line in the checkpoint file (or,
+/// when only the mirror has it, in the mirror).
+struct Anchor {
+    line: u64,
+    checkpoint: Checkpoint,
+    mirror_only: bool,
 }
 
 /// Calls `f(line number, line)` for every complete line of the checkpoint file; nothing when the
-/// file does not exist.
-fn for_each_checkpoint_line(path: &Path, mut f: impl FnMut(u64, &[u8])) -> Result<(), AuditError> {
+/// file does not exist. Returns whether it exists.
+fn for_each_checkpoint_line(
+    path: &Path,
+    mut f: impl FnMut(u64, &[u8]),
+) -> Result<bool, AuditError> {
     let file = match File::open(path) {
         Ok(file) => file,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(false),
         Err(source) => {
             return Err(AuditError::Io {
                 action: "open the checkpoint file",
@@ -344,7 +581,7 @@ fn for_each_checkpoint_line(path: &Path, mut f: impl FnMut(u64, &[u8])) -> Resul
                 source,
             })?;
         if read == 0 || buf.last() != Some(&b'\n') {
-            return Ok(());
+            return Ok(true);
         }
         line_no += 1;
         buf.pop();
@@ -361,8 +598,10 @@ struct PendingGap {
 
 /// The streaming state of a verification across files.
 struct Walker {
-    /// Verified checkpoints sorted by count, with their line in the checkpoint file.
-    checkpoints: Vec<Numbered>,
+    /// Verified checkpoints sorted by count, with their line in the checkpoint file or mirror.
+    checkpoints: Vec<Anchor>,
+    /// The mirror, to name it when a checkpoint only it holds disowns the log.
+    mirror: Option<PathBuf>,
     next_checkpoint: usize,
     records: u64,
     head: Sha256Digest,
@@ -381,9 +620,10 @@ struct Walker {
 }
 
 impl Walker {
-    fn new(checkpoints: Vec<Numbered>) -> Self {
+    fn new(checkpoints: Vec<Anchor>, mirror: Option<PathBuf>) -> Self {
         Walker {
             checkpoints,
+            mirror,
             next_checkpoint: 0,
             records: 0,
             head: Sha256Digest::ZERO,
@@ -398,7 +638,18 @@ impl Walker {
 
     /// The most records any verified checkpoint vouches for.
     fn promised(&self) -> u64 {
-        self.checkpoints.last().map_or(0, |(_, cp)| cp.count)
+        self.checkpoints.last().map_or(0, |a| a.checkpoint.count)
+    }
+
+    /// Where the newest checkpoint is, when only the mirror holds it (empty otherwise, which keeps
+    /// the reports of a log without a mirror as they were).
+    fn promised_by(&self) -> String {
+        match (self.checkpoints.last(), &self.mirror) {
+            (Some(a), Some(mirror)) if a.mirror_only => {
+                format!(" (line {} of the mirror {})", a.line, mirror.display())
+            }
+            _ => String::new(),
+        }
     }
 
     /// Walks one file. Returns whether the walk should continue with the next file.
@@ -454,10 +705,11 @@ impl Walker {
                     problem(
                         ProblemKind::TruncatedBeforeCheckpoint,
                         format!(
-                            "the file ends with {} bytes not terminated by a newline after {} records, but a signed checkpoint counts {} records",
+                            "the file ends with {} bytes not terminated by a newline after {} records, but a signed checkpoint counts {} records{}",
                             buf.len(),
                             self.records,
-                            self.promised()
+                            self.promised(),
+                            self.promised_by()
                         ),
                         self.records,
                     )
@@ -558,14 +810,21 @@ impl Walker {
     /// Compares the head with every verified checkpoint whose `count` is the number of records so
     /// far; returns false (and records the problem) on a mismatch.
     fn check_checkpoints(&mut self, line_no: u64, segment: &Option<PathBuf>) -> bool {
-        while let Some((cp_line, cp)) = self.checkpoints.get(self.next_checkpoint) {
+        while let Some(anchor) = self.checkpoints.get(self.next_checkpoint) {
+            let cp = &anchor.checkpoint;
             if cp.count > self.records {
                 return true;
             }
             self.next_checkpoint += 1;
             if cp.count == self.records && cp.head != self.head {
+                let signer = match (&self.mirror, anchor.mirror_only) {
+                    (Some(mirror), true) => {
+                        format!("line {} of the mirror {}", anchor.line, mirror.display())
+                    }
+                    _ => format!("checkpoint line {}", anchor.line),
+                };
                 let detail = format!(
-                    "the chain head after record {} is {} but checkpoint line {cp_line} signed {}: the records up to here were replaced or re-chained",
+                    "the chain head after record {} is {} but {signer} signed {}: the records up to here were replaced or re-chained",
                     cp.count, self.head, cp.head
                 );
                 self.problem = Some(Problem {
@@ -611,8 +870,9 @@ impl Walker {
                 line: self.file_lines + 1,
                 kind: ProblemKind::TruncatedBeforeCheckpoint,
                 detail: format!(
-                    "the log ends after {} records but a signed checkpoint counts {}: records were cut from the end",
+                    "the log ends after {} records but a signed checkpoint{} counts {}: records were cut from the end",
                     self.records,
+                    self.promised_by(),
                     self.promised()
                 ),
                 seq: Some(self.records + 1),
@@ -626,6 +886,9 @@ impl Walker {
             problem: self.problem,
             checkpoints_verified: 0,
             checkpoints_unchecked: 0,
+            records_after_checkpoint: None,
+            checkpoint_mismatch: None,
+            warnings: Vec::new(),
         }
     }
 }

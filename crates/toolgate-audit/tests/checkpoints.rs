@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 
 use toolgate_audit::{
     AuditConfig, AuditEntry, AuditSink, Decision, FileAuditLog, HmacKey, Outcome, ProblemKind,
-    VerifyOptions, VerifyReport, verify,
+    VerifyOptions, VerifyReport, WarningKind, verify,
 };
 use toolgate_canon::Sha256Digest;
 
@@ -208,4 +208,313 @@ fn truncation_at_every_byte_offset() {
     }
     assert_eq!(intact, 2, "cuts after records 10 and 11");
     assert!(torn > 0 && truncated > 0);
+}
+
+/// A ledger of 10 records written with checkpoints every 3 records into the checkpoint file and a
+/// mirror on another directory: checkpoints of 3, 6, 9 and (at drop) 10 records in both.
+struct Mirrored {
+    _dir: tempfile::TempDir,
+    path: PathBuf,
+    cps: PathBuf,
+    mirror: PathBuf,
+}
+
+fn mirrored() -> Mirrored {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("ledger").join("audit.jsonl");
+    let cps = dir.path().join("ledger").join("audit.checkpoints.jsonl");
+    let mirror = dir.path().join("other-volume").join("mirror.jsonl");
+    {
+        let log = FileAuditLog::open_with(
+            AuditConfig::new(&path)
+                .checkpoint_key(key())
+                .checkpoint_every(3)
+                .checkpoint_mirror(&mirror),
+        )
+        .unwrap();
+        for i in 0..10 {
+            log.append(&entry(i)).unwrap();
+        }
+    }
+    assert_eq!(lines(&cps).len(), 4);
+    assert_eq!(lines(&mirror), lines(&cps));
+    Mirrored {
+        _dir: dir,
+        path,
+        cps,
+        mirror,
+    }
+}
+
+impl Mirrored {
+    fn options(&self) -> VerifyOptions {
+        VerifyOptions::new(&self.path).checkpoint_mirror(&self.mirror)
+    }
+
+    fn keyed(&self) -> VerifyReport {
+        verify(&self.options().checkpoint_key(key())).unwrap()
+    }
+
+    fn unkeyed(&self) -> VerifyReport {
+        verify(&self.options()).unwrap()
+    }
+}
+
+fn write_lines(path: &Path, lines: &[String]) {
+    fs::write(
+        path,
+        lines.iter().map(|l| format!("{l}\n")).collect::<String>(),
+    )
+    .unwrap();
+}
+
+/// The kind, line and checkpoint file of a report's problem.
+fn problem_of(report: &VerifyReport) -> Option<(ProblemKind, u64, Option<PathBuf>)> {
+    report
+        .problem
+        .as_ref()
+        .map(|p| (p.kind, p.line, p.checkpoint_file.clone()))
+}
+
+#[test]
+fn a_mirror_that_agrees_verifies_with_and_without_the_key() {
+    let m = mirrored();
+    let report = m.keyed();
+    assert!(report.is_intact(), "{report}");
+    assert_eq!(report.records, 10);
+    assert_eq!(
+        report.checkpoints_verified, 4,
+        "shared checkpoints count once"
+    );
+    assert_eq!(report.checkpoint_mismatch, None);
+    assert_eq!(report.records_after_checkpoint, Some(0));
+    assert!(report.warnings.is_empty(), "{report}");
+    assert!(!report.to_string().contains("after the newest"), "{report}");
+
+    let report = m.unkeyed();
+    assert!(report.is_intact(), "{report}");
+    assert_eq!(report.checkpoints_unchecked, 4);
+    assert_eq!(report.records_after_checkpoint, None);
+}
+
+#[test]
+fn a_checkpoint_missing_from_the_mirror_is_a_problem_naming_both_files_and_the_count() {
+    let m = mirrored();
+    // The mirror fell behind: its last line (the checkpoint of 10 records) never arrived.
+    let all = lines(&m.mirror);
+    write_lines(&m.mirror, &all[..3]);
+    for report in [m.keyed(), m.unkeyed()] {
+        assert_eq!(
+            problem_of(&report),
+            Some((ProblemKind::CheckpointMissing, 4, Some(m.cps.clone()))),
+            "{report}"
+        );
+        let text = report.to_string();
+        assert!(text.contains("checkpoint_missing"), "{text}");
+        assert!(
+            text.contains("the checkpoint for 10 records is missing from the mirror"),
+            "{text}"
+        );
+        assert!(text.contains(&m.mirror.display().to_string()), "{text}");
+        assert!(text.contains("1 of the 4 checkpoints"), "{text}");
+        // The log itself verified.
+        assert_eq!(report.records, 10);
+    }
+}
+
+#[test]
+fn a_mirror_with_a_checkpoint_the_checkpoint_file_lacks_is_a_problem() {
+    let m = mirrored();
+    // The checkpoint file was rolled back by one line.
+    let all = lines(&m.cps);
+    write_lines(&m.cps, &all[..3]);
+    let report = m.keyed();
+    assert_eq!(
+        problem_of(&report),
+        Some((ProblemKind::CheckpointMissing, 4, Some(m.mirror.clone()))),
+        "{report}"
+    );
+    let text = report.to_string();
+    assert!(
+        text.contains("is missing from the checkpoint file")
+            && text.contains(&m.cps.display().to_string())
+            && text.contains("1 of the 4 checkpoints in the mirror"),
+        "{text}"
+    );
+    assert_eq!(report.checkpoints_verified, 4, "the union of both files");
+
+    // Deleted together with the log's tail: the cut is caught against the mirror's newest
+    // checkpoint, and the missing checkpoint file is reported next to it.
+    fs::remove_file(&m.cps).unwrap();
+    let log = lines(&m.path);
+    write_lines(&m.path, &log[..7]);
+    assert!(
+        verify(&VerifyOptions::new(&m.path).checkpoint_key(key()))
+            .unwrap()
+            .is_intact(),
+        "without the mirror the cut passes (documented)"
+    );
+    let report = m.keyed();
+    let problem = report.problem.clone().unwrap();
+    assert_eq!(
+        (problem.kind, problem.line),
+        (ProblemKind::TruncatedBeforeCheckpoint, 8),
+        "{report}"
+    );
+    assert!(
+        problem.detail.contains("counts 10")
+            && problem.detail.contains(&m.mirror.display().to_string()),
+        "{problem}"
+    );
+    let mismatch = report.checkpoint_mismatch.clone().unwrap();
+    assert_eq!(mismatch.kind, ProblemKind::CheckpointMissing);
+    assert!(
+        mismatch.detail.contains("which does not exist")
+            && mismatch
+                .detail
+                .contains("4 of the 4 checkpoints in the mirror"),
+        "{mismatch}"
+    );
+    assert!(report.to_string().contains("; also "), "{report}");
+}
+
+#[test]
+fn a_tampered_mirror_line_is_a_bad_signature_in_the_mirror() {
+    let m = mirrored();
+    let mut all = lines(&m.mirror);
+    assert!(all[1].starts_with("{\"count\":6,"), "{}", all[1]);
+    all[1] = all[1].replacen("\"count\":6", "\"count\":5", 1);
+    write_lines(&m.mirror, &all);
+    let report = m.keyed();
+    assert_eq!(
+        problem_of(&report),
+        Some((
+            ProblemKind::BadCheckpointSignature,
+            2,
+            Some(m.mirror.clone())
+        )),
+        "{report}"
+    );
+    // Without the key the forgery cannot be judged, but the files still disagree.
+    let report = m.unkeyed();
+    assert_eq!(
+        report.problem.as_ref().map(|p| p.kind),
+        Some(ProblemKind::CheckpointMissing),
+        "{report}"
+    );
+
+    // A forged mirror line that claims more records than the log has is still not an anchor.
+    let m = mirrored();
+    let mut all = lines(&m.mirror);
+    all.push(all[3].replacen("\"count\":10", "\"count\":11", 1));
+    write_lines(&m.mirror, &all);
+    let report = m.keyed();
+    assert_eq!(
+        problem_of(&report),
+        Some((
+            ProblemKind::BadCheckpointSignature,
+            5,
+            Some(m.mirror.clone())
+        )),
+        "{report}"
+    );
+}
+
+#[test]
+fn records_after_the_newest_checkpoint_are_counted_and_reported() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("audit.jsonl");
+    {
+        let log = FileAuditLog::open_with(
+            AuditConfig::new(&path)
+                .checkpoint_key(key())
+                .checkpoint_every(3),
+        )
+        .unwrap();
+        for i in 0..6 {
+            log.append(&entry(i)).unwrap();
+        }
+    }
+    // A writer without the key adds two records: no checkpoint covers them.
+    {
+        let log = FileAuditLog::open(&path).unwrap();
+        for i in 6..8 {
+            log.append(&entry(i)).unwrap();
+        }
+    }
+    let report = keyed(&path);
+    assert!(report.is_intact(), "{report}");
+    assert_eq!(report.records, 8);
+    assert_eq!(report.records_after_checkpoint, Some(2));
+    assert!(
+        report
+            .to_string()
+            .contains("2 records after the newest checkpoint (not covered by any signature)"),
+        "{report}"
+    );
+    // Without the key nothing is covered anyway, and the line is not printed.
+    let unkeyed = verify(&VerifyOptions::new(&path)).unwrap();
+    assert_eq!(unkeyed.records_after_checkpoint, None);
+    assert!(
+        !unkeyed.to_string().contains("after the newest"),
+        "{unkeyed}"
+    );
+}
+
+#[test]
+fn a_key_with_no_checkpoints_warns_and_the_log_stays_intact() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("audit.jsonl");
+    {
+        let log = FileAuditLog::open(&path).unwrap();
+        for i in 0..3 {
+            log.append(&entry(i)).unwrap();
+        }
+    }
+    let report = keyed(&path);
+    assert!(report.is_intact(), "a warning, not a problem: {report}");
+    assert_eq!(report.records_after_checkpoint, Some(3));
+    assert_eq!(report.warnings.len(), 1, "{report}");
+    let warning = &report.warnings[0];
+    assert_eq!(warning.kind, WarningKind::NoCheckpoints);
+    assert_eq!(warning.kind.as_str(), "no_checkpoints");
+    let cps = dir.path().join("audit.checkpoints.jsonl");
+    assert!(
+        warning.detail.contains(&cps.display().to_string())
+            && warning.detail.contains("which does not exist")
+            && warning.detail.contains("none of the 3 records"),
+        "{warning}"
+    );
+    let text = report.to_string();
+    assert!(
+        text.contains("WARNING: a key was given but no checkpoint"),
+        "{text}"
+    );
+    assert!(!text.contains("after the newest"), "{text}");
+
+    // With a mirror that has none either, the warning names both.
+    let mirror = dir.path().join("mirror.jsonl");
+    let report = verify(
+        &VerifyOptions::new(&path)
+            .checkpoint_key(key())
+            .checkpoint_mirror(&mirror),
+    )
+    .unwrap();
+    assert!(report.is_intact(), "{report}");
+    assert!(
+        report.warnings[0]
+            .detail
+            .contains(&format!("nor in the mirror {}", mirror.display())),
+        "{report}"
+    );
+
+    // Without a key there is nothing to warn about: the report already says nothing is checked.
+    assert!(
+        verify(&VerifyOptions::new(&path))
+            .unwrap()
+            .warnings
+            .is_empty()
+    );
+    // With checkpoints present there is no warning.
+    assert!(mirrored().keyed().warnings.is_empty());
 }

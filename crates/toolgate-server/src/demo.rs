@@ -347,7 +347,10 @@ pub async fn run() -> anyhow::Result<bool> {
                 .unwrap_or("?"),
         );
     }
-    let report = crate::verify_ledger(&ledger, None)?;
+    let report = crate::verify_ledger(&crate::ServerOptions {
+        ledger: ledger.clone(),
+        ..crate::ServerOptions::default()
+    })?;
     match &report.problem {
         None => println!(
             "    intact: {} records, head {}",

@@ -203,20 +203,7 @@ pub fn build(options: &ServerOptions) -> anyhow::Result<BuiltServer> {
 
     check_ledger_layout(&options.ledger)?;
     let storage = options.storage();
-    let mut audit_config =
-        AuditConfig::new(options.ledger.join(AUDIT_FILE)).storage(Arc::clone(&storage));
-    if let Some(path) = &options.audit_key_file {
-        audit_config = audit_config.checkpoint_key(load_key(path)?);
-    }
-    if let Some(every) = options.checkpoint_every {
-        audit_config = audit_config.checkpoint_every(every);
-    }
-    if let Some(mirror) = &options.checkpoint_mirror {
-        audit_config = audit_config.checkpoint_mirror(mirror);
-    }
-    if let Some(bytes) = options.segment_bytes {
-        audit_config = audit_config.segment_bytes(bytes);
-    }
+    let audit_config = audit_config(options)?;
     #[cfg(feature = "fault-injection")]
     let audit_config = match &hook {
         Some(hook) => audit_config.fault_hook(hook.clone()),
@@ -404,30 +391,51 @@ pub async fn serve_stdio(server: BuiltServer) -> anyhow::Result<()> {
     session
 }
 
-/// Verifies `LEDGER_DIR/audit.jsonl` (and its rotated segments), and with a key its checkpoints.
-pub fn verify_ledger(ledger: &Path, key_file: Option<&Path>) -> anyhow::Result<VerifyReport> {
-    let path = ledger.join(AUDIT_FILE);
+/// Verifies `LEDGER_DIR/audit.jsonl` (and its rotated segments) with the ledger options the
+/// server writes it with: with `audit_key_file` its checkpoints, and with `checkpoint_mirror` the
+/// agreement of the checkpoint file and the mirror (see `VerifyOptions::checkpoint_mirror`).
+pub fn verify_ledger(options: &ServerOptions) -> anyhow::Result<VerifyReport> {
+    let path = options.ledger.join(AUDIT_FILE);
     if !path.exists() {
         anyhow::bail!(
             "no audit log at {}; pass the ledger directory with --ledger or LEDGER_DIR",
             path.display()
         );
     }
-    let mut options = VerifyOptions::new(&path);
-    if let Some(key_file) = key_file {
-        options = options.checkpoint_key(load_key(key_file)?);
+    let mut verify = VerifyOptions::new(&path);
+    if let Some(key_file) = &options.audit_key_file {
+        verify = verify.checkpoint_key(load_key(key_file)?);
     }
-    Ok(toolgate_audit::verify(&options)?)
+    if let Some(mirror) = &options.checkpoint_mirror {
+        verify = verify.checkpoint_mirror(mirror);
+    }
+    Ok(toolgate_audit::verify(&verify)?)
 }
 
-/// Opens the ledger's audit log for an operator command, with the configured checkpoint key.
-fn operator_audit(options: &ServerOptions) -> anyhow::Result<FileAuditLog> {
+/// The ledger's audit log configuration, the same for the server and its operator commands: a
+/// command that appends with the key but without the mirror would leave checkpoints in the
+/// ledger's checkpoint file that the mirror lacks.
+fn audit_config(options: &ServerOptions) -> anyhow::Result<AuditConfig> {
     let mut audit_config =
         AuditConfig::new(options.ledger.join(AUDIT_FILE)).storage(options.storage());
     if let Some(path) = &options.audit_key_file {
         audit_config = audit_config.checkpoint_key(load_key(path)?);
     }
-    FileAuditLog::open_with(audit_config)
+    if let Some(every) = options.checkpoint_every {
+        audit_config = audit_config.checkpoint_every(every);
+    }
+    if let Some(mirror) = &options.checkpoint_mirror {
+        audit_config = audit_config.checkpoint_mirror(mirror);
+    }
+    if let Some(bytes) = options.segment_bytes {
+        audit_config = audit_config.segment_bytes(bytes);
+    }
+    Ok(audit_config)
+}
+
+/// Opens the ledger's audit log for an operator command, configured like the server's.
+fn operator_audit(options: &ServerOptions) -> anyhow::Result<FileAuditLog> {
+    FileAuditLog::open_with(audit_config(options)?)
         .with_context(|| format!("cannot open the audit log in {}", options.ledger.display()))
 }
 

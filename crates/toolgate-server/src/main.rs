@@ -118,10 +118,12 @@ enum ContractCommand {
 #[derive(Debug, Subcommand)]
 enum AuditCommand {
     /// Verify the hash chain of LEDGER_DIR/audit.jsonl (and its segments; with a key, its signed
-    /// checkpoints): exit 0 when intact, 1 when broken, 2 on usage or I/O errors.
+    /// checkpoints; with --checkpoint-mirror, that the mirror holds the same checkpoints): exit 0
+    /// when intact (warnings included), 1 when broken, 2 on usage or I/O errors.
     Verify {
         /// The checkpoint key file (default: --audit-key-file). Without a key, truncation after a
-        /// line boundary and a re-chained replacement cannot be detected.
+        /// line boundary and a re-chained replacement cannot be detected. The mirror to compare
+        /// is the global --checkpoint-mirror (TOOLGATE_AUDIT_CHECKPOINT_MIRROR).
         #[arg(long)]
         key_file: Option<PathBuf>,
         /// Output format.
@@ -248,25 +250,39 @@ fn contract_command(command: &ContractCommand, options: &ServerOptions) -> anyho
     }
 }
 
-/// The verify report as one JSON object.
-fn verify_json(report: &toolgate_audit::VerifyReport) -> serde_json::Value {
-    let problem = report.problem.as_ref().map(|p| {
-        serde_json::json!({
-            "line": p.line,
-            "seq": p.seq,
-            "reason": p.kind.as_str(),
-            "detail": p.detail,
-            "segment": p.segment.as_ref().map(|s| s.display().to_string()),
-            "checkpoint_file": p.checkpoint_file.as_ref().map(|s| s.display().to_string()),
-        })
-    });
+/// One problem of the verify report as JSON.
+fn problem_json(p: &toolgate_audit::Problem) -> serde_json::Value {
+    serde_json::json!({
+        "line": p.line,
+        "seq": p.seq,
+        "reason": p.kind.as_str(),
+        "detail": p.detail,
+        "segment": p.segment.as_ref().map(|s| s.display().to_string()),
+        "checkpoint_file": p.checkpoint_file.as_ref().map(|s| s.display().to_string()),
+    })
+}
+
+/// The verify report as one JSON object (`mirror`: the mirror compared, if any).
+fn verify_json(
+    report: &toolgate_audit::VerifyReport,
+    mirror: Option<&std::path::Path>,
+) -> serde_json::Value {
+    let warnings: Vec<serde_json::Value> = report
+        .warnings
+        .iter()
+        .map(|w| serde_json::json!({"kind": w.kind.as_str(), "detail": w.detail}))
+        .collect();
     serde_json::json!({
         "status": if report.problem.is_none() { "intact" } else { "broken" },
         "records": report.records,
         "head": report.head.to_hex(),
         "checkpoints_verified": report.checkpoints_verified,
         "checkpoints_unchecked": report.checkpoints_unchecked,
-        "problem": problem,
+        "records_after_checkpoint": report.records_after_checkpoint,
+        "mirror": mirror.map(|m| m.display().to_string()),
+        "problem": report.problem.as_ref().map(problem_json),
+        "checkpoint_mismatch": report.checkpoint_mismatch.as_ref().map(problem_json),
+        "warnings": warnings,
     })
 }
 
@@ -306,15 +322,23 @@ fn main() -> ExitCode {
         Command::Audit {
             command: AuditCommand::Verify { key_file, format },
         } => {
-            let key_file = key_file.or_else(|| paths.audit_key_file.clone());
-            match toolgate_server::verify_ledger(&paths.ledger, key_file.as_deref()) {
+            let mut options = paths.clone();
+            if key_file.is_some() {
+                options.audit_key_file = key_file;
+            }
+            match toolgate_server::verify_ledger(&options) {
                 Ok(report) => {
                     if format == Format::Json {
-                        println!("{}", verify_json(&report));
+                        let mirror = options.checkpoint_mirror.as_deref();
+                        println!("{}", verify_json(&report, mirror));
                     } else if report.problem.is_some() {
                         println!("audit verify: BROKEN: {report}");
                     } else {
                         println!("audit verify: {report}");
+                    }
+                    // Warnings keep exit 0; stderr makes them hard to miss in scripts too.
+                    for warning in &report.warnings {
+                        eprintln!("toolgate-server: warning: {warning}");
                     }
                     match &report.problem {
                         None => ExitCode::SUCCESS,

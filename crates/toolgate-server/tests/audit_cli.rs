@@ -23,6 +23,13 @@ fn audit(env: &TestEnv, args: &[&str]) -> Output {
     run_to_end(command)
 }
 
+/// `toolgate-server --ledger L <args>` (operator commands such as `halt`).
+fn ledger_command(env: &TestEnv, args: &[&str]) -> Output {
+    let mut command = scrubbed_command();
+    command.arg("--ledger").arg(&env.ledger).args(args);
+    run_to_end(command)
+}
+
 fn json_of(output: &Output) -> Value {
     serde_json::from_slice(&output.stdout)
         .unwrap_or_else(|e| panic!("not JSON ({e}): {}", output_text(output)))
@@ -36,8 +43,14 @@ fn write_key(env: &TestEnv, name: &str, bytes: &[u8]) -> String {
 
 /// A session with checkpoints every 3 records: 3 notes, a replay, a denied call, a read.
 fn session(env: &TestEnv, key: &str) {
+    session_with(env, key, &[]);
+}
+
+/// [`session`] with extra server arguments.
+fn session_with(env: &TestEnv, key: &str, extra: &[&str]) {
     let mut command = env.command();
     command.args(["--audit-key-file", key, "--checkpoint-every", "3"]);
+    command.args(extra);
     let mut server = common::Server::spawn(command, &env.path("stderr.log"));
     server.discover();
     for (id, text) in [
@@ -210,5 +223,177 @@ fn stats_count_per_tool_decision_and_outcome_with_ratios() {
     assert!(
         text.contains("write_note") && text.contains("committed") && text.contains("50.0%"),
         "{text}"
+    );
+}
+
+#[test]
+fn verify_with_the_mirror_detects_a_deleted_checkpoint_file() {
+    let env = TestEnv::new();
+    let key = write_key(&env, "audit.key", b"an audit checkpoint key, 32+ bytes\n");
+    let mirror = env.path("other-volume/mirror.checkpoints.jsonl");
+    let mirror_arg = mirror.display().to_string();
+    session_with(&env, &key, &["--checkpoint-mirror", &mirror_arg]);
+    // An operator command configured like the server writes its checkpoint to the mirror too.
+    let out = ledger_command(
+        &env,
+        &[
+            "--audit-key-file",
+            &key,
+            "--checkpoint-mirror",
+            &mirror_arg,
+            "halt",
+            "--reason",
+            "mirror test",
+        ],
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", output_text(&out));
+    let cps = env.ledger.join("audit.checkpoints.jsonl");
+    assert_eq!(
+        std::fs::read_to_string(&mirror).unwrap(),
+        std::fs::read_to_string(&cps).unwrap(),
+        "the mirror holds every checkpoint"
+    );
+
+    let keyed = ["verify", "--key-file", &key, "--format", "json"];
+    let with_mirror = [&keyed[..], &["--checkpoint-mirror", &mirror_arg]].concat();
+    let out = audit(&env, &with_mirror);
+    assert_eq!(out.status.code(), Some(0), "{}", output_text(&out));
+    let report = json_of(&out);
+    assert_eq!(report["status"], "intact", "{report}");
+    assert_eq!(report["records"], 7, "{report}");
+    assert_eq!(report["mirror"], mirror_arg.as_str(), "{report}");
+    assert_eq!(report["checkpoint_mismatch"], Value::Null, "{report}");
+
+    // The ledger's checkpoint file is deleted: alone it now proves nothing (a warning), and with
+    // the mirror it is a problem naming the file and how many checkpoints it lost.
+    let lost = std::fs::read_to_string(&cps).unwrap().lines().count();
+    std::fs::remove_file(&cps).unwrap();
+    let out = audit(&env, &keyed);
+    assert_eq!(out.status.code(), Some(0), "{}", output_text(&out));
+    assert_eq!(json_of(&out)["warnings"][0]["kind"], "no_checkpoints");
+    let out = audit(&env, &with_mirror);
+    assert_eq!(out.status.code(), Some(1), "{}", output_text(&out));
+    let problem = json_of(&out)["problem"].clone();
+    assert_eq!(problem["reason"], "checkpoint_missing", "{problem}");
+    assert_eq!(problem["checkpoint_file"], mirror_arg.as_str(), "{problem}");
+    let detail = problem["detail"].as_str().unwrap();
+    assert!(
+        detail.contains(&cps.display().to_string())
+            && detail.contains("which does not exist")
+            && detail.contains(&format!("{lost} of the {lost} checkpoints in the mirror")),
+        "{detail}"
+    );
+
+    // The text form and stderr say the same; the mirror also comes from the server's variable.
+    let mut command = scrubbed_command();
+    command
+        .env("TOOLGATE_AUDIT_CHECKPOINT_MIRROR", &mirror)
+        .arg("--ledger")
+        .arg(&env.ledger)
+        .args(["audit", "verify", "--key-file", &key]);
+    let out = run_to_end(command);
+    assert_eq!(out.status.code(), Some(1), "{}", output_text(&out));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        stdout.starts_with("audit verify: BROKEN: checkpoint file ")
+            && stdout.contains("checkpoint_missing"),
+        "{stdout}"
+    );
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("checkpoint_missing"),
+        "{}",
+        output_text(&out)
+    );
+
+    // Cutting the log's last record as well: the cut is caught against the mirror's checkpoint.
+    cut_last_line(&env.audit_path());
+    let out = audit(&env, &with_mirror);
+    assert_eq!(out.status.code(), Some(1), "{}", output_text(&out));
+    let report = json_of(&out);
+    assert_eq!(
+        report["problem"]["reason"], "truncated_before_checkpoint",
+        "{report}"
+    );
+    assert_eq!(
+        report["checkpoint_mismatch"]["reason"], "checkpoint_missing",
+        "{report}"
+    );
+}
+
+#[test]
+fn verify_counts_the_records_after_the_newest_checkpoint() {
+    let env = TestEnv::new();
+    let key = write_key(&env, "audit.key", b"an audit checkpoint key, 32+ bytes\n");
+    session(&env, &key);
+    let out = audit(&env, &["verify", "--key-file", &key]);
+    assert_eq!(out.status.code(), Some(0), "{}", output_text(&out));
+    assert!(
+        !String::from_utf8_lossy(&out.stdout).contains("after the newest checkpoint"),
+        "the shutdown checkpoint covers every record: {}",
+        output_text(&out)
+    );
+
+    // Two operator records appended without the key: no checkpoint covers them.
+    for args in [&["halt", "--reason", "uncovered"][..], &["resume"][..]] {
+        let out = ledger_command(&env, args);
+        assert_eq!(out.status.code(), Some(0), "{}", output_text(&out));
+    }
+    let out = audit(&env, &["verify", "--key-file", &key]);
+    assert_eq!(out.status.code(), Some(0), "{}", output_text(&out));
+    assert!(
+        String::from_utf8_lossy(&out.stdout)
+            .contains("2 records after the newest checkpoint (not covered by any signature)"),
+        "{}",
+        output_text(&out)
+    );
+    let out = audit(&env, &["verify", "--key-file", &key, "--format", "json"]);
+    assert_eq!(out.status.code(), Some(0), "{}", output_text(&out));
+    let report = json_of(&out);
+    assert_eq!(report["records"], 8, "{report}");
+    assert_eq!(report["records_after_checkpoint"], 2, "{report}");
+    // Without a key nothing is covered, and the count is not given.
+    let report = json_of(&audit(&env, &["verify", "--format", "json"]));
+    assert_eq!(report["records_after_checkpoint"], Value::Null, "{report}");
+}
+
+#[test]
+fn verify_with_a_key_and_no_checkpoints_warns_and_exits_0() {
+    let env = TestEnv::new();
+    let key = write_key(&env, "audit.key", b"an audit checkpoint key, 32+ bytes\n");
+    // A server run without the key writes no checkpoint.
+    let mut server = env.start();
+    assert_eq!(
+        note_status(&server.write_note("req-nokey-01", "a")),
+        "committed"
+    );
+    assert!(server.close().success(), "{}", server.stderr());
+
+    let out = audit(&env, &["verify", "--key-file", &key]);
+    assert_eq!(out.status.code(), Some(0), "{}", output_text(&out));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        stdout.contains("WARNING: a key was given but no checkpoint was found in")
+            && stdout.contains("none of the 1 records is covered by a signature"),
+        "{stdout}"
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("toolgate-server: warning: no_checkpoints: a key was given"),
+        "{stderr}"
+    );
+
+    let out = audit(&env, &["verify", "--key-file", &key, "--format", "json"]);
+    assert_eq!(out.status.code(), Some(0), "{}", output_text(&out));
+    let report = json_of(&out);
+    assert_eq!(report["status"], "intact", "{report}");
+    assert_eq!(report["warnings"][0]["kind"], "no_checkpoints", "{report}");
+
+    // Without a key there is no such warning (the report says nothing was checked instead).
+    let out = audit(&env, &["verify", "--format", "json"]);
+    assert_eq!(
+        json_of(&out)["warnings"],
+        json!([]),
+        "{}",
+        output_text(&out)
     );
 }

@@ -156,7 +156,11 @@ async fn write_note_survives_a_failure_at_every_storage_step() {
         let conflict = write_note(&client, "req-fault-0001", "other").await;
         assert_eq!(conflict["isError"], true, "{op:?} #{n}: {conflict}");
         server.stop(client).await;
-        let report = toolgate_server::verify_ledger(&ledger, None).unwrap();
+        let report = toolgate_server::verify_ledger(&ServerOptions {
+            ledger: ledger.clone(),
+            ..ServerOptions::default()
+        })
+        .unwrap();
         assert!(report.is_intact(), "{op:?} #{n}: {report}");
         // Every call left its record, the failed one included, unless the audit log itself was
         // what failed (the last two steps).

@@ -38,8 +38,12 @@ pub const PROTOCOL_2026: &str = "2026-07-28";
 pub const INVALID_PARAMS: i64 = -32602;
 
 /// Environment variables a test process might inherit that would change the server's behaviour.
-const SCRUBBED_ENV: [&str; 11] = [
+const SCRUBBED_ENV: [&str; 15] = [
     "RUST_LOG",
+    "TOOLGATE_AUDIT_KEY_FILE",
+    "TOOLGATE_AUDIT_CHECKPOINT_EVERY",
+    "TOOLGATE_AUDIT_CHECKPOINT_MIRROR",
+    "TOOLGATE_AUDIT_SEGMENT_BYTES",
     "POLICY_PATH",
     "LEDGER_DIR",
     "TOOLGATE_CRASH_POINT",
