@@ -3,11 +3,11 @@
 
 use std::collections::HashSet;
 use std::fmt;
-use std::fs::File;
 use std::io::{BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
 
 use toolgate_canon::{HmacKey, Sha256Digest};
+use toolgate_storage::Symlinks;
 
 use crate::AuditError;
 use crate::checkpoint::Checkpoint;
@@ -321,11 +321,14 @@ pub fn verify(options: &VerifyOptions) -> Result<VerifyReport, AuditError> {
     let mut walker = Walker::new(anchors, options.mirror.clone());
     for file in chain_files(&options.log_path)? {
         let segment = (file != options.log_path).then(|| file.clone());
-        let reader = File::open(&file).map_err(|source| AuditError::Io {
-            action: "open for verification",
-            path: file.clone(),
-            source,
-        })?;
+        let reader =
+            toolgate_storage::open_regular_read(&file, Symlinks::Refuse).map_err(|source| {
+                AuditError::Io {
+                    action: "open for verification",
+                    path: file.clone(),
+                    source,
+                }
+            })?;
         if !walker
             .walk(reader, segment)
             .map_err(|e| in_file(e, &file))?
@@ -523,10 +526,12 @@ fn in_file(e: AuditError, path: &Path) -> AuditError {
 /// Verifies the single file at `path` without segments or checkpoints. `Err` only when the file
 /// cannot be read; damage is in the report.
 pub fn verify_file(path: &Path) -> Result<VerifyReport, AuditError> {
-    let file = File::open(path).map_err(|source| AuditError::Io {
-        action: "open for verification",
-        path: path.to_path_buf(),
-        source,
+    let file = toolgate_storage::open_regular_read(path, Symlinks::Follow).map_err(|source| {
+        AuditError::Io {
+            action: "open for verification",
+            path: path.to_path_buf(),
+            source,
+        }
     })?;
     verify_reader(file).map_err(|e| in_file(e, path))
 }
@@ -556,7 +561,8 @@ fn for_each_checkpoint_line(
     path: &Path,
     mut f: impl FnMut(u64, &[u8]),
 ) -> Result<bool, AuditError> {
-    let file = match File::open(path) {
+    // Read-only, so a link (a mirror on another volume) is followed; never a FIFO or device.
+    let file = match toolgate_storage::open_regular_read(path, Symlinks::Follow) {
         Ok(file) => file,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(false),
         Err(source) => {
