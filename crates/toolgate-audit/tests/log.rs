@@ -362,18 +362,25 @@ fn path_without_file_name_is_rejected() {
 }
 
 #[test]
-fn oversized_record_is_refused_and_the_log_stays_usable() {
+fn an_oversized_field_is_recorded_as_its_digest_and_the_log_stays_usable() {
     let dir = tempfile::tempdir().unwrap();
     let path = log_path(&dir);
     let log = FileAuditLog::open(&path).unwrap();
     log.append(&entry(0)).unwrap();
-    let big = entry(1).with_reason("x".repeat(toolgate_audit::MAX_LINE_BYTES));
-    assert!(matches!(
-        log.append(&big),
-        Err(AuditError::RecordTooLarge { .. })
-    ));
+    let reason = "x".repeat(toolgate_audit::MAX_LINE_BYTES);
+    log.append(&entry(1).with_reason(reason.as_str())).unwrap();
     log.append(&entry(2)).unwrap();
-    assert_intact(&verify_file(&path).unwrap(), 2);
+    assert_intact(&verify_file(&path).unwrap(), 3);
+    let text = fs::read_to_string(&path).unwrap();
+    let second: serde_json::Value = serde_json::from_str(text.lines().nth(1).unwrap()).unwrap();
+    assert_eq!(
+        second["reason"],
+        format!(
+            "sha256:{}",
+            toolgate_canon::Sha256Digest::of(reason.as_bytes())
+        )
+    );
+    assert_eq!(second["reason_bytes"], reason.len());
 }
 
 /// Verifies `lines` joined with newlines plus `trailing`, and checks the first problem.

@@ -150,15 +150,22 @@ fn concurrent_appenders_leave_one_chain_without_gaps() {
 }
 
 #[test]
-fn a_record_over_the_line_limit_is_refused_and_the_chain_goes_on() {
+fn a_field_over_its_limit_is_recorded_as_digest_and_length_and_the_chain_goes_on() {
     for subject in sinks() {
         let (name, sink) = (subject.name, subject.sink.as_ref());
         sink.append(&entry(1)).unwrap();
         let huge = entry(2).with_reason("x".repeat(toolgate_audit::MAX_LINE_BYTES));
-        assert!(sink.append(&huge).is_err(), "{name}");
-        assert_eq!(sink.append(&entry(3)).unwrap().seq, 2, "{name}");
+        assert_eq!(sink.append(&huge).unwrap().seq, 2, "{name}");
+        assert_eq!(sink.append(&entry(3)).unwrap().seq, 3, "{name}");
         let (records, bytes) = exported(sink);
-        assert_eq!(records, 2, "{name}");
+        assert_eq!(records, 3, "{name}");
+        let second: serde_json::Value =
+            serde_json::from_slice(bytes.split(|&b| b == b'\n').nth(1).unwrap()).unwrap();
+        assert_eq!(
+            second["reason_bytes"],
+            toolgate_audit::MAX_LINE_BYTES,
+            "{name}"
+        );
         assert!(
             verify_reader(bytes.as_slice()).unwrap().is_intact(),
             "{name}"

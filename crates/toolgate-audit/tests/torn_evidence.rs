@@ -171,8 +171,8 @@ fn a_failed_removal_of_the_temporary_name_still_leaves_complete_evidence() {
 struct FullDisk;
 
 impl Storage for FullDisk {
-    fn read(&self, path: &Path) -> io::Result<Option<Vec<u8>>> {
-        FsStorage.read(path)
+    fn read(&self, path: &Path, max_bytes: u64) -> io::Result<Option<Vec<u8>>> {
+        FsStorage.read(path, max_bytes)
     }
     fn read_at(&self, file: &File, offset: u64, len: usize) -> io::Result<Vec<u8>> {
         FsStorage.read_at(file, offset, len)

@@ -31,11 +31,21 @@ fn idempotency_keys_at_their_byte_limit_are_admitted_and_past_it_refused_before_
     ];
     for (i, key) in admitted.iter().enumerate() {
         let reply = server.write_note(key, &format!("note {i}"));
-        assert_eq!(note_status(&reply), "committed", "{} bytes: {reply}", key.len());
+        assert_eq!(
+            note_status(&reply),
+            "committed",
+            "{} bytes: {reply}",
+            key.len()
+        );
         assert!(env.note_path(key).exists());
         // And a retry replays (the same key reaches the store intact).
         let again = server.write_note(key, &format!("note {i}"));
-        assert_eq!(note_status(&again), "replay", "{} bytes: {again}", key.len());
+        assert_eq!(
+            note_status(&again),
+            "replay",
+            "{} bytes: {again}",
+            key.len()
+        );
     }
     let refused = [
         ("k".repeat(1025), "max_bytes"),
@@ -48,7 +58,10 @@ fn idempotency_keys_at_their_byte_limit_are_admitted_and_past_it_refused_before_
     ];
     for (key, check) in &refused {
         let reply = server.write_note(key, "refused");
-        assert!(reply.get("error").is_none(), "not a protocol error: {reply}");
+        assert!(
+            reply.get("error").is_none(),
+            "not a protocol error: {reply}"
+        );
         let result = result_of(&reply);
         assert_eq!(result["isError"], true, "{reply}");
         let text = first_text(&reply);
