@@ -7,6 +7,8 @@
 //! - [`Permit`] is the handler-side proof of a decision. Only the gate can create one, so a handler
 //!   that takes it cannot run undecided. Exactly-once is the gate's: tools the policy opts in
 //!   (`idempotency`) run at most once per key through the effect store.
+//! - [`StdioTransport`] serves JSON-RPC lines over stdio (or any byte stream): every line it
+//!   cannot serve is answered, lines and requests in flight are bounded ([`stdio`]).
 //! - [`harness`] runs a mutation, observes the state and decides CONTINUE / STOP / ROLLBACK.
 
 #![forbid(unsafe_code)]
@@ -24,6 +26,7 @@ mod permit;
 mod refusal;
 mod schema;
 mod state;
+pub mod stdio;
 
 pub use blocking::{Cancelled, run as run_blocking};
 pub use exactly_once::{IDEMPOTENCY_KEY_META, MAX_IDEMPOTENCY_KEY_BYTES, REPLAYED_META};
@@ -33,6 +36,7 @@ pub use gate::{
 };
 pub use permit::{Permit, PermitError};
 pub use state::{GateState, PolicyHandle, Reload, ReloadError, Reloaded};
+pub use stdio::{StdioConfig, StdioError, StdioTransport};
 
 /// The README's example is compiled as a doc test so that it cannot rot.
 #[doc = include_str!("../../../README.md")]

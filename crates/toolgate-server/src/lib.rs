@@ -15,6 +15,7 @@ pub mod notes;
 pub mod stats;
 pub mod tools;
 
+use std::num::NonZeroUsize;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -26,7 +27,7 @@ use toolgate_contract::attest::{Attestation, HmacSha256Signer, check_expected_di
 use toolgate_contract::diff::diff;
 use toolgate_contract::lockfile::Lockfile;
 use toolgate_policy::Policy;
-use toolgate_rmcp::Gated;
+use toolgate_rmcp::{Gated, StdioConfig, StdioTransport};
 
 /// The audit log's file name inside the ledger directory.
 pub const AUDIT_FILE: &str = "audit.jsonl";
@@ -67,9 +68,30 @@ pub struct ServerOptions {
     /// The storage every store of the ledger writes through (default: the real filesystem).
     /// Tests pass a `toolgate_storage::FaultyStorage` to count the syncs of a call or fail one.
     pub storage: Option<Arc<dyn toolgate_storage::Storage>>,
+    /// The most requests read and not yet answered on the stdio connection (`--max-in-flight`,
+    /// `TOOLGATE_MAX_IN_FLIGHT`); past it the server stops reading stdin until one is answered.
+    /// Default [`toolgate_rmcp::stdio::DEFAULT_MAX_IN_FLIGHT`].
+    pub max_in_flight: Option<NonZeroUsize>,
+    /// The longest stdin line accepted, in bytes (`--max-line-bytes`, `TOOLGATE_MAX_LINE_BYTES`);
+    /// a longer one is refused with an error reply and discarded while it is read. Default
+    /// [`toolgate_rmcp::stdio::DEFAULT_MAX_LINE_BYTES`].
+    pub max_line_bytes: Option<NonZeroUsize>,
 }
 
 impl ServerOptions {
+    /// The limits of the stdio transport.
+    pub fn stdio_config(&self) -> StdioConfig {
+        let config = StdioConfig::new();
+        let config = match self.max_in_flight {
+            Some(n) => config.max_in_flight(n),
+            None => config,
+        };
+        match self.max_line_bytes {
+            Some(n) => config.max_line_bytes(n),
+            None => config,
+        }
+    }
+
     /// The storage of the ledger's stores.
     fn storage(&self) -> Arc<dyn toolgate_storage::Storage> {
         self.storage
@@ -358,15 +380,25 @@ pub async fn serve_stdio(server: BuiltServer) -> anyhow::Result<()> {
         effects,
         options,
     } = server;
+    let stdio = options.stdio_config();
     spawn_reload_on_sighup(options, gated.policy_handle())?;
     // When stdin and stdout are pipes (as MCP clients launch servers, and as the stdio bench does)
     // they are read and written on the runtime's own thread through tokio's reactor: no blocking
-    // thread parked in a read of stdin, no hand-off per message, and no copy of each response into
-    // a stdout buffer that would keep the largest one's size for the server's life (0.3 MB after
-    // a `read_ledger` of 2,000 notes). Anything else (a file, a terminal, a socket) falls back to
-    // tokio's blocking handles, as `rmcp::transport::stdio` uses.
+    // thread parked in a read of stdin, no hand-off per message. Anything else (a file, a
+    // terminal, a socket) falls back to tokio's blocking handles, as `rmcp::transport::stdio`
+    // uses. Over either, toolgate's `StdioTransport` frames the lines: every line it cannot
+    // serve gets an error reply and a warning, a line is bounded, and so are the requests in
+    // flight (past the limit stdin is not read, so a pipelining client blocks in its writes).
     let (stdin, stdout) = rmcp::transport::stdio_pipes();
-    let session = match gated.serve((stdin, stdout)).await {
+    tracing::debug!(
+        max_in_flight = stdio.in_flight_limit(),
+        max_line_bytes = stdio.line_limit(),
+        "serving stdio"
+    );
+    let session = match gated
+        .serve(StdioTransport::with_config(stdin, stdout, stdio))
+        .await
+    {
         Ok(running) => running
             .waiting()
             .await

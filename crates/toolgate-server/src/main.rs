@@ -3,6 +3,7 @@
 #![forbid(unsafe_code)]
 #![allow(clippy::print_stdout)] // `audit verify` reports on stdout; the stdio server path never prints.
 
+use std::num::NonZeroUsize;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -59,6 +60,14 @@ struct Cli {
     /// effect on the next call. Without it only the policy decides.
     #[arg(long, env = "TOOLGATE_RIGHTS_FILE", global = true)]
     rights: Option<PathBuf>,
+    /// The most requests read from stdin and not yet answered (default 64); past it the server
+    /// stops reading until one is answered, so a pipelining client waits in its writes.
+    #[arg(long, env = "TOOLGATE_MAX_IN_FLIGHT", global = true)]
+    max_in_flight: Option<NonZeroUsize>,
+    /// The longest stdin line accepted, in bytes (default 4194304, 4 MiB); a longer one is refused
+    /// with an error reply and discarded without being held in memory.
+    #[arg(long, env = "TOOLGATE_MAX_LINE_BYTES", global = true)]
+    max_line_bytes: Option<NonZeroUsize>,
     #[command(subcommand)]
     command: Option<Command>,
 }
@@ -303,6 +312,8 @@ fn main() -> ExitCode {
         principal: cli.principal,
         rights: cli.rights,
         storage: None,
+        max_in_flight: cli.max_in_flight,
+        max_line_bytes: cli.max_line_bytes,
     };
     match cli.command.unwrap_or(Command::Serve) {
         Command::Serve => {
