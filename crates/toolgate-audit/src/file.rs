@@ -605,6 +605,7 @@ impl FileAuditLog {
             reason: Some("torn_tail".into()),
             policy_digest: None,
             contract_digest: None,
+            principal: None,
         };
         let torn_bytes = u64::try_from(torn.len()).unwrap_or(u64::MAX);
         let extra = vec![

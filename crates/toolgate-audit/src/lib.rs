@@ -86,6 +86,9 @@ pub struct AuditEntry {
     /// Digest of the called tool's locked contract (written as `contract_digest`, hex, only when
     /// present; the server sets it once `toolgate.lock` exists).
     pub contract_digest: Option<Sha256Digest>,
+    /// Who called (written as `principal`, only when present): the gate's principal of the
+    /// request, from configuration or a verified credential.
+    pub principal: Option<String>,
 }
 
 impl AuditEntry {
@@ -107,7 +110,14 @@ impl AuditEntry {
             reason: None,
             policy_digest: None,
             contract_digest: None,
+            principal: None,
         }
+    }
+
+    /// The same entry with a `principal` field.
+    pub fn with_principal(mut self, principal: impl Into<String>) -> Self {
+        self.principal = Some(principal.into());
+        self
     }
 
     /// The same entry with a `reason` field.

@@ -142,6 +142,10 @@ pub(crate) fn seal(
     let request_id = Bounded::of(&entry.request_id, MAX_TEXT_FIELD_BYTES);
     let method = Bounded::of(&entry.method, MAX_TEXT_FIELD_BYTES);
     let name = Bounded::of(&entry.name, MAX_TEXT_FIELD_BYTES);
+    let principal = entry
+        .principal
+        .as_deref()
+        .map(|principal| Bounded::of(principal, MAX_TEXT_FIELD_BYTES));
     let reason = entry
         .reason
         .as_deref()
@@ -161,11 +165,15 @@ pub(crate) fn seal(
     if let Some(reason) = &reason {
         members.push(("reason", Field::Text(reason.text())));
     }
+    if let Some(principal) = &principal {
+        members.push(("principal", Field::Text(principal.text())));
+    }
     for (key, field) in [
         ("request_id_bytes", Some(&request_id)),
         ("method_bytes", Some(&method)),
         ("name_bytes", Some(&name)),
         ("reason_bytes", reason.as_ref()),
+        ("principal_bytes", principal.as_ref()),
     ] {
         if let Some(bytes) = field.and_then(Bounded::bytes) {
             members.push((key, Field::Number(bytes)));

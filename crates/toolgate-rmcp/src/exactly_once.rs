@@ -20,7 +20,7 @@ use crate::refusal::Refusal;
 pub const IDEMPOTENCY_KEY_META: &str = "io.toolgate/idempotencyKey";
 
 /// The longest idempotency key a caller may pass (argument or `_meta`), in bytes of UTF-8.
-/// Checked with the other argument rules before dispatch ([`key_refusal`]), so the effect store
+/// Checked with the other argument rules before dispatch, so the effect store
 /// never sees a key it would refuse.
 pub const MAX_IDEMPOTENCY_KEY_BYTES: usize = 1024;
 

@@ -39,6 +39,7 @@ mod call;
 mod confirm;
 use crate::input::InputShape;
 use crate::permit::Permit;
+use crate::principal::{FixedPrincipal, PrincipalSource};
 use crate::refusal::Refusal;
 use crate::schema::SchemaCache;
 use crate::state::{GateState, PolicyHandle};
@@ -108,6 +109,14 @@ pub enum GateError {
         /// A tool with idempotency settings.
         tool: String,
     },
+    /// `GatedBuilder::principal` was given a name the policy and rights file cannot name.
+    #[error(
+        "invalid principal {name:?}: use 1 to 128 characters from A-Z, a-z, 0-9, '_', '.', '@', ':' and '-'"
+    )]
+    InvalidPrincipal {
+        /// The name given.
+        name: String,
+    },
     /// `GatedBuilder::audit` was not called.
     #[error(
         "a gate needs an audit sink: call GatedBuilder::audit (for example with toolgate_audit::FileAuditLog)"
@@ -128,7 +137,7 @@ pub struct Gated<H> {
     request_id_field: String,
     contract_changes: BTreeMap<String, Vec<Change>>,
     effects: Option<Arc<dyn EffectBackend>>,
-    principal: String,
+    principals: Arc<dyn PrincipalSource>,
     probes: BTreeMap<String, EffectProbe>,
     schemas: SchemaCache,
     kill_switch: Option<KillSwitch>,
@@ -186,11 +195,17 @@ pub struct GatedBuilder<H> {
     audit: Option<Arc<dyn AuditSink>>,
     request_id_field: String,
     effects: Option<Arc<dyn EffectBackend>>,
-    principal: String,
+    principals: Principals,
     probes: BTreeMap<String, EffectProbe>,
     kill_switch: Option<KillSwitch>,
     rights: Option<RightsFile>,
     preflight: Option<Arc<dyn Preflight>>,
+}
+
+/// The builder's principal setting: a configured name (checked at build) or a source.
+enum Principals {
+    Named(String),
+    Source(Arc<dyn PrincipalSource>),
 }
 
 impl<H> std::fmt::Debug for GatedBuilder<H> {
@@ -231,10 +246,18 @@ impl<H: ServerHandler> GatedBuilder<H> {
         self
     }
 
-    /// Who is calling (from configuration or the transport, never from tool arguments); keys are
-    /// scoped to it. Default `local`.
+    /// One principal for every request (a stdio server's configured caller; never from tool
+    /// arguments); `build` fails if it is not a valid principal name. Default `local`.
     pub fn principal(mut self, principal: impl Into<String>) -> Self {
-        self.principal = principal.into();
+        self.principals = Principals::Named(principal.into());
+        self
+    }
+
+    /// Where each request's principal comes from, asked on every `tools/list` and `tools/call`
+    /// (for example [`crate::FromExtensions`] behind a transport that authenticates callers).
+    /// Replaces [`GatedBuilder::principal`].
+    pub fn principal_source(mut self, source: impl PrincipalSource) -> Self {
+        self.principals = Principals::Source(Arc::new(source));
         self
     }
 
@@ -280,6 +303,12 @@ impl<H: ServerHandler> GatedBuilder<H> {
             });
         }
         let audit = self.audit.ok_or(GateError::MissingAudit)?;
+        let principals: Arc<dyn PrincipalSource> = match self.principals {
+            Principals::Named(name) => Arc::new(
+                FixedPrincipal::new(&name).map_err(|_| GateError::InvalidPrincipal { name })?,
+            ),
+            Principals::Source(source) => source,
+        };
         let pending_ttl = policy.confirmation_ttl();
         let state = GateState {
             policy,
@@ -293,7 +322,7 @@ impl<H: ServerHandler> GatedBuilder<H> {
             request_id_field: self.request_id_field,
             contract_changes: BTreeMap::new(),
             effects: self.effects,
-            principal: self.principal,
+            principals,
             probes: self.probes,
             schemas: SchemaCache::default(),
             kill_switch: self.kill_switch,
@@ -314,7 +343,7 @@ impl<H: ServerHandler> Gated<H> {
             audit: None,
             request_id_field: "request_id".to_owned(),
             effects: None,
-            principal: "local".to_owned(),
+            principals: Principals::Named("local".to_owned()),
             probes: BTreeMap::new(),
             kill_switch: None,
             rights: None,
@@ -380,9 +409,11 @@ impl<H: ServerHandler> Gated<H> {
 
     /// An audit entry for a call of `name`, carrying the digests of the policy in force and of the
     /// tool's contract (when known).
+    #[allow(clippy::too_many_arguments)]
     fn entry(
         &self,
         state: &GateState,
+        principal: &str,
         request_id: String,
         name: &str,
         decision: AuditDecision,
@@ -390,11 +421,22 @@ impl<H: ServerHandler> Gated<H> {
         args_digest: Sha256Digest,
     ) -> AuditEntry {
         let entry = AuditEntry::tool_call(request_id, name, decision, outcome, args_digest)
-            .with_policy_digest(state.policy.digest());
+            .with_policy_digest(state.policy.digest())
+            .with_principal(principal);
         match state.tool_contract_digests.get(name) {
             Some(digest) => entry.with_contract_digest(*digest),
             None => entry,
         }
+    }
+
+    /// The principal of a request, or the JSON-RPC error refusing a request without one.
+    fn principal_of(&self, extensions: &rmcp::model::Extensions) -> Result<Arc<str>, McpError> {
+        self.principals.principal(extensions).ok_or_else(|| {
+            McpError::invalid_request(
+                "the request carries no verified principal; the transport must authenticate the caller",
+                None,
+            )
+        })
     }
 
     /// The contract digest published to clients, if any.
@@ -636,6 +678,7 @@ impl<H: ServerHandler> ServerHandler for Gated<H> {
         request: Option<PaginatedRequestParams>,
         context: RequestContext<RoleServer>,
     ) -> Result<ListToolsResult, McpError> {
+        let principal = self.principal_of(&context.extensions)?;
         let mut result = self.inner.list_tools(request, context).await?;
         let state = self.state.snapshot();
         let policy = &state.policy;
@@ -643,9 +686,9 @@ impl<H: ServerHandler> ServerHandler for Gated<H> {
         // grants it, and the inner handler resolves it.
         result.tools.retain(|tool| {
             !self.confirmations_offered(&tool.name)
-                && policy.visible_for(&self.principal, &tool.name)
+                && policy.visible_for(&principal, &tool.name)
                 && self.inner.get_tool(&tool.name).is_some()
-                && self.rights_refusal(&tool.name).is_none()
+                && self.rights_refusal(&principal, &tool.name).is_none()
         });
         for tool in &mut result.tools {
             if let (Some(untrusted), Some(schema)) = (
@@ -659,7 +702,7 @@ impl<H: ServerHandler> ServerHandler for Gated<H> {
                 }
             }
         }
-        if self.offers_confirmation(&state) {
+        if self.offers_confirmation(&state, &principal) {
             result
                 .tools
                 .push(confirm::confirmation_tool(CONFIRM_ACTION));
@@ -669,15 +712,26 @@ impl<H: ServerHandler> ServerHandler for Gated<H> {
     }
 
     fn get_tool(&self, name: &str) -> Option<Tool> {
+        // No request here: a fixed principal answers as for its calls; a per-request source is
+        // answered from the policy's top level (no principal's section or rights).
+        let Some(principal) = self.principals.without_request() else {
+            if self.confirmations_offered(name) {
+                return None;
+            }
+            return self
+                .inner
+                .get_tool(name)
+                .filter(|_| self.state.policy().visible(name));
+        };
         if self.confirmations_offered(name) {
             return self
-                .offers_confirmation(&self.state.snapshot())
+                .offers_confirmation(&self.state.snapshot(), &principal)
                 .then(|| confirm::confirmation_tool(name));
         }
         self.inner
             .get_tool(name)
-            .filter(|_| self.state.policy().visible_for(&self.principal, name))
-            .filter(|_| self.rights_refusal(name).is_none())
+            .filter(|_| self.state.policy().visible_for(&principal, name))
+            .filter(|_| self.rights_refusal(&principal, name).is_none())
     }
 
     fn on_custom_request(

@@ -23,6 +23,7 @@ mod gate;
 pub mod harness;
 mod input;
 mod permit;
+mod principal;
 mod refusal;
 mod schema;
 mod state;
@@ -35,6 +36,9 @@ pub use gate::{
     Preflight, Preparation, ProbeAnswer, REJECT_ACTION, TOOL_NOT_FOUND,
 };
 pub use permit::{Permit, PermitError};
+pub use principal::{
+    FixedPrincipal, FromExtensions, InvalidPrincipal, PrincipalSource, VerifiedPrincipal,
+};
 pub use state::{GateState, PolicyHandle, Reload, ReloadError, Reloaded};
 pub use stdio::{StdioConfig, StdioError, StdioTransport};
 

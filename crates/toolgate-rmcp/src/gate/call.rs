@@ -50,6 +50,8 @@ pub(super) struct Admitted {
     pub(super) tool: Tool,
     pub(super) args_digest: Sha256Digest,
     pub(super) request_id: String,
+    /// Who is calling (from the gate's principal source, for this request).
+    pub(super) principal: Arc<str>,
     /// The rule recorded as the allow line's reason (`allow`, or `confirmed`).
     pub(super) rule: String,
     pub(super) input: InputShape,
@@ -62,8 +64,9 @@ impl<H: ServerHandler> Gated<H> {
         context: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, McpError> {
         let name = request.name.to_string();
+        let principal = self.principal_of(&context.extensions)?;
         if self.confirmations_offered(&name) {
-            return self.confirmation_call(request, context).await;
+            return self.confirmation_call(request, context, principal).await;
         }
         // The recorded name is the caller's input: a name no tool could have (too long, odd
         // characters) is recorded as its digest so a caller cannot bloat or forge log content.
@@ -79,6 +82,7 @@ impl<H: ServerHandler> Gated<H> {
         let deny = |request_id: String, reason: String| {
             self.entry(
                 &state,
+                &principal,
                 request_id,
                 &recorded_name,
                 AuditDecision::Deny,
@@ -88,14 +92,14 @@ impl<H: ServerHandler> Gated<H> {
             .with_reason(reason)
         };
 
-        let decision = policy.decide_for(&self.principal, &name, arguments);
+        let decision = policy.decide_for(&principal, &name, arguments);
         let tool = self.inner.get_tool(&name);
         // A tool the inner handler does not have is recorded as unknown whatever the policy says;
         // the caller sees the same error either way.
         let hidden_reason = match (&tool, &decision) {
             (None, _) => Some("unknown_tool".to_owned()),
             (Some(_), Decision::DenyTool(denial)) => Some(denial.rule().to_owned()),
-            (Some(_), _) => self.rights_refusal(&name),
+            (Some(_), _) => self.rights_refusal(&principal, &name),
         };
         let Some(tool) = tool.filter(|_| hidden_reason.is_none()) else {
             let reason = hidden_reason.unwrap_or_else(|| "unknown_tool".to_owned());
@@ -128,7 +132,7 @@ impl<H: ServerHandler> Gated<H> {
             &self.schemas,
             &policy,
             &decision,
-            &self.principal,
+            &principal,
             &name,
             &input,
             &tool.input_schema,
@@ -139,7 +143,7 @@ impl<H: ServerHandler> Gated<H> {
             refusal = self.batch_refusal(&policy, &name, arguments).await;
         }
         if refusal.is_none() {
-            refusal = self.rate_refusal(&policy, &name);
+            refusal = self.rate_refusal(&policy, &principal, &name);
         }
         if let Some(refusal) = refusal {
             if let Err(error) = self
@@ -161,6 +165,7 @@ impl<H: ServerHandler> Gated<H> {
             return self
                 .preview(
                     &state,
+                    &principal,
                     &name,
                     &tool,
                     arguments,
@@ -177,6 +182,7 @@ impl<H: ServerHandler> Gated<H> {
             tool,
             args_digest,
             request_id,
+            principal,
             rule: decision.rule(),
             input,
         };
@@ -191,9 +197,9 @@ impl<H: ServerHandler> Gated<H> {
 
     /// The hidden-tool reason when the rights file does not grant `name` to the principal (or
     /// cannot be read: fail closed). `None` without a rights file.
-    pub(super) fn rights_refusal(&self, name: &str) -> Option<String> {
+    pub(super) fn rights_refusal(&self, principal: &str, name: &str) -> Option<String> {
         let rights = self.rights.as_ref()?;
-        match rights.rights(&self.principal) {
+        match rights.rights(principal) {
             Ok(granted) if granted.allows(name) => None,
             Ok(_) => Some("rights".to_owned()),
             Err(error) => {
@@ -307,16 +313,16 @@ impl<H: ServerHandler> Gated<H> {
     }
 
     /// Takes a token from the tool's and the principal's buckets, or refuses with retry-after.
-    fn rate_refusal(&self, policy: &Policy, name: &str) -> Option<Refusal> {
+    fn rate_refusal(&self, policy: &Policy, principal: &str, name: &str) -> Option<Refusal> {
         let mut keys = Vec::new();
         let mut rules = Vec::new();
         if let Some(rate) = policy.tool_rate(name) {
             keys.push((format!("tool:{name}"), limit(rate)));
             rules.push(format!("rate_limits.tools.{name}"));
         }
-        if let Some(rate) = policy.principal_rate(&self.principal) {
-            keys.push((format!("principal:{}", self.principal), limit(rate)));
-            rules.push(format!("rate_limits.principals.{}", self.principal));
+        if let Some(rate) = policy.principal_rate(principal) {
+            keys.push((format!("principal:{principal}"), limit(rate)));
+            rules.push(format!("rate_limits.principals.{principal}"));
         }
         if keys.is_empty() {
             return None;
@@ -357,6 +363,7 @@ impl<H: ServerHandler> Gated<H> {
             tool,
             args_digest,
             request_id,
+            principal,
             rule,
             input,
         } = admitted;
@@ -365,6 +372,7 @@ impl<H: ServerHandler> Gated<H> {
             .execute_inner(
                 &state,
                 &policy,
+                &principal,
                 &name,
                 &tool,
                 args_digest,
@@ -389,6 +397,7 @@ impl<H: ServerHandler> Gated<H> {
         &self,
         state: &GateState,
         policy: &Policy,
+        principal: &str,
         name: &str,
         tool: &Tool,
         args_digest: Sha256Digest,
@@ -406,7 +415,7 @@ impl<H: ServerHandler> Gated<H> {
         if let (Some(settings), Some(effects)) = (policy.idempotency(&name), &self.effects) {
             let request = EffectRequest {
                 scope: Scope {
-                    principal: self.principal.clone(),
+                    principal: principal.to_owned(),
                     tool: name.clone(),
                 },
                 key: exactly_once::key_for(settings, arguments, &context.meta, args_digest),
@@ -422,6 +431,7 @@ impl<H: ServerHandler> Gated<H> {
             let entry = self
                 .entry(
                     state,
+                    principal,
                     request_id.clone(),
                     &name,
                     AuditDecision::Allow,
@@ -466,6 +476,7 @@ impl<H: ServerHandler> Gated<H> {
             entry: self
                 .entry(
                     state,
+                    principal,
                     request_id.clone(),
                     &name,
                     AuditDecision::Allow,
@@ -528,6 +539,7 @@ impl<H: ServerHandler> Gated<H> {
         let entry = self
             .entry(
                 state,
+                principal,
                 request_id,
                 &name,
                 AuditDecision::Allow,

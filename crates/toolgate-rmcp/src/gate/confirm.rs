@@ -70,6 +70,7 @@ impl<H: ServerHandler> Gated<H> {
     pub(super) async fn preview(
         &self,
         state: &GateState,
+        principal: &str,
         name: &str,
         tool: &Tool,
         arguments: Option<&Map<String, Value>>,
@@ -84,6 +85,7 @@ impl<H: ServerHandler> Gated<H> {
                 let entry = self
                     .entry(
                         state,
+                        principal,
                         request_id,
                         name,
                         AuditDecision::Deny,
@@ -102,7 +104,7 @@ impl<H: ServerHandler> Gated<H> {
             }
         };
         let action = PendingAction {
-            principal: self.principal.clone(),
+            principal: principal.to_owned(),
             tool: name.to_owned(),
             arguments,
             args_digest,
@@ -115,6 +117,7 @@ impl<H: ServerHandler> Gated<H> {
                 let entry = self
                     .entry(
                         state,
+                        principal,
                         request_id,
                         name,
                         AuditDecision::Deny,
@@ -133,6 +136,7 @@ impl<H: ServerHandler> Gated<H> {
         let entry = self
             .entry(
                 state,
+                principal,
                 request_id,
                 name,
                 AuditDecision::Allow,
@@ -175,6 +179,7 @@ impl<H: ServerHandler> Gated<H> {
         &self,
         request: CallToolRequestParams,
         context: RequestContext<RoleServer>,
+        principal: Arc<str>,
     ) -> Result<CallToolResponse, McpError> {
         let state = self.state.snapshot();
         let name = request.name.to_string();
@@ -184,6 +189,7 @@ impl<H: ServerHandler> Gated<H> {
         let refuse = |reason: String, outcome: Outcome| {
             self.entry(
                 &state,
+                &principal,
                 request_id.clone(),
                 &name,
                 AuditDecision::Deny,
@@ -192,7 +198,7 @@ impl<H: ServerHandler> Gated<H> {
             )
             .with_reason(reason)
         };
-        if !self.offers_confirmation(&state) {
+        if !self.offers_confirmation(&state, &principal) {
             self.record_or_log(refuse("unknown_tool".to_owned(), Outcome::NotExecuted))
                 .await;
             return Err(McpError::invalid_params(TOOL_NOT_FOUND, None));
@@ -215,11 +221,12 @@ impl<H: ServerHandler> Gated<H> {
         let now = SystemTime::now();
 
         if name == REJECT_ACTION {
-            return match self.pending.reject(token, &self.principal, now) {
+            return match self.pending.reject(token, &principal, now) {
                 Ok(action) => {
                     let entry = self
                         .entry(
                             &state,
+                            &principal,
                             request_id.clone(),
                             &action.tool,
                             AuditDecision::Deny,
@@ -258,7 +265,7 @@ impl<H: ServerHandler> Gated<H> {
             .get("confirm_summary")
             .and_then(Value::as_str)
             .unwrap_or_default();
-        let action = match self.pending.confirm(token, summary, &self.principal, now) {
+        let action = match self.pending.confirm(token, summary, &principal, now) {
             Ok(action) => action,
             Err(error) => {
                 self.record_or_log(refuse(
@@ -278,6 +285,7 @@ impl<H: ServerHandler> Gated<H> {
         let denied = |reason: String| {
             self.entry(
                 &state,
+                &principal,
                 request_id.clone(),
                 &tool_name,
                 AuditDecision::Deny,
@@ -286,9 +294,9 @@ impl<H: ServerHandler> Gated<H> {
             )
             .with_reason(reason)
         };
-        let decision = policy.decide_for(&self.principal, &action.tool, Some(&action.arguments));
+        let decision = policy.decide_for(&principal, &action.tool, Some(&action.arguments));
         let still = match (&decision, self.inner.get_tool(&action.tool)) {
-            (Decision::Allow, Some(tool)) => match self.rights_refusal(&action.tool) {
+            (Decision::Allow, Some(tool)) => match self.rights_refusal(&principal, &action.tool) {
                 None => Some(tool),
                 Some(reason) => {
                     self.record_or_log(denied(format!("confirm.{reason}")))
@@ -331,6 +339,7 @@ impl<H: ServerHandler> Gated<H> {
             return self
                 .preview(
                     &state,
+                    &principal,
                     &action.tool,
                     &tool,
                     Some(&action.arguments),
@@ -349,6 +358,7 @@ impl<H: ServerHandler> Gated<H> {
             request_id: self.request_id(Some(&action.arguments), &tool, &context.id),
             tool,
             args_digest: action.args_digest,
+            principal,
             rule: "confirmed".to_owned(),
         };
         self.execute(admitted, call, context).await
@@ -356,13 +366,13 @@ impl<H: ServerHandler> Gated<H> {
 
     /// Whether the principal can see some tool that needs confirmation (then the gate lists and
     /// accepts `confirm_action` and `reject_action`).
-    pub(super) fn offers_confirmation(&self, state: &GateState) -> bool {
+    pub(super) fn offers_confirmation(&self, state: &GateState, principal: &str) -> bool {
         let policy = &state.policy;
         policy.effect_classes().any(|(tool, class)| {
             class.needs_confirmation()
-                && policy.visible_for(&self.principal, tool)
+                && policy.visible_for(principal, tool)
                 && self.inner.get_tool(tool).is_some()
-                && self.rights_refusal(tool).is_none()
+                && self.rights_refusal(principal, tool).is_none()
         })
     }
 
