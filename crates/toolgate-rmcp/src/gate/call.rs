@@ -64,7 +64,33 @@ impl<H: ServerHandler> Gated<H> {
         context: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, McpError> {
         let name = request.name.to_string();
-        let principal = self.principal_of(&context.extensions)?;
+        let principal = match self.principal_of(&context.extensions) {
+            Ok(principal) => principal,
+            Err(error) => {
+                // Audited without a principal (there is none) and without the caller's tool name
+                // beyond its digest when it is not a valid one.
+                let recorded = match ToolName::new(&name) {
+                    Ok(_) => name.clone(),
+                    Err(_) => format!("sha256:{}", Sha256Digest::of(name.as_bytes())),
+                };
+                let digest = Sha256Digest::of_json_object(
+                    request.arguments.as_ref().unwrap_or(&JsonObject::new()),
+                );
+                let entry = toolgate_audit::AuditEntry::tool_call(
+                    format!("rpc:{}", context.id),
+                    recorded,
+                    AuditDecision::Deny,
+                    Outcome::NotExecuted,
+                    digest,
+                )
+                .with_policy_digest(self.state.snapshot().policy.digest())
+                .with_reason("no_principal");
+                if let Err(e) = self.record(entry).await {
+                    tracing::error!(error = %e, "could not audit a call without a principal");
+                }
+                return Err(error);
+            }
+        };
         if self.confirmations_offered(&name) {
             return self.confirmation_call(request, context, principal).await;
         }
