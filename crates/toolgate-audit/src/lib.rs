@@ -160,6 +160,24 @@ pub struct ChainHead {
     pub sha256: Sha256Digest,
 }
 
+impl<T: AuditSink + ?Sized> AuditSink for std::sync::Arc<T> {
+    fn append(&self, entry: &AuditEntry) -> Result<AppendReceipt, AuditError> {
+        (**self).append(entry)
+    }
+
+    fn head(&self) -> Result<ChainHead, AuditError> {
+        (**self).head()
+    }
+
+    fn export(&self, out: &mut dyn std::io::Write) -> Result<u64, AuditError> {
+        (**self).export(out)
+    }
+
+    fn may_block(&self) -> bool {
+        (**self).may_block()
+    }
+}
+
 /// Storage-agnostic audit sink.
 ///
 /// The file log is the embedded default; a PostgreSQL backend is planned, so this trait says nothing

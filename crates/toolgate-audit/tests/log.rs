@@ -521,7 +521,7 @@ fn threads_share_one_chain() {
     }
     let report = verify_file(&path).unwrap();
     assert_intact(&report, 400);
-    assert_eq!(report.head, log.head());
+    assert_eq!(report.head, FileAuditLog::head(&log));
     assert_eq!(independent_verify(&fs::read(&path).unwrap()), 400);
 }
 

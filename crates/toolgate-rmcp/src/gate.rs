@@ -9,6 +9,7 @@
 use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::future::Future;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 #[allow(deprecated)] // Logging (SEP-2577) is deprecated but still part of ServerHandler.
@@ -28,7 +29,7 @@ use rmcp::service::{MaybeSendFuture, NotificationContext, RequestContext, Subscr
 use rmcp::{ErrorData as McpError, RoleServer, ServerHandler};
 use serde_json::{Map, Value};
 use toolgate_audit::{AuditEntry, AuditSink, Decision as AuditDecision, Outcome};
-use toolgate_canon::Sha256Digest;
+use toolgate_canon::{HmacKey, Sha256Digest};
 use toolgate_commit::effect::EffectBackend;
 use toolgate_contract::awareness::{InputContract, contract_awareness};
 use toolgate_contract::diff::Change;
@@ -117,6 +118,15 @@ pub enum GateError {
         /// The name given.
         name: String,
     },
+    /// The policy file given to `GatedBuilder::policy_file` could not be loaded.
+    #[error(transparent)]
+    Policy(#[from] toolgate_policy::PolicyError),
+    /// The ledger's audit log could not be opened.
+    #[error("cannot open the ledger's audit log: {0}")]
+    Audit(#[from] toolgate_audit::AuditError),
+    /// The ledger's exactly-once store could not be opened.
+    #[error("cannot open the ledger's effect store: {0}")]
+    Effects(#[from] toolgate_commit::effect::EffectError),
     /// `GatedBuilder::audit` was not called.
     #[error(
         "a gate needs an audit sink: call GatedBuilder::audit (for example with toolgate_audit::FileAuditLog)"
@@ -187,11 +197,19 @@ impl<H> std::fmt::Debug for Gated<H> {
     }
 }
 
+/// The audit log's file name inside a ledger directory ([`GatedBuilder::ledger`]).
+pub const LEDGER_AUDIT_FILE: &str = "audit.jsonl";
+/// The exactly-once store's directory inside a ledger directory ([`GatedBuilder::ledger`]).
+pub const LEDGER_EFFECTS_DIR: &str = "effects";
+
 /// Builds a [`Gated`] handler.
 #[must_use]
 pub struct GatedBuilder<H> {
     inner: H,
     policy: Option<Arc<Policy>>,
+    policy_file: Option<PathBuf>,
+    ledger: Option<PathBuf>,
+    checkpoint_key: Option<HmacKey>,
     audit: Option<Arc<dyn AuditSink>>,
     request_id_field: String,
     effects: Option<Arc<dyn EffectBackend>>,
@@ -221,9 +239,35 @@ impl<H: ServerHandler> GatedBuilder<H> {
         self
     }
 
-    /// Where decisions are recorded. Required.
-    pub fn audit(mut self, audit: Arc<dyn AuditSink>) -> Self {
-        self.audit = Some(audit);
+    /// Reads the policy from `path` at [`GatedBuilder::build`] (a load error is the build's
+    /// error, naming the file). Replaces [`GatedBuilder::policy`].
+    pub fn policy_file(mut self, path: impl AsRef<Path>) -> Self {
+        self.policy_file = Some(path.as_ref().to_owned());
+        self.policy = None;
+        self
+    }
+
+    /// Where decisions are recorded (a `FileAuditLog`, a `MemoryAuditLog`, an `Arc` of either, or
+    /// any other sink). Required unless [`GatedBuilder::ledger`] is given.
+    pub fn audit(mut self, audit: impl AuditSink + 'static) -> Self {
+        self.audit = Some(Arc::new(audit));
+        self
+    }
+
+    /// The ledger directory, opened at [`GatedBuilder::build`] in the documented layout for every
+    /// part not given explicitly: the audit log `dir/audit.jsonl` (signed checkpoints with
+    /// [`GatedBuilder::checkpoint_key`]), the exactly-once store `dir/effects/`, and the kill
+    /// switch `dir/halt.json`. The rights file is never implied: pass it with
+    /// [`GatedBuilder::rights`].
+    pub fn ledger(mut self, dir: impl AsRef<Path>) -> Self {
+        self.ledger = Some(dir.as_ref().to_owned());
+        self
+    }
+
+    /// The HMAC key that signs the audit log's checkpoints when [`GatedBuilder::ledger`] opens it.
+    /// Keep it outside the ledger.
+    pub fn checkpoint_key(mut self, key: HmacKey) -> Self {
+        self.checkpoint_key = Some(key);
         self
     }
 
@@ -290,9 +334,32 @@ impl<H: ServerHandler> GatedBuilder<H> {
         self
     }
 
-    /// Builds the gate.
-    pub fn build(self) -> Result<Gated<H>, GateError> {
+    /// Builds the gate: loads the policy file and opens the ledger's parts if they were given,
+    /// then checks that every required part is there.
+    pub fn build(mut self) -> Result<Gated<H>, GateError> {
+        if let Some(path) = self.policy_file.take() {
+            self.policy = Some(Arc::new(Policy::load(&path)?));
+        }
         let policy = self.policy.ok_or(GateError::MissingPolicy)?;
+        if let Some(dir) = &self.ledger {
+            if self.audit.is_none() {
+                let mut config = toolgate_audit::AuditConfig::new(dir.join(LEDGER_AUDIT_FILE));
+                if let Some(key) = self.checkpoint_key.take() {
+                    config = config.checkpoint_key(key);
+                }
+                self.audit = Some(Arc::new(toolgate_audit::FileAuditLog::open_with(config)?));
+            }
+            if self.effects.is_none() {
+                let config =
+                    toolgate_commit::effect::EffectConfig::new(dir.join(LEDGER_EFFECTS_DIR));
+                self.effects = Some(Arc::new(toolgate_commit::effect::EffectStore::open(
+                    config,
+                )?));
+            }
+            if self.kill_switch.is_none() {
+                self.kill_switch = Some(KillSwitch::new(dir));
+            }
+        }
         if self.effects.is_none()
             && let Some(tool) = policy
                 .allowed()
@@ -340,6 +407,9 @@ impl<H: ServerHandler> Gated<H> {
         GatedBuilder {
             inner,
             policy: None,
+            policy_file: None,
+            ledger: None,
+            checkpoint_key: None,
             audit: None,
             request_id_field: "request_id".to_owned(),
             effects: None,

@@ -33,7 +33,8 @@ pub use blocking::{Cancelled, run as run_blocking};
 pub use exactly_once::{IDEMPOTENCY_KEY_META, MAX_IDEMPOTENCY_KEY_BYTES, REPLAYED_META};
 pub use gate::{
     CONFIRM_ACTION, CONTRACT_DIGEST_META_KEY, EffectProbe, GateError, Gated, GatedBuilder, HALTED,
-    Preflight, Preparation, ProbeAnswer, REJECT_ACTION, TOOL_NOT_FOUND,
+    LEDGER_AUDIT_FILE, LEDGER_EFFECTS_DIR, Preflight, Preparation, ProbeAnswer, REJECT_ACTION,
+    TOOL_NOT_FOUND,
 };
 pub use permit::{Permit, PermitError};
 pub use principal::{
@@ -41,11 +42,6 @@ pub use principal::{
 };
 pub use state::{GateState, PolicyHandle, Reload, ReloadError, Reloaded};
 pub use stdio::{StdioConfig, StdioError, StdioTransport};
-
-/// The README's example is compiled as a doc test so that it cannot rot.
-#[doc = include_str!("../../../README.md")]
-#[cfg(doctest)]
-pub struct ReadmeDoctests;
 
 /// The server authors' guide (`docs/GUIDE.md`) is compiled as a doc test too.
 #[doc = include_str!("../../../docs/GUIDE.md")]

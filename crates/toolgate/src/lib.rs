@@ -1,0 +1,91 @@
+//! toolgate: the decisions a model must not make alone, enforced in an rmcp server at the
+//! tool-call boundary. The one dependency a server author adds.
+//!
+//! ```toml
+//! [dependencies]
+//! toolgate = { git = "https://github.com/toolgate/toolgate" }
+//! rmcp = { version = "3.11", features = ["server", "macros", "transport-io"] }
+//! ```
+//!
+//! Wrap the server's handler in [`Gated`] and serve it; everything a server needs is in the
+//! [`prelude`]:
+//!
+//! - a versioned policy decides every `tools/list` and `tools/call` ([`policy`]); a denied tool is
+//!   invisible and a direct call gets a JSON-RPC error before any handler code runs;
+//! - tools the policy opts in run exactly once per idempotency key ([`effect`]);
+//! - every decision is appended to a hash-chained audit log ([`audit`]) that `verify` checks;
+//! - the kill switch, rights file, rate limits and two-step confirmation ([`guard`]);
+//! - each tool's contract is digested into `toolgate.lock` and checked in CI ([`contract`]);
+//! - [`StdioTransport`] serves stdio with every malformed line answered and bounded memory;
+//! - [`PrincipalSource`] tells the gate who is calling on each request.
+//!
+//! The crates behind these modules can also be used one by one; this crate only re-exports them.
+
+#![forbid(unsafe_code)]
+
+pub use toolgate_rmcp::*;
+
+/// The policy: its file format, loading and decisions (`toolgate-policy`).
+pub mod policy {
+    pub use toolgate_policy::*;
+}
+
+/// The audit chain: records, the file and memory sinks, the verifier, checkpoints
+/// (`toolgate-audit`).
+pub mod audit {
+    pub use toolgate_audit::*;
+}
+
+/// Exactly-once effects: the backend trait, the file store and the in-memory one
+/// (`toolgate-commit`).
+pub mod effect {
+    pub use toolgate_commit::effect::*;
+}
+
+/// The kill switch, rights file, rate limits, pending confirmations and path containment
+/// (`toolgate-guard`).
+pub mod guard {
+    pub use toolgate_guard::*;
+}
+
+/// The tool contract: lockfile, digests, verdicts, attestation (`toolgate-contract`), and a
+/// server's live contract from its tools and policy (`toolgate_rmcp::contract`).
+pub mod contract {
+    pub use toolgate_contract::*;
+    pub use toolgate_rmcp::contract::*;
+}
+
+/// The storage floor every store sits on (`toolgate-storage`).
+pub mod storage {
+    pub use toolgate_storage::*;
+}
+
+/// Canonical JSON, digests and HMAC keys (`toolgate-canon`).
+pub mod canon {
+    pub use toolgate_canon::*;
+}
+
+/// The annotation kit: drives a server under test and checks that its annotations do not lie
+/// (`toolgate-kit`, feature `kit`).
+#[cfg(feature = "kit")]
+pub mod kit {
+    pub use toolgate_kit::*;
+}
+
+/// What a gated server uses, in one import: `use toolgate::prelude::*;`.
+pub mod prelude {
+    pub use crate::audit::{AuditSink, FileAuditLog, MemoryAuditLog};
+    pub use crate::canon::{HmacKey, Sha256Digest};
+    pub use crate::effect::{EffectConfig, EffectStore, MemoryEffects};
+    pub use crate::guard::{KillSwitch, RightsFile};
+    pub use crate::policy::Policy;
+    pub use crate::{
+        FixedPrincipal, FromExtensions, GateError, Gated, GatedBuilder, Permit, PrincipalSource,
+        StdioConfig, StdioTransport, VerifiedPrincipal,
+    };
+}
+
+/// The README's example is compiled as a doc test so that it cannot rot.
+#[doc = include_str!("../../../README.md")]
+#[cfg(doctest)]
+pub struct ReadmeDoctests;
