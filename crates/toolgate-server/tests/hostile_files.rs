@@ -333,3 +333,82 @@ fn key_files_that_are_fifos_devices_or_too_large_are_refused() {
         refuses_to_start(&env, &[&"--audit-key-file", &key], needle);
     }
 }
+
+#[test]
+fn a_previous_lockfile_or_rights_file_that_is_special_or_too_large_is_refused() {
+    let env = TestEnv::new();
+    let fifo = env.path("previous.lock");
+    mkfifo(&fifo);
+    refuses_to_start(&env, &[&"--previous-lock", &fifo], "FIFO");
+    let large = env.path("large.lock");
+    std::fs::write(&large, vec![b' '; (16 << 20) + 1]).unwrap();
+    refuses_to_start(&env, &[&"--previous-lock", &large], "larger than the limit");
+
+    // A rights file over its cap refuses every call (fail closed) without reading it whole.
+    let rights = env.path("rights.json");
+    std::fs::write(&rights, vec![b' '; (4 << 20) + 1]).unwrap();
+    let mut command = env.command();
+    command
+        .arg("--principal")
+        .arg("alice")
+        .arg("--rights")
+        .arg(&rights);
+    let mut server = Server::spawn(command, &env.path("stderr-large-rights.log"));
+    server.discover();
+    let refused = server.call("read_ledger", json!({}));
+    assert!(refused.get("error").is_some(), "{refused}");
+    assert!(server.close().success());
+    assert_verifies(&env.ledger);
+}
+
+#[test]
+fn checkpoint_files_that_are_fifos_never_block_the_server() {
+    let env = TestEnv::new();
+    let key = env.path("audit.key");
+    std::fs::write(&key, [7u8; 32]).unwrap();
+    let mirror = env.path("mirror.fifo");
+    mkfifo(&mirror);
+    std::fs::create_dir_all(&env.ledger).unwrap();
+    mkfifo(&env.ledger.join("audit.checkpoints.jsonl"));
+    let mut command = env.command();
+    command
+        .arg("--audit-key-file")
+        .arg(&key)
+        .arg("--checkpoint-every")
+        .arg("1")
+        .arg("--checkpoint-mirror")
+        .arg(&mirror);
+    let mut server = Server::spawn(command, &env.path("stderr-checkpoints.log"));
+    server.discover();
+    // Each call would write a checkpoint: the write fails (and is retried later), the call is
+    // answered, and the server keeps serving.
+    for i in 0..3 {
+        assert_eq!(
+            note_status(&server.write_note(&format!("req-cp-{i:04}"), "x")),
+            "committed"
+        );
+    }
+    assert!(!server.list_tool_names().is_empty());
+    // Shutdown reports the checkpoint it could not write, without hanging.
+    server.close();
+    assert!(
+        server.stderr().contains("FIFO"),
+        "the cause is named: {}",
+        server.stderr()
+    );
+    // Verifying names the FIFO, promptly; once it is gone the chain verifies.
+    let mut command = scrubbed_command();
+    command
+        .arg("--ledger")
+        .arg(&env.ledger)
+        .arg("audit")
+        .arg("verify")
+        .arg("--key-file")
+        .arg(&key);
+    let output = run_to_end(command);
+    let text = output_text(&output);
+    assert!(!output.status.success(), "{text}");
+    assert!(text.contains("FIFO"), "{text}");
+    std::fs::remove_file(env.ledger.join("audit.checkpoints.jsonl")).unwrap();
+    assert_verifies(&env.ledger);
+}
