@@ -188,6 +188,16 @@ pub enum JournalError {
 }
 
 impl JournalError {
+    /// The file the error is about.
+    pub fn path(&self) -> &Path {
+        match self {
+            JournalError::Io { path, .. }
+            | JournalError::LineTooLong { path, .. }
+            | JournalError::DamagedLine { path, .. } => path,
+            JournalError::Dir(e) => &e.path,
+        }
+    }
+
     fn io(step: JournalStep, path: &Path) -> impl FnOnce(io::Error) -> JournalError + '_ {
         move |source| JournalError::Io {
             step,
