@@ -251,6 +251,7 @@ pub struct Tail {
 /// [`Journal::read_tail`], [`Journal::append`], or a file it just created), and unknown after a
 /// failed append (the file may hold part of it), a reopen, or [`Journal::forget_end`]; a store
 /// that finds it unknown reads the file again before it trusts what it believes.
+#[derive(Debug)]
 pub struct Journal {
     storage: Arc<dyn Storage>,
     path: PathBuf,
@@ -261,17 +262,6 @@ pub struct Journal {
     /// The file's size as far as this handle knows (zero padding included); another process may
     /// have extended it since, which at worst makes a padded append pad again.
     size: u64,
-}
-
-impl std::fmt::Debug for Journal {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Journal")
-            .field("path", &self.path)
-            .field("layout", &self.config.layout)
-            .field("end", &self.end)
-            .field("size", &self.size)
-            .finish_non_exhaustive()
-    }
 }
 
 /// A new file for a journal, opened by [`Journal::open_replacement`] before it is renamed over
