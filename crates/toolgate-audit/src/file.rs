@@ -4,17 +4,22 @@
 //!
 //! Appends cost O(1): the chain head and `seq` live in memory and are refreshed from the file's
 //! last line only when another process has written since our own last append (detected by the
-//! file's length and identity, checked under the lock).
+//! file's length and identity, checked under the lock). The file is a plain
+//! [`toolgate_storage::Journal`] of the storage floor, which opens it, notices a replacement,
+//! reads its tail and appends and syncs through the log's `Storage`.
 
-use std::fs::{self, File, OpenOptions};
+use std::fs::File;
 use std::sync::Arc;
 
-use std::io::{self, BufRead, BufReader, Read, Write};
+use std::io::{self, BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard, OnceLock};
 use std::time::{SystemTime, UNIX_EPOCH};
-use toolgate_storage::{FsStorage, Published, Storage, StorageError, Symlinks, TempFile};
+use toolgate_storage::{
+    AtPath, FsStorage, Journal, JournalConfig, JournalError, JournalStep, Layout, Missing,
+    Published, Storage, StorageError, Symlinks, TempFile, read_tail,
+};
 
 use serde_json::Value;
 use toolgate_canon::{HmacKey, Sha256Digest};
@@ -23,7 +28,6 @@ use crate::ChainHead;
 use crate::checkpoint::Checkpoint;
 use crate::record::{MAX_LINE_BYTES, SeqField, check_line, representable, seal};
 use crate::segments::{checkpoints_path, list_segments, lock_path, parent_dir, segment_path};
-use crate::tail::{TailError, read_tail};
 use crate::{AppendReceipt, AuditEntry, AuditError, AuditSink, Decision};
 use toolgate_storage::{GroupCommit, LockFile};
 
@@ -198,17 +202,14 @@ pub struct FileAuditLog {
 
 /// What this handle believes about the files; valid only while it holds the file lock or as a hint.
 struct Io {
-    /// The active file, opened for read and append: O_APPEND makes every write land at the end, and
-    /// reads serve the tail look-ups.
-    file: File,
-    /// Device and inode of `file`, to notice that another process rotated the active file.
-    identity: Option<(u64, u64)>,
+    /// The active file, opened for read and append (O_APPEND makes every write land at the end);
+    /// its identity tells that another process rotated it, and its known end is the length after
+    /// our last write, unknown (after a failed write or a panic) when the tail must be re-read at
+    /// the next append.
+    journal: Journal,
     head: Sha256Digest,
     /// The `seq` of the last record, which is also the number of records in the whole log.
     seq: u64,
-    /// The active file's length after our last write; `None` when unknown (after a failed write or
-    /// a panic), which forces a tail re-read at the next append.
-    known_len: Option<u64>,
     /// The `count` of the newest checkpoint this handle knows of.
     last_checkpoint: u64,
 }
@@ -238,65 +239,61 @@ pub(crate) fn now_ns() -> u64 {
     representable(u64::try_from(nanos).unwrap_or(u64::MAX))
 }
 
-/// Makes a new or renamed directory entry in `dir` durable.
-fn sync_dir(dir: &Path) -> Result<(), AuditError> {
-    Ok(toolgate_storage::fsync_dir(
-        &toolgate_storage::FsStorage,
-        dir,
-    )?)
+/// Opens (creating, with a durable directory entry) the regular file at `path` as a plain journal
+/// for read and append, never blocking on a FIFO and following a link only with
+/// [`Symlinks::Follow`] (the operator's mirror); the log and its checkpoint file sit in the
+/// ledger, where the layout has no links.
+fn open_journal(
+    storage: &Arc<dyn Storage>,
+    path: &Path,
+    symlinks: Symlinks,
+) -> Result<Journal, AuditError> {
+    let config = JournalConfig::new(Layout::Plain, max_line())
+        .symlinks(symlinks)
+        .missing(Missing::CreateDurably);
+    Journal::open(Arc::clone(storage), path, config).map_err(journal_err)
 }
 
-#[cfg(unix)]
-fn identity(meta: &fs::Metadata) -> Option<(u64, u64)> {
-    use std::os::unix::fs::MetadataExt;
-    Some((meta.dev(), meta.ino()))
-}
-
-/// Without inode numbers a rotation by another process cannot be noticed; rotation with several
-/// writing processes is documented as Unix-only.
-#[cfg(not(unix))]
-fn identity(_meta: &fs::Metadata) -> Option<(u64, u64)> {
-    None
-}
-
-/// Opens (creating, with a durable directory entry) the regular file at `path` for read and append,
-/// never blocking on a FIFO and following a link only with [`Symlinks::Follow`] (the operator's
-/// mirror); the log and its checkpoint file sit in the ledger, where the layout has no links.
-fn open_append(path: &Path, symlinks: Symlinks) -> Result<File, AuditError> {
-    let mut options = OpenOptions::new();
-    options.read(true).append(true);
-    match toolgate_storage::open_regular(path, &options, symlinks) {
-        Ok(file) => Ok(file),
-        Err(e) if e.kind() == io::ErrorKind::NotFound => {
-            let dir = parent_dir(path);
-            toolgate_storage::create_dir_durably(&toolgate_storage::FsStorage, &dir)?;
-            let file = toolgate_storage::open_regular(path, options.create(true), symlinks)
-                .map_err(io_err("create", path))?;
-            // The new directory entry must survive a crash, or the first lines could vanish with it.
-            sync_dir(&dir)?;
-            Ok(file)
+/// A failed step of the floor's journal in the log's words (the actions its errors always named).
+fn journal_err(e: JournalError) -> AuditError {
+    match e {
+        JournalError::Io { step, path, source } => {
+            let action = match step {
+                JournalStep::Open => "open",
+                JournalStep::Create => "create",
+                JournalStep::Stat => "stat",
+                JournalStep::Read => "read the end of",
+                JournalStep::Write => "write",
+                JournalStep::Truncate => "truncate the torn tail of",
+                JournalStep::Sync => "fsync",
+                _ => "use",
+            };
+            AuditError::Io {
+                action,
+                path,
+                source,
+            }
         }
-        Err(e) => Err(io_err("open", path)(e)),
+        JournalError::Dir(e) => e.into(),
+        JournalError::LineTooLong { path, limit, .. } => AuditError::CorruptTail {
+            path,
+            detail: format!("no line break within the last {limit} bytes"),
+        },
+        JournalError::DamagedLine { path, offset } => AuditError::CorruptTail {
+            path,
+            detail: format!("the line at offset {offset} is unfinished yet more lines follow"),
+        },
+        other => AuditError::Io {
+            action: "use",
+            path: other.path().to_path_buf(),
+            source: io::Error::other(other.to_string()),
+        },
     }
 }
 
 /// Opens a file of the chain (the log, a segment) for reading: a regular file, not a link.
 pub(crate) fn open_read(path: &Path) -> Result<File, AuditError> {
     toolgate_storage::open_regular_read(path, Symlinks::Refuse).map_err(io_err("open", path))
-}
-
-fn tail_error(path: &Path) -> impl FnOnce(TailError) -> AuditError + '_ {
-    move |e| match e {
-        TailError::Io(source) => AuditError::Io {
-            action: "read the end of",
-            path: path.to_path_buf(),
-            source,
-        },
-        TailError::NoBoundary { limit } => AuditError::CorruptTail {
-            path: path.to_path_buf(),
-            detail: format!("no line break within the last {limit} bytes"),
-        },
-    }
 }
 
 fn max_line() -> u64 {
@@ -327,7 +324,7 @@ fn last_checkpoint_count(path: &Path) -> u64 {
     let Ok(len) = file.metadata().map(|m| m.len()) else {
         return 0;
     };
-    read_tail(&file, len, max_line())
+    read_tail(&file, path, len, max_line())
         .ok()
         .and_then(|tail| tail.last_line)
         .and_then(|line| Checkpoint::parse(&line).ok())
@@ -337,16 +334,20 @@ fn last_checkpoint_count(path: &Path) -> u64 {
 /// Appends `line` to the checkpoint file at `path` and fsyncs it. A torn line left by a crash in
 /// an earlier checkpoint write is cut off first: it was never acknowledged and carries no
 /// signature, and leaving it would make the next line unparseable.
-fn append_durably(path: &Path, line: &[u8], symlinks: Symlinks) -> Result<(), AuditError> {
-    let file = open_append(path, symlinks)?;
-    let len = file.metadata().map_err(io_err("stat", path))?.len();
-    let tail = read_tail(&file, len, max_line()).map_err(tail_error(path))?;
+fn append_durably(
+    storage: &Arc<dyn Storage>,
+    path: &Path,
+    line: &[u8],
+    symlinks: Symlinks,
+) -> Result<(), AuditError> {
+    let mut journal = open_journal(storage, path, symlinks)?;
+    let len = journal.file_len().map_err(journal_err)?;
+    let tail = journal.read_tail(len).map_err(journal_err)?;
     if !tail.torn.is_empty() {
-        file.set_len(tail.complete_len)
-            .map_err(io_err("truncate the torn tail of", path))?;
+        journal.truncate(tail.complete_len).map_err(journal_err)?;
     }
-    (&file).write_all(line).map_err(io_err("write", path))?;
-    file.sync_data().map_err(io_err("fsync", path))
+    journal.append(line).map_err(journal_err)?;
+    journal.sync_data().map_err(journal_err)
 }
 
 impl FileAuditLog {
@@ -366,7 +367,7 @@ impl FileAuditLog {
         if path.file_name().is_none() {
             return Err(AuditError::InvalidPath { path });
         }
-        let file = open_append(&path, Symlinks::Refuse)?;
+        let journal = open_journal(&config.storage, &path, Symlinks::Refuse)?;
         let lock_file = LockFile::open(lock_path(&path))?;
         let checkpoints = config.checkpoint_key.map(|key| Checkpoints {
             key,
@@ -374,7 +375,6 @@ impl FileAuditLog {
             path: checkpoints_path(&path),
             mirror: config.checkpoint_mirror,
         });
-        let identity = file.metadata().ok().as_ref().and_then(identity);
         let log = FileAuditLog {
             path,
             storage: config.storage,
@@ -382,11 +382,9 @@ impl FileAuditLog {
             checkpoints,
             segment_bytes: config.segment_bytes,
             io: Mutex::new(Io {
-                file,
-                identity,
+                journal,
                 head: Sha256Digest::ZERO,
                 seq: 0,
-                known_len: None,
                 last_checkpoint: 0,
             }),
             group: GroupCommit::new(|| Err(AuditError::WriterPanicked)),
@@ -398,6 +396,8 @@ impl FileAuditLog {
         {
             let mut io = log.lock_io();
             let _lock = log.lock_file.lock()?;
+            // Nothing is known of the chain yet (a file created just now may continue segments).
+            io.journal.forget_end();
             log.refresh(&mut io)?;
         }
         Ok(log)
@@ -465,7 +465,7 @@ impl FileAuditLog {
                 // with a torn line and our view is stale: forget the length so that the next append
                 // re-reads the tail under the file lock and repairs it.
                 let mut guard = poisoned.into_inner();
-                guard.known_len = None;
+                guard.journal.forget_end();
                 self.io.clear_poison();
                 guard
             }
@@ -477,24 +477,16 @@ impl FileAuditLog {
     /// If the active file was rotated by another process (its path now names another inode, or
     /// nothing), reopens it; if its length differs from our last write, re-reads the tail.
     fn refresh(&self, io: &mut Io) -> Result<(), AuditError> {
-        let current = match fs::metadata(&self.path) {
-            Ok(meta) => identity(&meta),
-            Err(e) if e.kind() == io::ErrorKind::NotFound => None,
-            Err(e) => return Err(io_err("stat", &self.path)(e)),
-        };
-        if current.is_none() || current != io.identity {
+        if io.journal.at_path().map_err(journal_err)? != AtPath::Same {
             // A crash between a rotation's rename and the creation of the new active file leaves
             // no active file; creating it here continues the chain from the last segment.
-            io.file = open_append(&self.path, Symlinks::Refuse)?;
-            io.identity = io.file.metadata().ok().as_ref().and_then(identity);
-            io.known_len = None;
+            io.journal
+                .reopen(Missing::CreateDurably)
+                .map_err(journal_err)?;
+            io.journal.forget_end();
         }
-        let len = io
-            .file
-            .metadata()
-            .map_err(io_err("stat", &self.path))?
-            .len();
-        if io.known_len != Some(len) {
+        let len = io.journal.file_len().map_err(journal_err)?;
+        if io.journal.end() != Some(len) {
             // Another process appended (or crashed mid-append) since our last write: chain onto
             // what is really the last line, never onto our stale head, so the chain cannot fork.
             self.resync(io, len)?;
@@ -506,8 +498,31 @@ impl FileAuditLog {
     /// active file has no complete line, from the last segment) and repairs a torn tail. Must be
     /// called with the file lock held.
     fn resync(&self, io: &mut Io, len: u64) -> Result<(), AuditError> {
-        let tail = read_tail(&io.file, len, max_line()).map_err(tail_error(&self.path))?;
-        let (head, seq) = match &tail.last_line {
+        let tail = io.journal.read_tail(len).map_err(journal_err)?;
+        let link = self.link_of_tail(&tail);
+        if link.is_err() {
+            // Not chained onto anything: the next append must look again (and fail closed again).
+            io.journal.forget_end();
+        }
+        let (head, seq) = link?;
+        io.head = head;
+        io.seq = seq;
+        if let Some(cps) = &self.checkpoints {
+            io.last_checkpoint = last_checkpoint_count(&cps.path);
+        }
+        if !tail.torn.is_empty() {
+            self.repair_torn_tail(io, tail.complete_len, &tail.torn)?;
+        }
+        Ok(())
+    }
+
+    /// The `(sha256, seq)` the chain continues from, given the active file's tail: its last
+    /// complete line, or when it has none the last segment's.
+    fn link_of_tail(
+        &self,
+        tail: &toolgate_storage::Tail,
+    ) -> Result<(Sha256Digest, u64), AuditError> {
+        Ok(match &tail.last_line {
             Some(line) => self.link_of(&self.path, line)?,
             None => match list_segments(&self.path)?.last() {
                 None => (Sha256Digest::ZERO, 0),
@@ -515,7 +530,7 @@ impl FileAuditLog {
                     let file = open_read(segment)?;
                     let seg_len = file.metadata().map_err(io_err("stat", segment))?.len();
                     let seg_tail =
-                        read_tail(&file, seg_len, max_line()).map_err(tail_error(segment))?;
+                        read_tail(&file, segment, seg_len, max_line()).map_err(journal_err)?;
                     match &seg_tail.last_line {
                         Some(line) if seg_tail.torn.is_empty() => self.link_of(segment, line)?,
                         _ => {
@@ -529,17 +544,7 @@ impl FileAuditLog {
                     }
                 }
             },
-        };
-        io.head = head;
-        io.seq = seq;
-        io.known_len = Some(tail.complete_len);
-        if let Some(cps) = &self.checkpoints {
-            io.last_checkpoint = last_checkpoint_count(&cps.path);
-        }
-        if !tail.torn.is_empty() {
-            self.repair_torn_tail(io, tail.complete_len, &tail.torn)?;
-        }
-        Ok(())
+        })
     }
 
     /// The `(sha256, seq)` of a log's last complete line, counting lines once for a log written
@@ -582,13 +587,13 @@ impl FileAuditLog {
     ) -> Result<(), AuditError> {
         let ts = now_ns();
         let saved_as = self.save_torn(torn, ts)?;
-        io.known_len = None;
-        io.file
-            .set_len(complete_len)
-            .map_err(io_err("truncate the torn tail of", &self.path))?;
-        io.file.sync_all().map_err(io_err("fsync", &self.path))?;
+        io.journal.truncate(complete_len).map_err(journal_err)?;
+        // An fsync of the file (not the floor's fdatasync), as the truncation always had.
+        if let Err(e) = io.journal.file().sync_all() {
+            io.journal.forget_end();
+            return Err(io_err("fsync", &self.path)(e));
+        }
         Counters::add(&self.counters.fsyncs, 1);
-        io.known_len = Some(complete_len);
 
         let torn_sha256 = Sha256Digest::of(torn);
         let saved_name = saved_as
@@ -675,55 +680,48 @@ impl FileAuditLog {
         Ok(candidate)
     }
 
-    /// Writes `bytes` (whole lines) to the active file and fsyncs, keeping `known_len` honest.
-    /// Must be called with the file lock held.
+    /// Writes `bytes` (whole lines) to the active file and fsyncs, keeping the journal's known
+    /// end honest: until the write and fsync succeed the file may hold part of the lines, and an
+    /// unknown end makes the next append re-read and repair the tail. Must be called with the file
+    /// lock held.
     fn write_lines(&self, io: &mut Io, bytes: &[u8], injectable: bool) -> Result<(), AuditError> {
-        let before = io.known_len;
-        // Until the write and fsync succeed the file may hold part of the lines; an unknown length
-        // makes the next append re-read and repair the tail.
-        io.known_len = None;
-        self.write_all(&io.file, bytes, injectable)?;
-        self.storage
-            .sync_data(&io.file)
-            .map_err(io_err("fsync", &self.path))?;
+        let written = self
+            .write_all(&mut io.journal, bytes, injectable)
+            .and_then(|()| io.journal.sync_data().map_err(journal_err));
+        if written.is_err() {
+            io.journal.forget_end();
+        }
+        written?;
         Counters::add(&self.counters.fsyncs, 1);
-        let written = u64::try_from(bytes.len()).unwrap_or(u64::MAX);
-        // `before` is always known here (refresh runs first); if it were not, the length stays
-        // unknown and the next append re-reads the tail, which is the safe direction.
-        io.known_len = before.map(|len| len.saturating_add(written));
         Ok(())
     }
 
     #[cfg_attr(not(feature = "fault-injection"), allow(unused_variables))]
-    fn write_all(&self, file: &File, bytes: &[u8], injectable: bool) -> Result<(), AuditError> {
-        let storage = self.storage.as_ref();
+    fn write_all(
+        &self,
+        journal: &mut Journal,
+        bytes: &[u8],
+        injectable: bool,
+    ) -> Result<(), AuditError> {
         #[cfg(feature = "fault-injection")]
         if injectable && let Some(hook) = &self.fault_hook {
             let (first, rest) = bytes.split_at(bytes.len() / 2);
-            storage
-                .append(file, first)
-                .map_err(io_err("write", &self.path))?;
+            journal.append(first).map_err(journal_err)?;
             // Half a batch is made durable so that a kill at this point leaves a real torn tail.
-            storage
-                .sync_data(file)
-                .map_err(io_err("fsync", &self.path))?;
+            journal.sync_data().map_err(journal_err)?;
             Counters::add(&self.counters.fsyncs, 1);
             hook("audit.mid_record");
-            return storage
-                .append(file, rest)
-                .map_err(io_err("write", &self.path));
+            return journal.append(rest).map_err(journal_err);
         }
         // One write of the whole batch: with O_APPEND the kernel places it at the end in one
         // piece in the normal case, and the file lock keeps other writers out in every case.
-        storage
-            .append(file, bytes)
-            .map_err(io_err("write", &self.path))
+        journal.append(bytes).map_err(journal_err)
     }
 
     /// Renames the active file into a segment once it has reached `segment_bytes`, and starts a
     /// fresh active file. Must be called with the file lock held, after [`Self::refresh`].
     fn rotate_if_full(&self, io: &mut Io) -> Result<(), AuditError> {
-        let (Some(limit), Some(len)) = (self.segment_bytes, io.known_len) else {
+        let (Some(limit), Some(len)) = (self.segment_bytes, io.journal.end()) else {
             return Ok(());
         };
         if len == 0 || len < limit {
@@ -736,7 +734,10 @@ impl FileAuditLog {
         }
         // Every append already fsynced its data; sync_all also settles the file's metadata before
         // its name changes.
-        io.file.sync_all().map_err(io_err("fsync", &self.path))?;
+        io.journal
+            .file()
+            .sync_all()
+            .map_err(io_err("fsync", &self.path))?;
         self.storage
             .rename(&self.path, &target)
             .map_err(io_err("rename into a segment", &self.path))?;
@@ -744,15 +745,16 @@ impl FileAuditLog {
         toolgate_storage::fsync_dir(self.storage.as_ref(), &dir)?;
         // If we crash here, the next open finds no active file, creates it and continues the chain
         // from this segment's last record.
-        io.file = open_append(&self.path, Symlinks::Refuse)?;
-        io.identity = io.file.metadata().ok().as_ref().and_then(identity);
-        io.known_len = Some(0);
+        // Created here, so its end is known: 0.
+        io.journal
+            .reopen(Missing::CreateDurably)
+            .map_err(journal_err)?;
         Ok(())
     }
 
     /// The `seq` of the active file's first record (for the segment name).
     fn first_seq_of_active(&self, io: &Io) -> Result<u64, AuditError> {
-        let mut reader = BufReader::new(&io.file);
+        let mut reader = BufReader::new(io.journal.file());
         let mut line = Vec::new();
         // Reads through a fresh handle position: File's reads share the offset, and appends ignore
         // it (O_APPEND), so seeking to the start is harmless.
@@ -795,9 +797,11 @@ impl FileAuditLog {
         let checkpoint = Checkpoint::sign(&cps.key, io.seq, io.head, now_ns());
         let line = checkpoint.line();
         let result =
-            append_durably(&cps.path, &line, Symlinks::Refuse).and_then(|()| match &cps.mirror {
-                Some(mirror) => append_durably(mirror, &line, Symlinks::Follow),
-                None => Ok(()),
+            append_durably(&self.storage, &cps.path, &line, Symlinks::Refuse).and_then(|()| {
+                match &cps.mirror {
+                    Some(mirror) => append_durably(&self.storage, mirror, &line, Symlinks::Follow),
+                    None => Ok(()),
+                }
             });
         match result {
             Ok(()) => {

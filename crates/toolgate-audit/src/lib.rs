@@ -18,7 +18,6 @@ mod memory;
 mod outcome;
 mod record;
 mod segments;
-mod tail;
 mod verify;
 
 use serde::{Deserialize, Serialize};

@@ -53,8 +53,10 @@
 //! `fdatasync` started after its write), while the next batch is decided and written; then it
 //! wakes its own callers. A call returns only after an `fdatasync` covering its line (or every not
 //! yet durable line its answer depends on) succeeded: durability is tracked as an offset of the
-//! journal, and each record remembers where its latest line ends. The journal grows in
-//! zero-filled chunks so appends do not change its size; a torn last line is zeroed at open, a
+//! journal, and each record remembers where its latest line ends. The journal file is the storage
+//! floor's padded [`toolgate_storage::Journal`]: it grows in zero-filled chunks so appends do not
+//! change its size, it reads the lines others appended (each at most [`MAX_LINE_BYTES`]), and it
+//! notices a compaction by another process by file identity; a torn last line is zeroed, a
 //! corrupt complete line is `Corrupt` naming the line. `docs/commit-store.md` has the details.
 //!
 //! # Idempotent effects: written, durable with the next fdatasync
@@ -108,7 +110,6 @@ mod record;
 use std::collections::hash_map::Entry;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fmt;
-use std::fs::{File, OpenOptions};
 use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
@@ -121,7 +122,10 @@ pub use memory::MemoryEffects;
 use record::{
     Liveness, Owner, Record, State, StoredResult, encode_line, liveness, now_ns, parse_line,
 };
-use toolgate_storage::{Caller, GroupCommit, LockFile, LockGuard, Symlinks};
+use toolgate_storage::{
+    AtPath, Caller, GroupCommit, Journal as JournalFile, JournalConfig, JournalError, JournalStep,
+    Layout, LockFile, LockGuard, Missing, SyncHandle,
+};
 pub use toolgate_storage::{FaultyStorage, FsStorage, Op, Storage};
 
 /// The lock file every transition locks exclusively; its contents are irrelevant.
@@ -650,6 +654,22 @@ pub enum EffectError {
         reason: String,
     },
 
+    /// A record's journal line would be longer than the journal allows ([`MAX_LINE_BYTES`]): the
+    /// result is too large to store, and nothing was written.
+    #[error(
+        "the record of idempotency key sha256:{key_digest} would take {len} bytes in the journal, \
+         over the limit of {max}; it was not stored; return a smaller result (keep large outputs \
+         elsewhere and return a reference to them)"
+    )]
+    RecordTooLarge {
+        /// SHA-256 of the canonical `{"key","principal","tool"}`.
+        key_digest: Sha256Digest,
+        /// The line's length in bytes.
+        len: u64,
+        /// The limit, [`MAX_LINE_BYTES`].
+        max: u64,
+    },
+
     /// The key (or scope) is not acceptable.
     #[error(
         "invalid idempotency key: {reason}; use a non-empty key of at most 2048 bytes of UTF-8 \
@@ -679,6 +699,82 @@ fn io_err<'a>(op: &'static str, path: &'a Path) -> impl FnOnce(io::Error) -> Eff
     }
 }
 
+/// A failed step of the floor's journal in the store's words (the operations its errors always
+/// named); `line_no` names the line a damaged or over-long one would be.
+fn journal_err(e: JournalError, line_no: u64) -> EffectError {
+    match e {
+        JournalError::Io { step, path, source } => EffectError::Io {
+            op: match step {
+                JournalStep::Open | JournalStep::Create => "open journal",
+                JournalStep::Stat => "stat journal",
+                JournalStep::Read => "read journal",
+                JournalStep::Write => "append to journal",
+                JournalStep::Zero => "zero the torn last line of",
+                JournalStep::Sync => "fdatasync journal",
+                _ => "use journal",
+            },
+            path,
+            source,
+        },
+        JournalError::Dir(e) => e.into(),
+        JournalError::LineTooLong { path, limit, .. } => EffectError::Corrupt {
+            path,
+            reason: format!(
+                "line {line_no}: no newline within {limit} bytes, longer than any line the store \
+                 writes"
+            ),
+        },
+        JournalError::DamagedLine { path, .. } => EffectError::Corrupt {
+            path,
+            reason: format!(
+                "line {line_no}: a zero byte or the end of the file before its newline, yet more \
+                 lines follow (not a torn last write)"
+            ),
+        },
+        other => EffectError::Io {
+            op: "use journal",
+            path: other.path().to_path_buf(),
+            source: io::Error::other(other.to_string()),
+        },
+    }
+}
+
+/// [`journal_err`] for the new file of a compaction, opened as `op` says.
+fn replacement_err(e: JournalError, op: &'static str) -> EffectError {
+    match e {
+        JournalError::Io { path, source, .. } => EffectError::Io { op, path, source },
+        other => journal_err(other, 0),
+    }
+}
+
+/// Why [`EffectStore::refresh`] stopped at a line: the floor could not read it, or the store
+/// could not parse it.
+enum LineError {
+    Journal(JournalError),
+    Effect(EffectError),
+}
+
+impl From<JournalError> for LineError {
+    fn from(e: JournalError) -> Self {
+        LineError::Journal(e)
+    }
+}
+
+impl From<EffectError> for LineError {
+    fn from(e: EffectError) -> Self {
+        LineError::Effect(e)
+    }
+}
+
+impl LineError {
+    fn into_effect(self, line_no: u64) -> EffectError {
+        match self {
+            LineError::Journal(e) => journal_err(e, line_no),
+            LineError::Effect(e) => e,
+        }
+    }
+}
+
 /// The journal: one canonical JSON line per state change, appended under the lock.
 const JOURNAL_FILE_NAME: &str = "effects.journal";
 /// The journal grows in zero-filled chunks of this size, so that an append overwrites bytes the
@@ -692,8 +788,10 @@ const CHUNK: u64 = 64 << 10;
 /// The largest record file of the previous layout that `open` migrates (a record holds one tool
 /// result; 64 MiB is far beyond any the gate stores).
 const MAX_RECORD_FILE_BYTES: u64 = 64 << 20;
-/// How much of the journal is read at a time when looking for lines appended by others.
-const READ_STEP: usize = 16 * 1024;
+/// The longest journal line read or written: a line holds one record, whose result the previous
+/// layout's record files capped at 64 MiB, plus its name and fields. Reading a journal therefore
+/// never holds more than this (and a read step) of a line in memory, whatever the file holds.
+pub const MAX_LINE_BYTES: u64 = MAX_RECORD_FILE_BYTES + (1 << 20);
 
 /// The temporary file a compaction writes before renaming it over the journal. Compactions run
 /// only under the lock, so one fixed name suffices, and any such file found by a lock holder is
@@ -717,21 +815,29 @@ struct Live {
     line_end: u64,
 }
 
-/// `(st_dev, st_ino)` of an open file: a compaction replaces the journal by another inode.
-type FileId = (u64, u64);
-
 /// What this store knows of the journal. Guarded by a mutex that only a batch leader, `open` and
 /// `compact` take, always together with the `flock`.
 #[derive(Debug)]
 struct Journal {
-    /// The journal, opened once (read and write); reopened when a compaction replaced it. Shared
-    /// with batch leaders that fdatasync it after releasing the lock.
-    file: Arc<File>,
+    /// The journal file (the floor's padded journal), opened once; reopened when a compaction
+    /// replaced it, which its identity, compared with the path's under the lock, tells. Its known
+    /// end is the logical end: just past the last complete line this store read or wrote, and
+    /// unknown after a failed write or a replacement, when the index is rebuilt from the start.
+    file: JournalFile,
     /// Which journal file `file` is, counted from 0 at open; mirrors [`Durability::epoch`].
     epoch: u64,
-    /// The identity of `file`, compared with the path's under the lock to notice a compaction by
-    /// another process or store instance.
-    file_id: FileId,
+    /// What the lines up to the logical end say.
+    records: Records,
+    /// How many complete lines precede the logical end (to name a corrupt line).
+    lines: u64,
+    /// An automatic compaction failed at this used length: the next automatic attempt waits until
+    /// the journal grew past this (so a full disk is not rewritten on every batch).
+    auto_compact_floor: u64,
+}
+
+/// The index built from the journal's lines.
+#[derive(Debug, Default)]
+struct Records {
     /// The latest state of every record (removed ones are absent). Boxed: the table then holds
     /// 40 bytes per slot instead of 190, and a hash table keeps up to half its slots empty.
     index: HashMap<Sha256Digest, Box<Live>>,
@@ -740,54 +846,37 @@ struct Journal {
     names: HashSet<Arc<str>>,
     /// The sum of `line_len` over `index`: the used length a compaction would leave.
     live_bytes: u64,
-    /// Offset just past the last complete line known to this store (the logical end).
-    end: u64,
-    /// The file's size as far as this store knows (zero padding after `end` included); another
-    /// process may have extended it since, which at worst makes an append pad again.
-    size: u64,
-    /// How many complete lines precede `end` (to name a corrupt line).
-    lines: u64,
     /// The offset just past the latest removal line (a removed record is absent from `index`, so
     /// its line's end is kept here): an answer that relies on a record being absent waits until
     /// this is durable.
     removed_end: u64,
-    /// A write failed part-way, or the file was replaced: rebuild the index from its start.
-    reload: bool,
-    /// An automatic compaction failed at this used length: the next automatic attempt waits until
-    /// the journal grew past this (so a full disk is not rewritten on every batch).
-    auto_compact_floor: u64,
 }
 
 impl Journal {
-    fn new(file: File, file_id: FileId) -> Self {
+    fn new(file: JournalFile) -> Self {
         Journal {
-            file: Arc::new(file),
+            file,
             epoch: 0,
-            file_id,
-            index: HashMap::new(),
-            names: HashSet::new(),
-            live_bytes: 0,
-            end: 0,
-            size: 0,
+            records: Records::default(),
             lines: 0,
-            removed_end: 0,
-            reload: false,
             auto_compact_floor: 0,
         }
     }
 
-    /// Forgets everything read from the file (which is kept), so the next refresh reads it whole.
-    fn reset(&mut self) {
-        self.index.clear();
-        self.names.clear();
-        self.live_bytes = 0;
-        self.end = 0;
-        self.size = 0;
-        self.lines = 0;
-        self.removed_end = 0;
-        self.reload = false;
+    /// The logical end (0 while unknown: nothing of the file is relied on then).
+    fn end(&self) -> u64 {
+        self.file.end().unwrap_or(0)
     }
 
+    /// Forgets everything read from the file (which is kept), so the next refresh reads it whole.
+    fn reset(&mut self) {
+        self.records = Records::default();
+        self.lines = 0;
+        self.file.read_from_start();
+    }
+}
+
+impl Records {
     fn record(&self, name: &Sha256Digest) -> Option<&Record> {
         self.index.get(name).map(|live| &live.record)
     }
@@ -850,11 +939,6 @@ impl Journal {
             self.live_bytes = self.live_bytes.saturating_sub(old_len);
         }
     }
-}
-
-fn file_id(meta: &std::fs::Metadata) -> FileId {
-    use std::os::unix::fs::MetadataExt as _;
-    (meta.dev(), meta.ino())
 }
 
 /// What [`EffectStore::compact`] did.
@@ -932,7 +1016,7 @@ struct Durability {
 /// A batch's pending durability: everything before `target` in journal file `epoch` must be
 /// durable before its answers are given.
 struct SyncTarget {
-    file: Arc<File>,
+    file: SyncHandle,
     epoch: u64,
     target: u64,
 }
@@ -1054,6 +1138,15 @@ fn dup(e: &EffectError) -> EffectError {
             path: path.clone(),
             reason: reason.clone(),
         },
+        EffectError::RecordTooLarge {
+            key_digest,
+            len,
+            max,
+        } => EffectError::RecordTooLarge {
+            key_digest: *key_digest,
+            len: *len,
+            max: *max,
+        },
         EffectError::InvalidKey { reason } => EffectError::InvalidKey {
             reason: reason.clone(),
         },
@@ -1087,28 +1180,18 @@ impl EffectStore {
         }
         let lock_file = LockFile::open(dir.join(LOCK_FILE_NAME))?;
         let journal_path = dir.join(JOURNAL_FILE_NAME);
-        let journal_file = toolgate_storage::open_regular(
-            &journal_path,
-            OpenOptions::new()
-                .read(true)
-                .write(true)
-                .create(true)
-                .truncate(false),
-            Symlinks::Refuse,
-        )
-        .map_err(io_err("open journal", &journal_path))?;
-        let id = file_id(
-            &journal_file
-                .metadata()
-                .map_err(io_err("stat journal", &journal_path))?,
-        );
+        // Created without a directory fsync of its own: `open` fsyncs the directory below.
+        let journal_config = JournalConfig::new(Layout::Padded { chunk: CHUNK }, MAX_LINE_BYTES)
+            .missing(Missing::Create);
+        let journal_file = JournalFile::open(Arc::clone(&storage), &journal_path, journal_config)
+            .map_err(|e| journal_err(e, 0))?;
         let store = EffectStore {
             dir,
             journal_path,
             config,
             storage,
             lock_file,
-            journal: Mutex::new(Journal::new(journal_file, id)),
+            journal: Mutex::new(Journal::new(journal_file)),
             group: GroupCommit::new(|| Err(EffectError::BatchAbandoned)),
             durability: Mutex::default(),
             durability_cond: Condvar::new(),
@@ -1124,12 +1207,6 @@ impl EffectStore {
             // zeroed now, before an append could land next to them (or Corrupt if whole lines
             // follow, which the operator must judge).
             store.zero_torn_tail(&mut journal)?;
-            let size = journal
-                .file
-                .metadata()
-                .map_err(io_err("read the size of", &store.journal_path))?
-                .len();
-            journal.size = journal.size.max(size);
             let legacy = store.migrate(&mut journal)?;
             store.sync_locked(&journal)?;
             for path in &legacy {
@@ -1178,6 +1255,7 @@ impl EffectStore {
         self.refresh(&mut journal)?;
         let now = now_ns(SystemTime::now());
         journal
+            .records
             .record(&name)
             .map(|record| EffectStatus::of(record, now, &self.journal_path))
             .transpose()
@@ -1315,7 +1393,7 @@ impl EffectStore {
     /// calls this when it shuts down cleanly.
     pub fn sync(&self) -> Result<(), EffectError> {
         let journal = self.journal();
-        let (file, epoch, end) = (Arc::clone(&journal.file), journal.epoch, journal.end);
+        let (file, epoch, end) = (journal.file.sync_handle(), journal.epoch, journal.end());
         drop(journal);
         self.wait_durable(&file, epoch, end)
     }
@@ -1464,10 +1542,10 @@ impl EffectStore {
             .collect();
         let mut sync = self
             .append(&mut journal, &batch.lines)
-            .map(|()| any_sync.then_some(journal.end));
+            .map(|()| any_sync.then_some(journal.end()));
         if sync.is_ok() {
             self.note_written(&journal);
-            let after_prune = batch.pruned && journal.lines > journal.index.len() as u64;
+            let after_prune = batch.pruned && journal.lines > journal.records.index.len() as u64;
             if after_prune || self.compaction_due(&journal) {
                 if let Ok(Some(_)) = sync {
                     sync = self.sync_locked(&journal).map(|()| None);
@@ -1476,14 +1554,14 @@ impl EffectStore {
                 // use (see `compact`) and only postpones the next automatic attempt.
                 if sync.is_ok() && self.compact_locked(&mut journal).is_err() {
                     journal.auto_compact_floor = journal
-                        .end
+                        .end()
                         .saturating_add(self.config.compact_min_bytes.max(CHUNK));
                 }
             }
         }
         let sync = sync.map(|target| {
             target.map(|target| SyncTarget {
-                file: Arc::clone(&journal.file),
+                file: journal.file.sync_handle(),
                 epoch: journal.epoch,
                 target,
             })
@@ -1507,8 +1585,8 @@ impl EffectStore {
                 // The answer depends on the latest line of `name` (or its absence): if that line
                 // is not durable yet (written lazily, or by a process that may have died before
                 // its fdatasync), the answer waits for the batch's fdatasync.
-                let relies_on_undurable = journal.relies_on_undurable(&name, batch.durable);
-                let decision = match journal.record(&name) {
+                let relies_on_undurable = journal.records.relies_on_undurable(&name, batch.durable);
+                let decision = match journal.records.record(&name) {
                     None => Decision::Take,
                     Some(record) => decide(record, &self.journal_path, &req, kind, now)?,
                 };
@@ -1528,13 +1606,13 @@ impl EffectStore {
                     &req,
                     now,
                     self.config.lease,
-                    journal.intern(&req.scope.principal),
-                    journal.intern(&req.scope.tool),
+                    journal.records.intern(&req.scope.principal),
+                    journal.records.intern(&req.scope.tool),
                 );
                 let owner = record.owner;
                 let line = encode_line(&name, Some(&record))?;
                 batch.lines.extend(&line);
-                let line_end = journal.end + batch.lines.len() as u64;
+                let line_end = journal.end() + batch.lines.len() as u64;
                 // Live before the lock is released: no one may see the record with an
                 // unregistered nonce and take it for a dead owner's.
                 owner.register_live();
@@ -1543,7 +1621,9 @@ impl EffectStore {
                     created_ns: record.created_ns,
                     lease_until_ns: record.lease_until_ns,
                 };
-                journal.set(name, Some(record), line.len() as u64, line_end);
+                journal
+                    .records
+                    .set(name, Some(record), line.len() as u64, line_end);
                 Ok(answer)
             }
             Job::Finish {
@@ -1555,18 +1635,20 @@ impl EffectStore {
                 // An unsafe outcome must be durable before the caller is told it is stored; an
                 // idempotent one only written (a power loss can only make a retry run it again).
                 batch.needs_sync = kind == EffectKind::Unsafe;
-                if !held_by(journal.record(&name), &owner) {
+                if !held_by(journal.records.record(&name), &owner) {
                     return Err(EffectError::LostOwnership { key_digest: name });
                 }
                 let line = encode_line(&name, Some(&record))?;
                 batch.lines.extend(&line);
-                let line_end = journal.end + batch.lines.len() as u64;
-                journal.set(name, Some(record), line.len() as u64, line_end);
+                let line_end = journal.end() + batch.lines.len() as u64;
+                journal
+                    .records
+                    .set(name, Some(record), line.len() as u64, line_end);
                 Ok(Answer::Done)
             }
             Job::Resolve { name, result } => {
                 batch.needs_sync = true;
-                let record = resolvable(journal.record(&name), name, now)?;
+                let record = resolvable(journal.records.record(&name), name, now)?;
                 let (line, record) = match result {
                     None => (encode_line(&name, None)?, None),
                     Some(result) => {
@@ -1579,14 +1661,17 @@ impl EffectStore {
                     }
                 };
                 batch.lines.extend(&line);
-                let line_end = journal.end + batch.lines.len() as u64;
-                journal.set(name, record, line.len() as u64, line_end);
+                let line_end = journal.end() + batch.lines.len() as u64;
+                journal
+                    .records
+                    .set(name, record, line.len() as u64, line_end);
                 Ok(Answer::Done)
             }
             Job::Prune { now, ttl } => {
                 batch.needs_sync = true;
                 batch.pruned = true;
                 let expired: Vec<Sha256Digest> = journal
+                    .records
                     .index
                     .iter()
                     .filter(|(_, live)| {
@@ -1599,33 +1684,24 @@ impl EffectStore {
                 for name in &expired {
                     let line = encode_line(name, None)?;
                     batch.lines.extend(&line);
-                    let line_end = journal.end + batch.lines.len() as u64;
-                    journal.set(*name, None, line.len() as u64, line_end);
+                    let line_end = journal.end() + batch.lines.len() as u64;
+                    journal
+                        .records
+                        .set(*name, None, line.len() as u64, line_end);
                 }
                 Ok(Answer::Pruned(expired.len() as u64))
             }
         }
     }
 
-    /// Writes `lines` at the logical end with one write (adding a zero-filled chunk first when the
-    /// file is too short). A failed write leaves unknown bytes, so the index is rebuilt next time.
+    /// Writes `lines` at the logical end with one write (the floor adds a zero-filled chunk when
+    /// the file is too short). A failed write leaves unknown bytes and an unknown end, so the
+    /// index is rebuilt next time.
     fn append(&self, journal: &mut Journal, lines: &[u8]) -> Result<(), EffectError> {
-        if lines.is_empty() {
-            return Ok(());
-        }
-        let offset = journal.end;
-        let new_end = offset + lines.len() as u64;
-        let mut bytes = lines.to_vec();
-        if new_end > journal.size {
-            let new_size = (new_end / CHUNK + 1) * CHUNK;
-            bytes.resize(usize::try_from(new_size - offset).unwrap_or(bytes.len()), 0);
-        }
-        if let Err(e) = self.storage.write_at(&journal.file, offset, &bytes) {
-            journal.reload = true;
-            return Err(io_err("append to journal", &self.journal_path)(e));
-        }
-        journal.size = journal.size.max(offset + bytes.len() as u64);
-        journal.end = new_end;
+        journal
+            .file
+            .append(lines)
+            .map_err(|e| journal_err(e, journal.lines + 1))?;
         journal.lines += lines.iter().filter(|&&b| b == b'\n').count() as u64;
         Ok(())
     }
@@ -1641,21 +1717,19 @@ impl EffectStore {
         }
     }
 
-    /// Under the journal lock: records that everything before `journal.end` is in the file (so
+    /// Under the journal lock: records that everything before the logical end is in the file (so
     /// an fdatasync starting from now on covers it).
     fn note_written(&self, journal: &Journal) {
         let mut state = self.durability();
         if state.epoch == journal.epoch {
-            state.written = state.written.max(journal.end);
+            state.written = state.written.max(journal.end());
         }
     }
 
     /// Under the journal lock: the journal file was replaced (by this store's compaction, or
     /// another's noticed at refresh), after everything in the old one was made durable. Starts
     /// the new file's account: its first `durable_end` bytes are durable.
-    fn adopt(&self, journal: &mut Journal, file: File, id: FileId, durable_end: u64) {
-        journal.file = Arc::new(file);
-        journal.file_id = id;
+    fn adopt(&self, journal: &mut Journal, durable_end: u64) {
         journal.epoch += 1;
         let mut state = self.durability();
         state.epoch = journal.epoch;
@@ -1665,14 +1739,14 @@ impl EffectStore {
 
     /// Under the journal lock: makes everything this store knows of the journal durable.
     fn sync_locked(&self, journal: &Journal) -> Result<(), EffectError> {
-        self.wait_durable(&journal.file, journal.epoch, journal.end)
+        self.wait_durable(&journal.file.sync_handle(), journal.epoch, journal.end())
     }
 
     /// Returns once everything before `target` in journal file `epoch` is durable: at once if it
     /// is already, after the running `fdatasync` if that covers it, else after an `fdatasync` of
     /// its own, which covers everything written so far (other leaders' batches included). Takes
     /// only the durability mutex, so it may be called with or without the journal lock.
-    fn wait_durable(&self, file: &File, epoch: u64, target: u64) -> Result<(), EffectError> {
+    fn wait_durable(&self, file: &SyncHandle, epoch: u64, target: u64) -> Result<(), EffectError> {
         let mut state = self.durability();
         loop {
             if state.epoch != epoch || state.durable >= target {
@@ -1688,11 +1762,11 @@ impl EffectStore {
             state.syncing = true;
             let covering = state.written.max(target);
             drop(state);
-            let synced = self.storage.sync_data(file);
+            let synced = file.sync_data();
             state = self.durability();
             state.syncing = false;
             self.durability_cond.notify_all();
-            synced.map_err(io_err("fdatasync journal", &self.journal_path))?;
+            synced.map_err(|e| journal_err(e, 0))?;
             if state.epoch == epoch {
                 state.durable = state.durable.max(covering);
             }
@@ -1706,29 +1780,28 @@ impl EffectStore {
     /// file before its name is durable.
     fn follow_replacement(&self, journal: &mut Journal) -> Result<(), EffectError> {
         let path = &self.journal_path;
-        let current = std::fs::metadata(path).map_err(io_err("stat journal", path))?;
-        if file_id(&current) == journal.file_id {
-            return Ok(());
+        match journal.file.at_path().map_err(|e| journal_err(e, 0))? {
+            AtPath::Same => return Ok(()),
+            // Compactions rename over the journal and never remove it.
+            AtPath::Absent => {
+                return Err(io_err("stat journal", path)(io::Error::from(
+                    io::ErrorKind::NotFound,
+                )));
+            }
+            AtPath::Other => {}
         }
-        let file = toolgate_storage::open_regular(
-            path,
-            OpenOptions::new().read(true).write(true),
-            Symlinks::Refuse,
-        )
-        .map_err(io_err("open the compacted journal", path))?;
-        let id = file_id(
-            &file
-                .metadata()
-                .map_err(io_err("stat the compacted journal", path))?,
-        );
+        journal
+            .file
+            .reopen(Missing::Fail)
+            .map_err(|e| replacement_err(e, "open the compacted journal"))?;
         self.storage.fsync_dir(&self.dir).map_err(io_err(
             "fsync directory (journal replaced by a compaction)",
             &self.dir,
         ))?;
         // The other store fdatasynced the old file (our lines included: it read them under the
-        // lock) before compacting; the new file's lines are not durable by our account yet.
-        self.adopt(journal, file, id, 0);
-        journal.reload = true;
+        // lock) before compacting; the new file's lines are not durable by our account yet. Its
+        // end is unknown now, so the next refresh rebuilds the index from it.
+        self.adopt(journal, 0);
         Ok(())
     }
 
@@ -1739,8 +1812,8 @@ impl EffectStore {
         let threshold = self
             .config
             .compact_min_bytes
-            .max(journal.live_bytes.saturating_mul(COMPACT_FACTOR));
-        journal.end > threshold && journal.end >= journal.auto_compact_floor
+            .max(journal.records.live_bytes.saturating_mul(COMPACT_FACTOR));
+        journal.end() > threshold && journal.end() >= journal.auto_compact_floor
     }
 
     /// Under the lock, after a refresh: rewrites the index as a new journal (see
@@ -1756,19 +1829,20 @@ impl EffectStore {
             Err(e) if e.kind() == io::ErrorKind::NotFound => {}
             Err(e) => return Err(io_err("remove the leftover compaction file", &temp)(e)),
         }
-        let mut names: Vec<Sha256Digest> = journal.index.keys().copied().collect();
+        let mut names: Vec<Sha256Digest> = journal.records.index.keys().copied().collect();
         names.sort_unstable();
-        let mut bytes = Vec::with_capacity(usize::try_from(journal.live_bytes).unwrap_or(0));
+        let mut bytes =
+            Vec::with_capacity(usize::try_from(journal.records.live_bytes).unwrap_or(0));
         let mut line_lens = Vec::with_capacity(names.len());
         for name in &names {
-            let line = encode_line(name, journal.record(name))?;
+            let line = encode_line(name, journal.records.record(name))?;
             line_lens.push(line.len() as u64);
             bytes.extend(line);
         }
         let end = bytes.len() as u64;
         let size = (end / CHUNK + 1) * CHUNK;
         bytes.resize(usize::try_from(size).unwrap_or(bytes.len()), 0);
-        let (file, id) = match self.write_compacted(&temp, &bytes) {
+        let replacement = match self.write_compacted(journal, &temp, &bytes) {
             Ok(new) => new,
             Err(e) => {
                 // Best-effort: a leftover is removed by the next compaction or open.
@@ -1784,7 +1858,7 @@ impl EffectStore {
             .fsync_dir(&self.dir)
             .map_err(io_err("fsync directory after compacting", &self.dir))?;
         let stats = CompactStats {
-            bytes_before: journal.end,
+            bytes_before: journal.end(),
             bytes_after: end,
             lines_before: journal.lines,
             records: names.len() as u64,
@@ -1792,43 +1866,41 @@ impl EffectStore {
         let mut line_end = 0;
         for (name, line_len) in names.iter().zip(line_lens) {
             line_end += line_len;
-            if let Some(live) = journal.index.get_mut(name) {
+            if let Some(live) = journal.records.index.get_mut(name) {
                 live.line_len = line_len;
                 live.line_end = line_end;
             }
         }
         // The new file is durable whole (written, fdatasynced, renamed, directory fsynced).
-        self.adopt(journal, file, id, end);
-        journal.live_bytes = end;
-        journal.end = end;
-        journal.size = size;
+        journal.file.adopt(replacement, end);
+        self.adopt(journal, end);
+        journal.records.live_bytes = end;
         journal.lines = stats.records;
-        journal.removed_end = 0;
+        journal.records.removed_end = 0;
         journal.auto_compact_floor = 0;
-        journal.forget_unused_names();
+        journal.records.forget_unused_names();
         Ok(stats)
     }
 
-    /// Writes and fdatasyncs the compacted journal under its temporary name, opens it, and renames
-    /// it over the journal. Returns the open file (which the rename does not change) and its id.
-    fn write_compacted(&self, temp: &Path, bytes: &[u8]) -> Result<(File, FileId), EffectError> {
+    /// Writes and fdatasyncs the compacted journal under its temporary name, opens it through the
+    /// floor, and renames it over the journal. Returns the new file, opened before the rename
+    /// (which does not change it).
+    fn write_compacted(
+        &self,
+        journal: &Journal,
+        temp: &Path,
+        bytes: &[u8],
+    ) -> Result<toolgate_storage::Replacement, EffectError> {
         self.storage
             .write_new(temp, bytes)
             .map_err(io_err("write the compacted journal", temp))?;
         self.storage
             .fsync_file(temp)
             .map_err(io_err("fdatasync the compacted journal", temp))?;
-        let file = toolgate_storage::open_regular(
-            temp,
-            OpenOptions::new().read(true).write(true),
-            Symlinks::Refuse,
-        )
-        .map_err(io_err("open the compacted journal", temp))?;
-        let id = file_id(
-            &file
-                .metadata()
-                .map_err(io_err("stat the compacted journal", temp))?,
-        );
+        let replacement = journal
+            .file
+            .open_replacement(temp)
+            .map_err(|e| replacement_err(e, "open the compacted journal"))?;
         #[cfg(feature = "fault-injection")]
         self.fault("effect.compact_before_rename");
         self.storage
@@ -1837,115 +1909,60 @@ impl EffectStore {
                 "rename the compacted journal over",
                 &self.journal_path,
             ))?;
-        Ok((file, id))
+        Ok(replacement)
     }
 
-    /// Under the lock: applies the complete lines after `journal.end` (appended by other processes
-    /// or store instances) to the index. A torn last line (no newline before the zero padding or
-    /// the end of the file) is a write that never finished: it is zeroed out. A complete line
-    /// that does not parse is `Corrupt`, naming its line number. If a compaction replaced the
-    /// journal since this store last looked, the index is first rebuilt from the new file.
+    /// Under the lock: applies the complete lines after the logical end (appended by other
+    /// processes or store instances) to the index. A torn last line (no newline before the zero
+    /// padding or the end of the file) is a write that never finished: it is zeroed out. A
+    /// complete line that does not parse is `Corrupt`, naming its line number. If a compaction
+    /// replaced the journal since this store last looked, or a write failed, the index is first
+    /// rebuilt from the file's start.
     fn refresh(&self, journal: &mut Journal) -> Result<(), EffectError> {
         self.follow_replacement(journal)?;
-        if journal.reload {
+        if journal.file.end().is_none() {
             journal.reset();
         }
         let path = &self.journal_path;
-        let mut buf: Vec<u8> = Vec::new();
-        let mut buf_start = journal.end;
-        loop {
-            let rel = usize::try_from(journal.end - buf_start).unwrap_or(usize::MAX);
-            let rest = buf.get(rel..).unwrap_or_default();
-            match rest.iter().position(|&b| b == b'\n' || b == 0) {
-                Some(i) if rest[i] == b'\n' => {
-                    let line_no = journal.lines + 1;
-                    let (name, record) = parse_line(path, line_no, &rest[..i])?;
-                    // Bytes appended by someone else: their writer may have died before its
-                    // fdatasync, so they count as not durable (their end is past what this
-                    // store fdatasynced) until this store makes them so.
-                    let line_end = journal.end + i as u64 + 1;
-                    journal.set(name, record, i as u64 + 1, line_end);
-                    journal.lines = line_no;
-                    journal.end = line_end;
-                }
-                Some(0) => return Ok(()),
-                Some(_) => return self.zero_torn_tail(journal),
-                None => {
-                    if rel > READ_STEP {
-                        buf.drain(..rel);
-                        buf_start = journal.end;
-                    }
-                    let rel = usize::try_from(journal.end - buf_start).unwrap_or(usize::MAX);
-                    let read_to = buf_start + buf.len() as u64;
-                    // Small first: usually nothing was appended and the padding starts here.
-                    let step = if buf.is_empty() { 1024 } else { READ_STEP };
-                    let more = self
-                        .storage
-                        .read_at(&journal.file, read_to, step)
-                        .map_err(io_err("read journal", path))?;
-                    if more.is_empty() {
-                        // The end of the file.
-                        let rest_len = buf.len() - rel.min(buf.len());
-                        return if rest_len == 0 {
-                            Ok(())
-                        } else {
-                            self.zero_torn_tail(journal)
-                        };
-                    }
-                    journal.size = journal.size.max(read_to + more.len() as u64);
-                    buf.extend(more);
-                }
-            }
+        let Journal {
+            file,
+            records,
+            lines,
+            ..
+        } = &mut *journal;
+        let scan = file.read_lines(|line, line_end| {
+            let line_no = *lines + 1;
+            let (name, record) = parse_line(path, line_no, line)?;
+            // Bytes appended by someone else: their writer may have died before its fdatasync,
+            // so they count as not durable (their end is past what this store fdatasynced) until
+            // this store makes them so.
+            records.set(name, record, line.len() as u64 + 1, line_end);
+            *lines = line_no;
+            Ok::<_, LineError>(())
+        });
+        match scan.map_err(|e| e.into_effect(journal.lines + 1))? {
+            toolgate_storage::Scan::Clean => Ok(()),
+            toolgate_storage::Scan::Torn { .. } => self.zero_torn_tail(journal),
         }
     }
 
-    /// Zeroes every non-zero byte from `journal.end` to the end of the file (a torn last line, and
-    /// whatever a power loss left after it), so the next append starts on clean ground.
+    /// Zeroes every non-zero byte from the logical end to the end of the file (a torn last line,
+    /// and whatever a power loss left after it), so the next append starts on clean ground.
     fn zero_torn_tail(&self, journal: &mut Journal) -> Result<(), EffectError> {
-        let path = &self.journal_path;
-        let mut last_nonzero = None;
-        let mut offset = journal.end;
-        loop {
-            let chunk = self
-                .storage
-                .read_at(&journal.file, offset, READ_STEP)
-                .map_err(io_err("read journal", path))?;
-            if chunk.is_empty() {
-                break;
-            }
-            if chunk.contains(&b'\n') {
-                // Not one unfinished write: something damaged a line that later lines follow.
-                // Discarding those could lose durable records, so the operator decides.
-                return Err(EffectError::Corrupt {
-                    path: path.clone(),
-                    reason: format!(
-                        "line {}: a zero byte or the end of the file before its newline, yet more \
-                         lines follow (not a torn last write)",
-                        journal.lines + 1
-                    ),
-                });
-            }
-            if let Some(i) = chunk.iter().rposition(|&b| b != 0) {
-                last_nonzero = Some(offset + i as u64);
-            }
-            offset += chunk.len() as u64;
-        }
-        let Some(last) = last_nonzero else {
+        let zeroed = journal
+            .file
+            .zero_tail()
+            .map_err(|e| journal_err(e, journal.lines + 1))?;
+        if zeroed == 0 {
             return Ok(());
-        };
-        let zeros = vec![0; usize::try_from(last + 1 - journal.end).unwrap_or(0)];
-        self.storage
-            .write_at(&journal.file, journal.end, &zeros)
-            .map_err(io_err("zero the torn last line of", path))?;
-        // The zeroes lie past the logical end, which `wait_durable` does not count, so this
-        // fdatasync is unconditional; it covers every line before the end too.
-        self.storage
-            .sync_data(&journal.file)
-            .map_err(io_err("fdatasync journal", path))?;
+        }
+        // The zeroes lie past the logical end, which `wait_durable` does not count, so the
+        // floor's fdatasync was unconditional; it covers every line before the end too.
+        let end = journal.end();
         let mut state = self.durability();
         if state.epoch == journal.epoch {
-            state.written = state.written.max(journal.end);
-            state.durable = state.durable.max(journal.end);
+            state.written = state.written.max(end);
+            state.durable = state.durable.max(end);
         }
         Ok(())
     }
@@ -1967,11 +1984,13 @@ impl EffectStore {
                 continue;
             };
             let record = Record::parse(&path, &bytes)?;
-            if !journal.index.contains_key(&name) {
+            if !journal.records.index.contains_key(&name) {
                 let line = encode_line(&name, Some(&record))?;
                 lines.extend(&line);
-                let line_end = journal.end + lines.len() as u64;
-                journal.set(name, Some(record), line.len() as u64, line_end);
+                let line_end = journal.end() + lines.len() as u64;
+                journal
+                    .records
+                    .set(name, Some(record), line.len() as u64, line_end);
             }
             migrated.push(path);
         }

@@ -658,3 +658,33 @@ fn bytes_after_the_logical_end_are_zeroed_at_open_or_reported() {
         }
     }
 }
+
+/// A result whose journal line would exceed `MAX_LINE_BYTES` is refused before anything is
+/// written (a line the journal could not read back would fail every later open), and the key can
+/// still be completed with a smaller result.
+#[test]
+fn a_result_too_large_for_a_journal_line_is_refused_and_nothing_is_written() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path());
+    let r = req("huge", "fp");
+    let Begin::Execute(ticket) = store.begin(&r, EffectKind::Idempotent).unwrap() else {
+        panic!("expected Execute")
+    };
+    let before = journal_bytes(dir.path());
+    let huge = Value::String("x".repeat(toolgate_commit::effect::MAX_LINE_BYTES as usize));
+    let err = store.complete(ticket, &huge).unwrap_err();
+    assert!(
+        matches!(err, EffectError::RecordTooLarge { len, max, .. } if len > max),
+        "{err}"
+    );
+    assert!(err.to_string().contains("was not stored"), "{err}");
+    assert_eq!(journal_bytes(dir.path()), before, "nothing was written");
+    drop(store);
+    // The interrupted idempotent call is taken over and completes with a smaller result.
+    let store = open(dir.path());
+    execute(&store, &r, EffectKind::Idempotent, &json!({"small": true}));
+    match store.begin(&r, EffectKind::Idempotent).unwrap() {
+        Begin::Replay(v) => assert_eq!(v, json!({"small": true})),
+        other => panic!("expected Replay, got {other:?}"),
+    }
+}

@@ -15,7 +15,11 @@
 //!   files only (checked on the descriptor), never blocking on a FIFO or device, links refused
 //!   inside the ledger, reads capped;
 //! - [`LockFile`]: a store's cross-process writer lock (`flock`), released by the kernel when its
-//!   holder dies.
+//!   holder dies;
+//! - [`Journal`]: the append-only journal file of the audit log and the effect journal (plain
+//!   JSONL or zero-padded): replacement by another process noticed by file identity, the lines
+//!   appended by others read (bounded), the last line found backwards ([`read_tail`]), a torn tail
+//!   reported for the store to repair, appends and `fdatasync` through the [`Storage`].
 //!
 //! The filesystem assumptions (a local POSIX filesystem where `fsync` of a directory makes its
 //! entries durable and `rename`/`link` are atomic; not NFS) are stated in `docs/storage.md`.
@@ -26,6 +30,7 @@
 mod backend;
 mod durable;
 mod group;
+mod journal;
 mod lock;
 mod open;
 
@@ -35,6 +40,10 @@ pub use durable::{
     remove_orphaned_temps, replace_file, temp_path, temp_writer_pid,
 };
 pub use group::{Caller, GroupCommit, Handoff};
+pub use journal::{
+    AtPath, FileId, Journal, JournalConfig, JournalError, JournalStep, Layout, Missing,
+    Replacement, Scan, SyncHandle, Tail, read_tail,
+};
 pub use lock::{LockFile, LockGuard};
 pub use open::{
     FileProblem, Symlinks, check_real_dir, open_dir, open_regular, open_regular_read, read_capped,

@@ -431,6 +431,15 @@ pub(crate) fn encode_line(
         None => out.extend_from_slice(b"null"),
     }
     out.extend_from_slice(b"}\n");
+    let len = out.len() as u64;
+    // A line the journal could not read back would make every later open fail.
+    if len > super::MAX_LINE_BYTES {
+        return Err(EffectError::RecordTooLarge {
+            key_digest: *name,
+            len,
+            max: super::MAX_LINE_BYTES,
+        });
+    }
     Ok(out)
 }
 
