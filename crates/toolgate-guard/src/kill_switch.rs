@@ -90,6 +90,7 @@ pub struct KillSwitch {
     dir: PathBuf,
     path: PathBuf,
     storage: Arc<dyn Storage>,
+    resume_command: Option<String>,
 }
 
 impl KillSwitch {
@@ -101,7 +102,15 @@ impl KillSwitch {
             dir,
             path,
             storage: Arc::new(FsStorage),
+            resume_command: None,
         }
+    }
+
+    /// The operator command that lifts a halt on this server (e.g. `myserver resume`), named in
+    /// the reason of an unreadable halt file. Without it the reason names no command.
+    pub fn resume_command(mut self, command: impl Into<String>) -> Self {
+        self.resume_command = Some(command.into());
+        self
     }
 
     /// The same switch writing (halt, resume) through `storage`: tests count or fail its steps.
@@ -220,11 +229,18 @@ impl KillSwitch {
             .unwrap_or(0);
         Halt {
             by: UNREADABLE_HALT_BY.to_owned(),
-            reason: format!(
-                "the halt file {} is unreadable or invalid ({cause}); fix or remove it with \
-                 `toolgate-server resume`",
-                self.path.display()
-            ),
+            reason: match &self.resume_command {
+                Some(command) => format!(
+                    "the halt file {} is unreadable or invalid ({cause}); fix or remove it with \
+                     `{command}`",
+                    self.path.display()
+                ),
+                None => format!(
+                    "the halt file {} is unreadable or invalid ({cause}); fix it, or lift the halt \
+                     with the server's resume command",
+                    self.path.display()
+                ),
+            },
             since_ns,
         }
     }
@@ -438,7 +454,14 @@ mod tests {
     #[test]
     fn unreadable_or_invalid_halt_file_fails_closed() {
         let dir = tempfile::tempdir().unwrap();
-        let ks = KillSwitch::new(dir.path());
+        // Without a resume command the reason names none.
+        std::fs::write(dir.path().join(HALT_FILE_NAME), b"garbage").unwrap();
+        let reason = halted(KillSwitch::new(dir.path()).status()).reason;
+        assert!(
+            reason.ends_with("lift the halt with the server's resume command"),
+            "{reason}"
+        );
+        let ks = KillSwitch::new(dir.path()).resume_command("toolgate-server resume");
         let cases: &[&[u8]] = &[
             b"",
             b"garbage",

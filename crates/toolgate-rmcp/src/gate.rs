@@ -148,6 +148,7 @@ pub struct Gated<H> {
     contract_changes: BTreeMap<String, Vec<Change>>,
     effects: Option<Arc<dyn EffectBackend>>,
     principals: Arc<dyn PrincipalSource>,
+    server_name: Option<String>,
     probes: BTreeMap<String, EffectProbe>,
     schemas: SchemaCache,
     kill_switch: Option<KillSwitch>,
@@ -210,6 +211,7 @@ pub struct GatedBuilder<H> {
     policy_file: Option<PathBuf>,
     ledger: Option<PathBuf>,
     checkpoint_key: Option<HmacKey>,
+    server_name: Option<String>,
     audit: Option<Arc<dyn AuditSink>>,
     request_id_field: String,
     effects: Option<Arc<dyn EffectBackend>>,
@@ -261,6 +263,14 @@ impl<H: ServerHandler> GatedBuilder<H> {
     /// [`GatedBuilder::rights`].
     pub fn ledger(mut self, dir: impl AsRef<Path>) -> Self {
         self.ledger = Some(dir.as_ref().to_owned());
+        self
+    }
+
+    /// The name of the server's binary (e.g. `bookings-mcp`), used in every message that names an
+    /// operator command (`<name> resume` when calls are halted). Without it messages name no
+    /// command.
+    pub fn server_name(mut self, name: impl Into<String>) -> Self {
+        self.server_name = Some(name.into());
         self
     }
 
@@ -357,7 +367,11 @@ impl<H: ServerHandler> GatedBuilder<H> {
                 )?));
             }
             if self.kill_switch.is_none() {
-                self.kill_switch = Some(KillSwitch::new(dir));
+                let switch = KillSwitch::new(dir);
+                self.kill_switch = Some(match &self.server_name {
+                    Some(name) => switch.resume_command(format!("{name} resume")),
+                    None => switch,
+                });
             }
         }
         if self.effects.is_none()
@@ -390,6 +404,7 @@ impl<H: ServerHandler> GatedBuilder<H> {
             contract_changes: BTreeMap::new(),
             effects: self.effects,
             principals,
+            server_name: self.server_name,
             probes: self.probes,
             schemas: SchemaCache::default(),
             kill_switch: self.kill_switch,
@@ -410,6 +425,7 @@ impl<H: ServerHandler> Gated<H> {
             policy_file: None,
             ledger: None,
             checkpoint_key: None,
+            server_name: None,
             audit: None,
             request_id_field: "request_id".to_owned(),
             effects: None,

@@ -29,6 +29,8 @@ use toolgate_contract::lockfile::Lockfile;
 use toolgate_policy::Policy;
 use toolgate_rmcp::{Gated, StdioConfig, StdioTransport};
 
+/// The binary's name, used in messages that name an operator command.
+pub const SERVER_NAME: &str = "toolgate-server";
 /// The audit log's file name inside the ledger directory.
 pub const AUDIT_FILE: &str = "audit.jsonl";
 /// The notes directory's name inside the ledger directory.
@@ -269,8 +271,11 @@ pub fn build(options: &ServerOptions) -> anyhow::Result<BuiltServer> {
                 .clone()
                 .unwrap_or_else(|| "local".to_owned()),
         )
+        .server_name(SERVER_NAME)
         .kill_switch(
-            toolgate_guard::KillSwitch::new(&options.ledger).with_storage(Arc::clone(&storage)),
+            toolgate_guard::KillSwitch::new(&options.ledger)
+                .with_storage(Arc::clone(&storage))
+                .resume_command(format!("{SERVER_NAME} resume")),
         )
         .preflight(Arc::new(tools::NotesPreflight));
     let gated = match &options.rights {
@@ -498,7 +503,9 @@ pub fn halt(
     reason: &str,
     by: &str,
 ) -> anyhow::Result<Option<toolgate_guard::Halt>> {
-    let switch = toolgate_guard::KillSwitch::new(&options.ledger).with_storage(options.storage());
+    let switch = toolgate_guard::KillSwitch::new(&options.ledger)
+        .with_storage(options.storage())
+        .resume_command(format!("{SERVER_NAME} resume"));
     let (halt, previous) = switch.halt_at(reason, by, std::time::SystemTime::now())?;
     let audit = operator_audit(options)?;
     audit.append(&operator_entry(
@@ -514,7 +521,9 @@ pub fn halt(
 
 /// Lifts the kill switch and records it. Returns the halt that was in force, if any.
 pub fn resume(options: &ServerOptions) -> anyhow::Result<Option<toolgate_guard::Halt>> {
-    let switch = toolgate_guard::KillSwitch::new(&options.ledger).with_storage(options.storage());
+    let switch = toolgate_guard::KillSwitch::new(&options.ledger)
+        .with_storage(options.storage())
+        .resume_command(format!("{SERVER_NAME} resume"));
     let lifted = switch.resume()?;
     let audit = operator_audit(options)?;
     let reason = match &lifted {

@@ -242,10 +242,16 @@ impl<H: ServerHandler> Gated<H> {
             Status::Running => None,
             Status::Halted(halt) => Some(McpError::new(
                 ErrorCode(HALTED),
-                format!(
-                    "calls are halted by an operator ({}); nothing was executed. Retry after the operator runs `toolgate-server resume`",
-                    halt.reason
-                ),
+                match &self.server_name {
+                    Some(server) => format!(
+                        "calls are halted by an operator ({}); nothing was executed. Retry after the operator runs `{server} resume`",
+                        halt.reason
+                    ),
+                    None => format!(
+                        "calls are halted by an operator ({}); nothing was executed. Retry after the operator lifts the halt",
+                        halt.reason
+                    ),
+                },
                 Some(
                     json!({"halted": true, "reason": halt.reason, "by": halt.by, "since_ns": halt.since_ns.to_string()}),
                 ),

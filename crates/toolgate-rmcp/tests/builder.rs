@@ -1,0 +1,133 @@
+//! The builder's configuration: a policy file and a ledger directory opened in the documented
+//! layout at `build`, the server name in the messages that name an operator command, and load
+//! errors as one `build` error naming the cause.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use rmcp::model::{
+    CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, RequestId,
+    ServerCapabilities, ServerConfig, Tool,
+};
+use rmcp::service::{Peer, RequestContext};
+use rmcp::{ErrorData, RoleServer, ServerHandler, ServiceExt as _};
+use serde_json::json;
+use toolgate_guard::KillSwitch;
+use toolgate_rmcp::{GateError, Gated, HALTED};
+
+#[derive(Clone)]
+struct Echo;
+
+impl ServerHandler for Echo {
+    fn get_info(&self) -> ServerConfig {
+        ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
+    }
+
+    fn get_tool(&self, name: &str) -> Option<Tool> {
+        (name == "echo").then(|| {
+            Tool::new(
+                "echo",
+                "echo",
+                json!({"type": "object"}).as_object().unwrap().clone(),
+            )
+        })
+    }
+
+    async fn call_tool(
+        &self,
+        _request: CallToolRequestParams,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<CallToolResponse, ErrorData> {
+        Ok(CallToolResult::success(vec![ContentBlock::text("echo")]).into())
+    }
+}
+
+async fn peer() -> (Peer<RoleServer>, impl Sized, impl Sized) {
+    let (server_half, client_half) = tokio::io::duplex(64 * 1024);
+    let server = tokio::spawn(Echo.serve(server_half));
+    let client = ().serve(client_half).await.unwrap();
+    let server = server.await.unwrap().unwrap();
+    (server.peer().clone(), server, client)
+}
+
+#[tokio::test]
+async fn a_ledger_and_a_policy_file_are_opened_at_build_and_messages_name_the_server() {
+    let dir = tempfile::tempdir().unwrap();
+    let policy = dir.path().join("policy.json");
+    std::fs::write(&policy, r#"{"version":1,"allow":["echo"]}"#).unwrap();
+    let ledger = dir.path().join("ledger");
+    let (peer, _server, _client) = peer().await;
+    let call = |id: i64| {
+        (
+            CallToolRequestParams::new("echo".to_owned()),
+            RequestContext::new(RequestId::Number(id), peer.clone()),
+        )
+    };
+
+    let named = Gated::builder(Echo)
+        .policy_file(&policy)
+        .ledger(&ledger)
+        .server_name("bookings-mcp")
+        .build()
+        .unwrap();
+    let (request, context) = call(1);
+    named.call_tool(request, context).await.unwrap();
+    assert!(ledger.join(toolgate_rmcp::LEDGER_AUDIT_FILE).is_file());
+    assert!(ledger.join(toolgate_rmcp::LEDGER_EFFECTS_DIR).is_dir());
+
+    // The ledger's kill switch is the gate's.
+    KillSwitch::new(&ledger)
+        .halt("incident 7", "oncall")
+        .unwrap();
+    let (request, context) = call(2);
+    let halted = named.call_tool(request, context).await.unwrap_err();
+    assert_eq!(halted.code.0, HALTED);
+    assert!(
+        halted.message.contains("`bookings-mcp resume`"),
+        "{}",
+        halted.message
+    );
+
+    let anonymous = Gated::builder(Echo)
+        .policy_file(&policy)
+        .ledger(&ledger)
+        .build()
+        .unwrap();
+    let (request, context) = call(3);
+    let halted = anonymous.call_tool(request, context).await.unwrap_err();
+    assert!(
+        !halted.message.contains('`'),
+        "names no command: {}",
+        halted.message
+    );
+    assert!(halted.message.contains("incident 7"), "{}", halted.message);
+}
+
+#[test]
+fn load_errors_are_the_build_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let missing = Gated::builder(Echo)
+        .policy_file(dir.path().join("absent.json"))
+        .ledger(dir.path().join("ledger"))
+        .build();
+    assert!(matches!(missing, Err(GateError::Policy(_))));
+
+    let policy = dir.path().join("policy.json");
+    std::fs::write(&policy, r#"{"version":1,"allow":["echo"]}"#).unwrap();
+    // A ledger whose audit log cannot be opened (a directory in its place).
+    let ledger = dir.path().join("bad-ledger");
+    std::fs::create_dir_all(ledger.join(toolgate_rmcp::LEDGER_AUDIT_FILE)).unwrap();
+    let bad = Gated::builder(Echo)
+        .policy_file(&policy)
+        .ledger(&ledger)
+        .build();
+    assert!(matches!(bad, Err(GateError::Audit(_))), "{bad:?}");
+    // No policy at all, no audit sink at all: named.
+    assert!(matches!(
+        Gated::builder(Echo).build(),
+        Err(GateError::MissingPolicy)
+    ));
+    assert!(matches!(
+        Gated::builder(Echo).policy_file(&policy).build(),
+        Err(GateError::MissingAudit)
+    ));
+}
