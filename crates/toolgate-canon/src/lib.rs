@@ -16,6 +16,7 @@
 
 mod jcs;
 mod key;
+pub mod names;
 
 pub use key::{HmacKey, KeyError, MAX_KEY_FILE_BYTES, MIN_KEY_BYTES};
 

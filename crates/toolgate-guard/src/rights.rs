@@ -45,7 +45,7 @@ use crate::GuardError;
 /// The only rights file format version.
 pub const RIGHTS_VERSION: u64 = 1;
 /// Longest principal or tool name.
-pub const MAX_NAME_CHARS: usize = 128;
+pub const MAX_NAME_CHARS: usize = toolgate_canon::names::MAX_NAME_BYTES;
 /// The tool name that grants every tool.
 pub const ALL_TOOLS: &str = "*";
 /// A rights file larger than this is rejected as invalid.
@@ -380,21 +380,7 @@ fn parse(bytes: &[u8], digest: Sha256Digest) -> Result<Grants, String> {
     Ok(Grants { digest, principals })
 }
 
-fn is_name(s: &str, extra: &[u8]) -> bool {
-    (1..=MAX_NAME_CHARS).contains(&s.len())
-        && s.bytes()
-            .all(|b| b.is_ascii_alphanumeric() || extra.contains(&b))
-}
-
-/// 1..=128 characters of `[A-Za-z0-9_.@:-]`.
-pub fn is_principal_name(s: &str) -> bool {
-    is_name(s, b"_.@:-")
-}
-
-/// 1..=128 characters of `[A-Za-z0-9_.-]` (not `*`, which is handled separately).
-pub fn is_tool_name(s: &str) -> bool {
-    is_name(s, b"_.-")
-}
+use toolgate_canon::names::{is_principal_name, is_tool_name};
 
 /// `s` quoted for an error message, cut after 40 characters.
 fn quote_short(s: &str) -> String {

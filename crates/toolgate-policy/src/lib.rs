@@ -111,16 +111,13 @@ pub struct ToolName(String);
 impl ToolName {
     /// Checks `name` against the MCP tool-name grammar.
     pub fn new(name: &str) -> Result<Self, PolicyError> {
-        let ok_len = !name.is_empty() && name.len() <= 128;
-        let ok_chars = name
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.'));
-        if ok_len && ok_chars {
+        if toolgate_canon::names::is_tool_name(name) {
             Ok(ToolName(name.to_owned()))
         } else {
             Err(PolicyError::Invalid {
                 reason: format!(
-                    "{name:?} is not a valid tool name; use 1 to 128 characters from A-Z, a-z, 0-9, '_', '-' and '.'"
+                    "{name:?} is not a valid tool name; use {}",
+                    toolgate_canon::names::TOOL_GRAMMAR
                 ),
             })
         }

@@ -14,16 +14,13 @@ pub struct Principal(String);
 impl Principal {
     /// Checks `name` against the principal grammar.
     pub fn new(name: &str) -> Result<Self, PolicyError> {
-        let ok_len = !name.is_empty() && name.len() <= 128;
-        let ok_chars = name
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'@' | b':' | b'-'));
-        if ok_len && ok_chars {
+        if toolgate_canon::names::is_principal_name(name) {
             Ok(Principal(name.to_owned()))
         } else {
             Err(PolicyError::Invalid {
                 reason: format!(
-                    "{name:?} is not a valid principal name; use 1 to 128 characters from A-Z, a-z, 0-9, '_', '.', '@', ':' and '-'"
+                    "{name:?} is not a valid principal name; use {}",
+                    toolgate_canon::names::PRINCIPAL_GRAMMAR
                 ),
             })
         }

@@ -36,7 +36,7 @@ pub trait PrincipalSource: Send + Sync + fmt::Debug + 'static {
 pub struct InvalidPrincipal;
 
 fn checked(name: &str) -> Result<Arc<str>, InvalidPrincipal> {
-    if toolgate_guard::rights::is_principal_name(name) {
+    if toolgate_canon::names::is_principal_name(name) {
         Ok(Arc::from(name))
     } else {
         Err(InvalidPrincipal)

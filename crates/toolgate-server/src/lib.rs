@@ -197,7 +197,7 @@ fn check_contract(options: &ServerOptions, live: &Lockfile) -> anyhow::Result<()
 /// must stop the process before anything is created or written under the ledger directory.
 pub fn build(options: &ServerOptions) -> anyhow::Result<BuiltServer> {
     if let Some(principal) = &options.principal
-        && !toolgate_guard::rights::is_principal_name(principal)
+        && !toolgate_canon::names::is_principal_name(principal)
     {
         anyhow::bail!(
             "invalid principal {principal:?}: use 1 to 128 characters from A-Z, a-z, 0-9, '_', '.', '@', ':' and '-' (--principal or TOOLGATE_PRINCIPAL)"
