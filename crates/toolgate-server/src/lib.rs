@@ -476,24 +476,11 @@ fn operator_audit(options: &ServerOptions) -> anyhow::Result<FileAuditLog> {
         .with_context(|| format!("cannot open the audit log in {}", options.ledger.display()))
 }
 
-/// An operator's record (`method` e.g. `admin/halt`), not a tool call.
-fn operator_entry(
-    method: &str,
-    name: &str,
-    outcome: toolgate_audit::Outcome,
-    reason: String,
-    subject: &serde_json::Value,
-) -> toolgate_audit::AuditEntry {
-    let mut entry = toolgate_audit::AuditEntry::tool_call(
-        "operator",
-        name,
-        toolgate_audit::Decision::Allow,
-        outcome,
-        toolgate_canon::Sha256Digest::of_json(subject),
-    )
-    .with_reason(reason);
-    entry.method = method.to_owned();
-    entry
+/// The ledger's kill switch, written through the configured storage.
+fn ledger_switch(options: &ServerOptions) -> toolgate_guard::KillSwitch {
+    toolgate_guard::KillSwitch::new(&options.ledger)
+        .with_storage(options.storage())
+        .resume_command(format!("{SERVER_NAME} resume"))
 }
 
 /// Sets the kill switch of the ledger (every tools/call of every server on it is refused from its
@@ -503,44 +490,28 @@ pub fn halt(
     reason: &str,
     by: &str,
 ) -> anyhow::Result<Option<toolgate_guard::Halt>> {
-    let switch = toolgate_guard::KillSwitch::new(&options.ledger)
-        .with_storage(options.storage())
-        .resume_command(format!("{SERVER_NAME} resume"));
-    let (halt, previous) = switch.halt_at(reason, by, std::time::SystemTime::now())?;
-    let audit = operator_audit(options)?;
-    audit.append(&operator_entry(
-        "admin/halt",
-        "kill_switch",
-        toolgate_audit::Outcome::Halted,
-        format!("halted by {}: {}", halt.by, halt.reason),
-        &serde_json::json!({"by": halt.by, "reason": halt.reason, "since_ns": halt.since_ns.to_string()}),
-    ))?;
+    let switch = ledger_switch(options);
+    // A halt is what an operator reaches for in an incident: it is set even when the audit log
+    // cannot be opened, and the error then says it was not recorded. (A resume, the less safe
+    // direction, needs the audit log first.)
+    let audit = match operator_audit(options) {
+        Ok(audit) => audit,
+        Err(error) => {
+            switch.halt(reason, by)?;
+            return Err(
+                error.context("the halt is set, but it could not be recorded in the audit log")
+            );
+        }
+    };
+    let previous = toolgate::operator::halt(&switch, &audit, reason, by)?;
     audit.checkpoint()?;
     Ok(previous)
 }
 
 /// Lifts the kill switch and records it. Returns the halt that was in force, if any.
 pub fn resume(options: &ServerOptions) -> anyhow::Result<Option<toolgate_guard::Halt>> {
-    let switch = toolgate_guard::KillSwitch::new(&options.ledger)
-        .with_storage(options.storage())
-        .resume_command(format!("{SERVER_NAME} resume"));
-    let lifted = switch.resume()?;
     let audit = operator_audit(options)?;
-    let reason = match &lifted {
-        Some(halt) => format!("lifted the halt by {}: {}", halt.by, halt.reason),
-        None => "no halt was in force".to_owned(),
-    };
-    audit.append(&operator_entry(
-        "admin/resume",
-        "kill_switch",
-        if lifted.is_some() {
-            toolgate_audit::Outcome::Resumed
-        } else {
-            toolgate_audit::Outcome::NotHalted
-        },
-        reason,
-        &serde_json::json!({"lifted": lifted.as_ref().map(|h| h.since_ns.to_string())}),
-    ))?;
+    let lifted = toolgate::operator::resume(&ledger_switch(options), &audit)?;
     audit.checkpoint()?;
     Ok(lifted)
 }
@@ -550,15 +521,9 @@ pub fn resume(options: &ServerOptions) -> anyhow::Result<Option<toolgate_guard::
 pub fn prune_effects(options: &ServerOptions) -> anyhow::Result<u64> {
     let policy = load_policy(&options.policy)?;
     let effects = open_effects(&options.ledger, &policy, options.storage())?;
-    let removed = effects.prune(std::time::SystemTime::now())?;
     let audit = operator_audit(options)?;
-    audit.append(&operator_entry(
-        "effects/prune",
-        "effects",
-        toolgate_audit::Outcome::Pruned,
-        format!("removed {removed} completed records"),
-        &serde_json::json!({"removed": removed}),
-    ))?;
+    let removed =
+        toolgate::operator::prune_effects(&effects, &audit, std::time::SystemTime::now())?;
     audit.checkpoint()?;
     Ok(removed)
 }

@@ -72,6 +72,8 @@ pub mod kit {
     pub use toolgate_kit::*;
 }
 
+pub mod operator;
+
 /// What a gated server uses, in one import: `use toolgate::prelude::*;`.
 pub mod prelude {
     pub use crate::audit::{AuditSink, FileAuditLog, MemoryAuditLog};

@@ -1,0 +1,168 @@
+//! The operator's actions as library calls, each recorded in the audit chain: halting and
+//! resuming every server on a ledger, and pruning the exactly-once store. A server built on the
+//! crates offers them as its own commands (the reference server's `halt`, `resume` and
+//! `effects prune` are these calls).
+//!
+//! Each action happens first and is then recorded, so a record never claims an action that did
+//! not take place; if the record cannot be appended the error says so and the action stands.
+
+use std::time::SystemTime;
+
+use serde_json::{Value, json};
+use toolgate_audit::{AuditEntry, AuditError, AuditSink, Decision, Outcome};
+use toolgate_canon::Sha256Digest;
+use toolgate_commit::effect::{EffectBackend, EffectError};
+use toolgate_guard::{GuardError, Halt, KillSwitch};
+
+/// Why an operator action failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum OperatorError {
+    /// The kill switch could not be set or lifted.
+    #[error(transparent)]
+    KillSwitch(#[from] GuardError),
+    /// The exactly-once store could not be pruned.
+    #[error(transparent)]
+    Effects(#[from] EffectError),
+    /// The action took place but its audit record could not be appended: fix the audit log
+    /// and record it by hand, or repeat the action (halting and resuming are idempotent).
+    #[error("the action took place but could not be audited: {0}")]
+    Audit(#[from] AuditError),
+}
+
+/// An operator's record (`method` such as `admin/halt`), not a tool call.
+fn entry(
+    method: &str,
+    name: &str,
+    outcome: Outcome,
+    reason: String,
+    subject: &Value,
+) -> AuditEntry {
+    let mut entry = AuditEntry::tool_call(
+        "operator",
+        name,
+        Decision::Allow,
+        outcome,
+        Sha256Digest::of_json(subject),
+    )
+    .with_reason(reason);
+    entry.method = method.to_owned();
+    entry
+}
+
+/// Sets `switch` (every tools/call of every server on its ledger is refused from its next call
+/// on) and records `admin/halt`. Returns the halt it replaced, if any.
+pub fn halt(
+    switch: &KillSwitch,
+    audit: &dyn AuditSink,
+    reason: &str,
+    by: &str,
+) -> Result<Option<Halt>, OperatorError> {
+    let (halt, previous) = switch.halt_at(reason, by, SystemTime::now())?;
+    audit.append(&entry(
+        "admin/halt",
+        "kill_switch",
+        Outcome::Halted,
+        format!("halted by {}: {}", halt.by, halt.reason),
+        &json!({"by": halt.by, "reason": halt.reason, "since_ns": halt.since_ns.to_string()}),
+    ))?;
+    Ok(previous)
+}
+
+/// Lifts `switch` and records `admin/resume` (`resumed`, or `not_halted` when nothing was in
+/// force). Returns the halt that was lifted, if any.
+pub fn resume(switch: &KillSwitch, audit: &dyn AuditSink) -> Result<Option<Halt>, OperatorError> {
+    let lifted = switch.resume()?;
+    let (outcome, reason) = match &lifted {
+        Some(halt) => (
+            Outcome::Resumed,
+            format!("lifted the halt by {}: {}", halt.by, halt.reason),
+        ),
+        None => (Outcome::NotHalted, "no halt was in force".to_owned()),
+    };
+    audit.append(&entry(
+        "admin/resume",
+        "kill_switch",
+        outcome,
+        reason,
+        &json!({"lifted": lifted.as_ref().map(|h| h.since_ns.to_string())}),
+    ))?;
+    Ok(lifted)
+}
+
+/// Removes the completed exactly-once records older than their retention window as of `now`, and
+/// records `effects/prune` with the count (pruning is explicit and audited). Returns the count.
+pub fn prune_effects(
+    effects: &dyn EffectBackend,
+    audit: &dyn AuditSink,
+    now: SystemTime,
+) -> Result<u64, OperatorError> {
+    let removed = effects.prune(now)?;
+    audit.append(&entry(
+        "effects/prune",
+        "effects",
+        Outcome::Pruned,
+        format!("removed {removed} completed records"),
+        &json!({"removed": removed}),
+    ))?;
+    Ok(removed)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use toolgate_audit::{MemoryAuditLog, verify_reader};
+    use toolgate_commit::effect::MemoryEffects;
+
+    fn records(audit: &MemoryAuditLog) -> Vec<Value> {
+        let bytes = audit.bytes();
+        assert!(verify_reader(bytes.as_slice()).unwrap().is_intact());
+        String::from_utf8(bytes)
+            .unwrap()
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect()
+    }
+
+    #[test]
+    fn halt_resume_and_prune_are_done_then_audited() {
+        let dir = tempfile::tempdir().unwrap();
+        let switch = KillSwitch::new(dir.path());
+        let audit = MemoryAuditLog::new();
+        assert!(
+            halt(&switch, &audit, "incident 9", "oncall")
+                .unwrap()
+                .is_none()
+        );
+        assert!(matches!(switch.status(), toolgate_guard::Status::Halted(_)));
+        let lifted = resume(&switch, &audit).unwrap().unwrap();
+        assert_eq!(lifted.reason, "incident 9");
+        assert!(resume(&switch, &audit).unwrap().is_none());
+        assert_eq!(
+            prune_effects(&MemoryEffects::new(), &audit, SystemTime::now()).unwrap(),
+            0
+        );
+        let got: Vec<(String, String)> = records(&audit)
+            .iter()
+            .map(|r| {
+                (
+                    r["method"].as_str().unwrap().to_owned(),
+                    r["outcome"].as_str().unwrap().to_owned(),
+                )
+            })
+            .collect();
+        let want = [
+            ("admin/halt", "halted"),
+            ("admin/resume", "resumed"),
+            ("admin/resume", "not_halted"),
+            ("effects/prune", "pruned"),
+        ];
+        assert_eq!(
+            got,
+            want.map(|(m, o)| (m.to_owned(), o.to_owned())).to_vec()
+        );
+        // An invalid reason changes nothing and records nothing.
+        assert!(halt(&switch, &audit, "", "oncall").is_err());
+        assert_eq!(records(&audit).len(), 4);
+    }
+}
