@@ -238,6 +238,10 @@ pub fn build(options: &ServerOptions) -> anyhow::Result<BuiltServer> {
     if let Some(recovery) = audit.recovered() {
         tracing::warn!(?recovery, "repaired a torn audit tail left by a crash");
     }
+    // Temporary files that writers in the ledger directory (the kill switch, torn-tail evidence)
+    // left when their process died mid-write; a live writer's are kept.
+    toolgate_storage::remove_orphaned_temps(storage.as_ref(), &options.ledger, false)
+        .with_context(|| format!("cannot tidy the ledger {}", options.ledger.display()))?;
 
     let notes = notes::Notes::open(options.ledger.join(NOTES_DIR), Arc::clone(&storage))
         .with_context(|| format!("cannot open the notes in {}", options.ledger.display()))?;

@@ -413,3 +413,29 @@ fn checkpoint_files_that_are_fifos_never_block_the_server() {
     std::fs::remove_file(env.ledger.join("audit.checkpoints.jsonl")).unwrap();
     assert_verifies(&env.ledger);
 }
+
+#[test]
+fn temporary_files_of_dead_writers_in_the_ledger_are_removed_at_start() {
+    let env = TestEnv::new();
+    ledger_with_one_note(&env);
+    // A pid no process can have (above 4,194,304, the largest pid_max Linux allows), and this
+    // test's own, alive.
+    let dead = [
+        ".audit.jsonl.torn.4999999.0.tmp",
+        ".halt.json.4999999.1.tmp",
+    ];
+    let alive = format!(".halt.json.{}.2.tmp", std::process::id());
+    for name in dead.iter().copied().chain([alive.as_str()]) {
+        std::fs::write(env.ledger.join(name), b"partial").unwrap();
+    }
+    let mut server = env.start();
+    for name in dead {
+        assert!(!env.ledger.join(name).exists(), "{name} was left");
+    }
+    assert!(
+        env.ledger.join(&alive).exists(),
+        "a live writer's file is kept"
+    );
+    assert!(server.close().success());
+    assert_verifies(&env.ledger);
+}
