@@ -18,6 +18,7 @@ mod memory;
 mod outcome;
 mod record;
 mod segments;
+pub mod stats;
 mod verify;
 
 use serde::{Deserialize, Serialize};

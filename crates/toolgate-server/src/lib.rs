@@ -12,7 +12,6 @@ pub mod demo;
 #[cfg(feature = "fault-injection")]
 mod fault;
 pub mod notes;
-pub mod stats;
 pub mod tools;
 
 use std::num::NonZeroUsize;

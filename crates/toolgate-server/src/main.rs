@@ -364,7 +364,7 @@ fn main() -> ExitCode {
         }
         Command::Audit {
             command: AuditCommand::Stats { format },
-        } => match toolgate_server::stats::AuditStats::of_log(
+        } => match toolgate_audit::stats::LogStats::of_log(
             &paths.ledger.join(toolgate_server::AUDIT_FILE),
         ) {
             Ok(stats) => {
@@ -374,7 +374,7 @@ fn main() -> ExitCode {
                 }
                 ExitCode::SUCCESS
             }
-            Err(error) => fail(&error),
+            Err(error) => fail(&error.into()),
         },
         Command::Halt { reason, by } => match toolgate_server::halt(&paths, &reason, &by) {
             Ok(previous) => {

@@ -1,4 +1,4 @@
-//! `audit stats`: the operational signal of the audit log. Counts per tool x decision x outcome,
+//! The operational signal of an audit log (`toolgate-server audit stats`, or any server's own). Counts per tool x decision x outcome,
 //! and the committed / replay / deny / failure ratios: a rise in replays points to retries,
 //! crashes or timeouts; a rise in denials to a bad prompt, a stale catalog or an improper attempt.
 
@@ -10,7 +10,7 @@ use serde_json::{Value, json};
 
 /// Counts over the tool-call records of one log.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
-pub struct AuditStats {
+pub struct LogStats {
     /// (tool, decision, outcome) -> records.
     pub counts: BTreeMap<(String, String, String), u64>,
     /// All tool-call records.
@@ -21,17 +21,17 @@ pub struct AuditStats {
     pub replay: u64,
     /// Denied calls (hidden tools, unknown tools, refused arguments).
     pub deny: u64,
-    /// Allowed calls that failed (see `toolgate_audit::Outcome::is_failure`).
+    /// Allowed calls that failed (see [`crate::Outcome::is_failure`]).
     pub failure: u64,
     /// Records that are not tool calls (repairs).
     pub other_records: u64,
 }
 
-impl AuditStats {
+impl LogStats {
     /// Counts the records of the log at `log_path` (rotated segments included).
-    pub fn of_log(log_path: &Path) -> anyhow::Result<Self> {
-        let mut stats = AuditStats::default();
-        for record in toolgate_audit::read_records(log_path)? {
+    pub fn of_log(log_path: &Path) -> Result<Self, crate::AuditError> {
+        let mut stats = LogStats::default();
+        for record in crate::read_records(log_path)? {
             stats.add(&record?);
         }
         Ok(stats)
@@ -49,7 +49,7 @@ impl AuditStats {
             ("deny", _) => self.deny += 1,
             (_, "committed") => self.committed += 1,
             (_, "replay") => self.replay += 1,
-            (_, o) if toolgate_audit::Outcome::parse(o).is_some_and(|o| o.is_failure()) => {
+            (_, o) if crate::Outcome::parse(o).is_some_and(|o| o.is_failure()) => {
                 self.failure += 1;
             }
             _ => {}
@@ -144,5 +144,41 @@ impl AuditStats {
             "idempotency": self.idempotency(),
         })
         .to_string()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counts_and_ratios() {
+        let mut stats = LogStats::default();
+        for (name, decision, outcome) in [
+            ("write_note", "allow", "committed"),
+            ("write_note", "allow", "replay"),
+            ("rm_rf", "deny", "not_executed"),
+            ("write_note", "allow", "failed"),
+        ] {
+            stats.add(&json!({"method": "tools/call", "name": name, "decision": decision, "outcome": outcome}));
+        }
+        stats.add(&json!({"method": "audit/recover", "name": "audit"}));
+        assert_eq!(
+            (
+                stats.calls,
+                stats.committed,
+                stats.replay,
+                stats.deny,
+                stats.failure
+            ),
+            (4, 1, 1, 1, 1)
+        );
+        assert_eq!(stats.other_records, 1);
+        let exactly_once = stats.idempotency();
+        assert_eq!(exactly_once["write_note"]["committed"], 1);
+        assert_eq!(exactly_once["write_note"]["replayed"], 1);
+        let machine: Value = serde_json::from_str(&stats.render_json()).unwrap();
+        assert_eq!(machine["totals"]["committed"], 1);
+        assert!(stats.render_text().contains("committed"));
     }
 }
