@@ -57,6 +57,16 @@ pub(super) struct Admitted {
     pub(super) input: InputShape,
 }
 
+/// The name an audit line records for a called tool: the caller's input, so a name no tool could
+/// have (too long, odd characters) is recorded as its digest and a caller cannot bloat or forge
+/// log content with it.
+fn recorded_tool_name(name: &str) -> String {
+    match ToolName::new(name) {
+        Ok(_) => name.to_owned(),
+        Err(_) => format!("sha256:{}", Sha256Digest::of(name.as_bytes())),
+    }
+}
+
 impl<H: ServerHandler> Gated<H> {
     pub(super) async fn gated_call_tool(
         &self,
@@ -67,12 +77,8 @@ impl<H: ServerHandler> Gated<H> {
         let principal = match self.principal_of(&context.extensions) {
             Ok(principal) => principal,
             Err(error) => {
-                // Audited without a principal (there is none) and without the caller's tool name
-                // beyond its digest when it is not a valid one.
-                let recorded = match ToolName::new(&name) {
-                    Ok(_) => name.clone(),
-                    Err(_) => format!("sha256:{}", Sha256Digest::of(name.as_bytes())),
-                };
+                // Audited without a principal (there is none).
+                let recorded = recorded_tool_name(&name);
                 let digest = Sha256Digest::of_json_object(
                     request.arguments.as_ref().unwrap_or(&JsonObject::new()),
                 );
@@ -94,12 +100,7 @@ impl<H: ServerHandler> Gated<H> {
         if self.confirmations_offered(&name) {
             return self.confirmation_call(request, context, principal).await;
         }
-        // The recorded name is the caller's input: a name no tool could have (too long, odd
-        // characters) is recorded as its digest so a caller cannot bloat or forge log content.
-        let recorded_name = match ToolName::new(&name) {
-            Ok(_) => name.clone(),
-            Err(_) => format!("sha256:{}", Sha256Digest::of(name.as_bytes())),
-        };
+        let recorded_name = recorded_tool_name(&name);
         let state = self.state.snapshot();
         let policy = Arc::clone(&state.policy);
         let arguments = request.arguments.as_ref();
