@@ -97,11 +97,12 @@ const MAX_CONTRACT_CHANGES: usize = 5;
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum GateError {
-    /// `GatedBuilder::policy` was not called.
-    #[error(
-        "a gate needs a policy: call GatedBuilder::policy with a loaded toolgate_policy::Policy"
-    )]
-    MissingPolicy,
+    /// Required parts were not given; every missing one is named.
+    #[error("a gate cannot be built without {}: {}", .parts.join(" and "), missing_fix(.parts))]
+    Missing {
+        /// The missing parts, by builder method: `policy` and/or `audit`.
+        parts: Vec<&'static str>,
+    },
     /// The policy opts a tool into exactly-once execution but no effect store was configured.
     #[error(
         "the policy gives `{tool}` idempotency settings but the gate has no effect store; call GatedBuilder::effect_store"
@@ -127,11 +128,19 @@ pub enum GateError {
     /// The ledger's exactly-once store could not be opened.
     #[error("cannot open the ledger's effect store: {0}")]
     Effects(#[from] toolgate_commit::effect::EffectError),
-    /// `GatedBuilder::audit` was not called.
-    #[error(
-        "a gate needs an audit sink: call GatedBuilder::audit (for example with toolgate_audit::FileAuditLog)"
-    )]
-    MissingAudit,
+}
+
+/// How to supply each missing part, for [`GateError::Missing`].
+fn missing_fix(parts: &[&'static str]) -> String {
+    parts
+        .iter()
+        .map(|part| match *part {
+            "policy" => "call GatedBuilder::policy_file (or ::policy with a loaded toolgate_policy::Policy)",
+            "audit" => "call GatedBuilder::ledger (or ::audit with a sink such as toolgate_audit::FileAuditLog)",
+            other => other,
+        })
+        .collect::<Vec<_>>()
+        .join("; ")
 }
 
 /// A `ServerHandler` whose tools are decided by a [`Policy`], audited, and reachable only with a
@@ -220,6 +229,9 @@ pub struct GatedBuilder<H> {
     kill_switch: Option<KillSwitch>,
     rights: Option<RightsFile>,
     preflight: Option<Arc<dyn Preflight>>,
+    contract_digest: Option<Sha256Digest>,
+    tool_contract_digests: BTreeMap<String, Sha256Digest>,
+    contract_changes: BTreeMap<String, Vec<Change>>,
 }
 
 /// The builder's principal setting: a configured name (checked at build) or a source.
@@ -344,13 +356,52 @@ impl<H: ServerHandler> GatedBuilder<H> {
         self
     }
 
+    /// The server's live contract (its `toolgate.lock` as computed now): its integrity digest is
+    /// published in the `_meta` of the `initialize` and `server/discover` results under
+    /// [`CONTRACT_DIGEST_META_KEY`] so a host can pin it, and each tool's contract digest is
+    /// recorded in that tool's audit lines, so a verifier can show which contract produced each
+    /// decision.
+    pub fn contract(mut self, live: &toolgate_contract::lockfile::Lockfile) -> Self {
+        self.contract_digest = Some(live.integrity_digest());
+        self.tool_contract_digests = live
+            .contract()
+            .tools
+            .iter()
+            .map(|(name, contract)| (name.clone(), contract.digest()))
+            .collect();
+        self
+    }
+
+    /// How each tool's contract changed since a previous lockfile (from
+    /// `toolgate_contract::diff::diff`), so that a refused call can tell a model working from the
+    /// old contract what changed (at most five BREAKING or RISKY changes of that tool).
+    pub fn contract_changes(mut self, changes: Vec<Change>) -> Self {
+        self.contract_changes.clear();
+        for change in changes {
+            self.contract_changes
+                .entry(change.tool.clone())
+                .or_default()
+                .push(change);
+        }
+        self
+    }
+
     /// Builds the gate: loads the policy file and opens the ledger's parts if they were given,
     /// then checks that every required part is there.
     pub fn build(mut self) -> Result<Gated<H>, GateError> {
         if let Some(path) = self.policy_file.take() {
             self.policy = Some(Arc::new(Policy::load(&path)?));
         }
-        let policy = self.policy.ok_or(GateError::MissingPolicy)?;
+        let missing: Vec<&'static str> = [
+            ("policy", self.policy.is_none()),
+            ("audit", self.audit.is_none() && self.ledger.is_none()),
+        ]
+        .into_iter()
+        .filter_map(|(part, absent)| absent.then_some(part))
+        .collect();
+        let Some(policy) = self.policy.filter(|_| missing.is_empty()) else {
+            return Err(GateError::Missing { parts: missing });
+        };
         if let Some(dir) = &self.ledger {
             if self.audit.is_none() {
                 let mut config = toolgate_audit::AuditConfig::new(dir.join(LEDGER_AUDIT_FILE));
@@ -383,7 +434,11 @@ impl<H: ServerHandler> GatedBuilder<H> {
                 tool: tool.to_owned(),
             });
         }
-        let audit = self.audit.ok_or(GateError::MissingAudit)?;
+        let Some(audit) = self.audit else {
+            return Err(GateError::Missing {
+                parts: vec!["audit"],
+            });
+        };
         let principals: Arc<dyn PrincipalSource> = match self.principals {
             Principals::Named(name) => Arc::new(
                 FixedPrincipal::new(&name).map_err(|_| GateError::InvalidPrincipal { name })?,
@@ -393,15 +448,15 @@ impl<H: ServerHandler> GatedBuilder<H> {
         let pending_ttl = policy.confirmation_ttl();
         let state = GateState {
             policy,
-            contract_digest: None,
-            tool_contract_digests: BTreeMap::new(),
+            contract_digest: self.contract_digest,
+            tool_contract_digests: self.tool_contract_digests,
         };
         Ok(Gated {
             inner: self.inner,
             state: PolicyHandle::new(state, Arc::clone(&audit), self.effects.is_some()),
             audit,
             request_id_field: self.request_id_field,
-            contract_changes: BTreeMap::new(),
+            contract_changes: self.contract_changes,
             effects: self.effects,
             principals,
             server_name: self.server_name,
@@ -434,6 +489,9 @@ impl<H: ServerHandler> Gated<H> {
             kill_switch: None,
             rights: None,
             preflight: None,
+            contract_digest: None,
+            tool_contract_digests: BTreeMap::new(),
+            contract_changes: BTreeMap::new(),
         }
     }
 
@@ -452,28 +510,6 @@ impl<H: ServerHandler> Gated<H> {
         self.state.clone()
     }
 
-    /// Publishes `digest` (the server's contract digest, see toolgate-contract) in the `_meta` of
-    /// the `initialize` and `server/discover` results under [`CONTRACT_DIGEST_META_KEY`].
-    pub fn with_contract_digest(self, digest: Sha256Digest) -> Self {
-        self.state
-            .update(|state| state.contract_digest = Some(digest));
-        self
-    }
-
-    /// Remembers how each tool's contract changed since a previous lockfile (from
-    /// `toolgate_contract::diff::diff`), so that a refused call can tell a model working from the
-    /// old contract what changed (at most five BREAKING or RISKY changes of that tool).
-    pub fn with_contract_changes(mut self, changes: Vec<Change>) -> Self {
-        self.contract_changes.clear();
-        for change in changes {
-            self.contract_changes
-                .entry(change.tool.clone())
-                .or_default()
-                .push(change);
-        }
-        self
-    }
-
     /// The text appended to an argument refusal: the tool's current input contract and, when a
     /// previous lockfile was given, what changed since.
     fn contract_note(&self, tool: &str, input: &InputShape) -> String {
@@ -483,14 +519,6 @@ impl<H: ServerHandler> Gated<H> {
             .map(Vec::as_slice)
             .unwrap_or_default();
         contract_note(tool, input, changes)
-    }
-
-    /// Records, in every audit line of a tool, that tool's contract digest (from toolgate.lock or
-    /// the live contract), so a verifier can show which contract produced each decision.
-    pub fn with_tool_contract_digests(self, digests: BTreeMap<String, Sha256Digest>) -> Self {
-        self.state
-            .update(|state| state.tool_contract_digests = digests);
-        self
     }
 
     /// An audit entry for a call of `name`, carrying the digests of the policy in force and of the

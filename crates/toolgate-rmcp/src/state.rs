@@ -99,14 +99,6 @@ impl PolicyHandle {
         Arc::clone(&self.snapshot().policy)
     }
 
-    /// Replaces the state before the gate serves (builder-style configuration).
-    pub(crate) fn update(&self, change: impl FnOnce(&mut GateState)) {
-        let mut guard = self.state.write().unwrap_or_else(PoisonError::into_inner);
-        let mut next = GateState::clone(&guard);
-        change(&mut next);
-        *guard = Arc::new(next);
-    }
-
     /// Installs `reload` if the gate can enforce it, and records `policy/reload` in the audit log
     /// with both digests. Calls that already started finish under the old policy.
     pub fn install(&self, reload: Reload) -> Result<Reloaded, ReloadError> {

@@ -122,12 +122,18 @@ fn load_errors_are_the_build_error() {
         .build();
     assert!(matches!(bad, Err(GateError::Audit(_))), "{bad:?}");
     // No policy at all, no audit sink at all: named.
-    assert!(matches!(
-        Gated::builder(Echo).build(),
-        Err(GateError::MissingPolicy)
-    ));
+    let none = Gated::builder(Echo).build().unwrap_err();
+    assert!(
+        matches!(&none, GateError::Missing { parts } if parts == &["policy", "audit"]),
+        "{none:?}"
+    );
+    let message = none.to_string();
+    assert!(
+        message.contains("without policy and audit") && message.contains("GatedBuilder::ledger"),
+        "{message}"
+    );
     assert!(matches!(
         Gated::builder(Echo).policy_file(&policy).build(),
-        Err(GateError::MissingAudit)
+        Err(GateError::Missing { parts }) if parts == ["audit"]
     ));
 }

@@ -258,12 +258,6 @@ pub fn build(options: &ServerOptions) -> anyhow::Result<BuiltServer> {
     let audit = Arc::new(audit);
     let sink: Arc<dyn AuditSink> = audit.clone();
     tracing::info!(digest = %live.integrity_digest(), "contract");
-    let tool_digests = live
-        .contract()
-        .tools
-        .iter()
-        .map(|(name, contract)| (name.clone(), contract.digest()))
-        .collect();
     let gated = Gated::builder(tools::NotesServer::new(Arc::new(notes)))
         .policy(policy)
         .audit(sink)
@@ -280,16 +274,14 @@ pub fn build(options: &ServerOptions) -> anyhow::Result<BuiltServer> {
                 .with_storage(Arc::clone(&storage))
                 .resume_command(format!("{SERVER_NAME} resume")),
         )
-        .preflight(Arc::new(tools::NotesPreflight));
+        .preflight(Arc::new(tools::NotesPreflight))
+        .contract(&live)
+        .contract_changes(changes);
     let gated = match &options.rights {
         Some(path) => gated.rights(toolgate_guard::RightsFile::new(path)),
         None => gated,
     };
-    let gated = gated
-        .build()?
-        .with_contract_digest(live.integrity_digest())
-        .with_tool_contract_digests(tool_digests)
-        .with_contract_changes(changes);
+    let gated = gated.build()?;
     Ok(BuiltServer {
         gated,
         audit,
