@@ -12,6 +12,7 @@ use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use crate::checks::{KillSwitch, PendingActions, RateLimiter, RightsFile};
 #[allow(deprecated)] // Logging (SEP-2577) is deprecated but still part of ServerHandler.
 use rmcp::model::SetLevelRequestParams;
 use rmcp::model::{
@@ -33,7 +34,6 @@ use toolgate_canon::{HmacKey, Sha256Digest};
 use toolgate_commit::effect::EffectBackend;
 use toolgate_contract::awareness::{InputContract, contract_awareness};
 use toolgate_contract::diff::Change;
-use toolgate_guard::{KillSwitch, PendingActions, RateLimiter, RightsFile};
 use toolgate_policy::Policy;
 
 mod call;

@@ -14,6 +14,7 @@
 #![forbid(unsafe_code)]
 
 mod blocking;
+pub mod checks;
 pub mod contract;
 mod exactly_once;
 #[cfg(feature = "fuzzing")]

@@ -11,7 +11,7 @@ use rmcp::model::{
 use rmcp::service::{Peer, RequestContext};
 use rmcp::{ErrorData, RoleServer, ServerHandler, ServiceExt as _};
 use serde_json::json;
-use toolgate_guard::KillSwitch;
+use toolgate_rmcp::checks::KillSwitch;
 use toolgate_rmcp::{GateError, Gated, HALTED};
 
 #[derive(Clone)]

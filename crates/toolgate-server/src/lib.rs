@@ -270,7 +270,7 @@ pub fn build(options: &ServerOptions) -> anyhow::Result<BuiltServer> {
         )
         .server_name(SERVER_NAME)
         .kill_switch(
-            toolgate_guard::KillSwitch::new(&options.ledger)
+            toolgate::guard::KillSwitch::new(&options.ledger)
                 .with_storage(Arc::clone(&storage))
                 .resume_command(format!("{SERVER_NAME} resume")),
         )
@@ -278,7 +278,7 @@ pub fn build(options: &ServerOptions) -> anyhow::Result<BuiltServer> {
         .contract(&live)
         .contract_changes(changes);
     let gated = match &options.rights {
-        Some(path) => gated.rights(toolgate_guard::RightsFile::new(path)),
+        Some(path) => gated.rights(toolgate::guard::RightsFile::new(path)),
         None => gated,
     };
     let gated = gated.build()?;
@@ -472,8 +472,8 @@ fn operator_audit(options: &ServerOptions) -> anyhow::Result<FileAuditLog> {
 }
 
 /// The ledger's kill switch, written through the configured storage.
-fn ledger_switch(options: &ServerOptions) -> toolgate_guard::KillSwitch {
-    toolgate_guard::KillSwitch::new(&options.ledger)
+fn ledger_switch(options: &ServerOptions) -> toolgate::guard::KillSwitch {
+    toolgate::guard::KillSwitch::new(&options.ledger)
         .with_storage(options.storage())
         .resume_command(format!("{SERVER_NAME} resume"))
 }
@@ -484,7 +484,7 @@ pub fn halt(
     options: &ServerOptions,
     reason: &str,
     by: &str,
-) -> anyhow::Result<Option<toolgate_guard::Halt>> {
+) -> anyhow::Result<Option<toolgate::guard::Halt>> {
     let switch = ledger_switch(options);
     // A halt is what an operator reaches for in an incident: it is set even when the audit log
     // cannot be opened, and the error then says it was not recorded. (A resume, the less safe
@@ -504,7 +504,7 @@ pub fn halt(
 }
 
 /// Lifts the kill switch and records it. Returns the halt that was in force, if any.
-pub fn resume(options: &ServerOptions) -> anyhow::Result<Option<toolgate_guard::Halt>> {
+pub fn resume(options: &ServerOptions) -> anyhow::Result<Option<toolgate::guard::Halt>> {
     let audit = operator_audit(options)?;
     let lifted = toolgate::operator::resume(&ledger_switch(options), &audit)?;
     audit.checkpoint()?;

@@ -42,10 +42,10 @@ pub mod effect {
     pub use toolgate_commit::effect::*;
 }
 
-/// The kill switch, rights file, rate limits, pending confirmations and path containment
-/// (`toolgate-guard`).
+/// The state the gate's checks consult on every call: the kill switch, rights file, rate limits,
+/// pending confirmations and path containment (`toolgate_rmcp::checks`).
 pub mod guard {
-    pub use toolgate_guard::*;
+    pub use toolgate_rmcp::checks::*;
 }
 
 /// The tool contract: lockfile, digests, verdicts, attestation (`toolgate-contract`), and a

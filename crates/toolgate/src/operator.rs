@@ -12,7 +12,7 @@ use serde_json::{Value, json};
 use toolgate_audit::{AuditEntry, AuditError, AuditSink, Decision, Outcome};
 use toolgate_canon::Sha256Digest;
 use toolgate_commit::effect::{EffectBackend, EffectError};
-use toolgate_guard::{GuardError, Halt, KillSwitch};
+use toolgate_rmcp::checks::{GuardError, Halt, KillSwitch};
 
 /// Why an operator action failed.
 #[derive(Debug, thiserror::Error)]
@@ -134,7 +134,7 @@ mod tests {
                 .unwrap()
                 .is_none()
         );
-        assert!(matches!(switch.status(), toolgate_guard::Status::Halted(_)));
+        assert!(matches!(switch.status(), crate::guard::Status::Halted(_)));
         let lifted = resume(&switch, &audit).unwrap().unwrap();
         assert_eq!(lifted.reason, "incident 9");
         assert!(resume(&switch, &audit).unwrap().is_none());

@@ -14,6 +14,7 @@
 use std::sync::Arc;
 use std::time::Instant;
 
+use crate::checks::{Limit, Status};
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, ErrorCode, JsonObject,
     Tool,
@@ -26,7 +27,6 @@ use toolgate_canon::Sha256Digest;
 use toolgate_commit::effect::{
     Attempt, Begin, EffectBackend, EffectError, EffectKind, EffectRequest, Resolution, Scope,
 };
-use toolgate_guard::{Limit, Status};
 use toolgate_policy::{BatchCall, Decision, Policy, ToolName};
 
 use super::{
@@ -894,7 +894,7 @@ fn path_refusal(
             continue; // the policy's own decision already refused it
         };
         let roots: Vec<std::path::PathBuf> = rule.roots().iter().map(Into::into).collect();
-        if let Err(error) = toolgate_guard::resolve_within(&roots, &normalised) {
+        if let Err(error) = crate::checks::resolve_within(&roots, &normalised) {
             let top_level = policy
                 .arg_rules(name)
                 .and_then(|rules| rules.get(field))

@@ -13,6 +13,7 @@ use std::borrow::Cow;
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
+use crate::checks::PendingAction;
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, JsonObject, Tool,
     ToolAnnotations,
@@ -23,7 +24,6 @@ use serde_json::{Map, Value, json};
 use toolgate_audit::Decision as AuditDecision;
 use toolgate_audit::Outcome;
 use toolgate_canon::Sha256Digest;
-use toolgate_guard::PendingAction;
 use toolgate_policy::Decision;
 
 use super::call::Admitted;

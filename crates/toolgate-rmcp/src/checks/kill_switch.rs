@@ -13,7 +13,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
 
-use crate::GuardError;
+use super::GuardError;
 use std::sync::Arc;
 
 use toolgate_storage::{FsStorage, Storage, Symlinks};

@@ -9,7 +9,7 @@ use std::path::PathBuf;
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum GuardError {
-    /// The halt reason given to [`crate::KillSwitch::halt`] is not acceptable; nothing was written.
+    /// The halt reason given to [`super::KillSwitch::halt`] is not acceptable; nothing was written.
     #[error(
         "invalid halt reason: {problem}; give a non-empty reason of at most 1000 characters \
          without control characters (nothing was written)"
@@ -19,7 +19,7 @@ pub enum GuardError {
         problem: String,
     },
 
-    /// The `by` field given to [`crate::KillSwitch::halt`] is not acceptable; nothing was written.
+    /// The `by` field given to [`super::KillSwitch::halt`] is not acceptable; nothing was written.
     #[error(
         "invalid halt author: {problem}; identify who halts with at most 256 characters without \
          control characters (nothing was written)"

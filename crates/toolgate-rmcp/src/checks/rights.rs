@@ -40,7 +40,7 @@ use serde::Deserialize;
 use serde::de::{self, Deserializer, MapAccess, Visitor};
 use toolgate_canon::Sha256Digest;
 
-use crate::GuardError;
+use super::GuardError;
 
 /// The only rights file format version.
 pub const RIGHTS_VERSION: u64 = 1;

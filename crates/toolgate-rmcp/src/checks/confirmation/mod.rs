@@ -1,0 +1,3 @@
+//! Two-step confirmation for tools whose effect class is notify, wake, alert or delete.
+
+pub mod pending;
