@@ -3,7 +3,8 @@
 //!
 //! Building a [`crate::Gated`] needs an MCP session for every call, which is too slow to fuzz;
 //! [`ArgumentChecker`] runs the same code the gate runs on a call's arguments once the tool is
-//! known and allowed (step 4 of the tools/call pipeline in `gate/call.rs`) and renders the
+//! known and allowed (step 3 of `Checks::sequence`: the argument, path and idempotency-key
+//! checks, in that order) and renders the
 //! refusal as the gate would (without `structuredContent` for a tool that declares an
 //! `outputSchema`, see `refusal.rs`).
 
@@ -13,9 +14,11 @@ use rmcp::model::JsonObject;
 use serde_json::{Map, Value};
 use toolgate_policy::{Decision, Policy};
 
-use crate::gate::{argument_refusal, contract_note};
-use crate::input::InputShape;
-use crate::schema::SchemaCache;
+use crate::checks::arguments::{Arguments, InputShape};
+use crate::checks::exactly_once::ExactlyOnce;
+use crate::checks::paths::PathContainment;
+use crate::checks::{Call, Check, Verdict as CheckVerdict};
+use crate::gate::contract_note;
 
 /// What the gate does with a call's arguments.
 #[derive(Debug, Clone, PartialEq)]
@@ -40,7 +43,7 @@ pub enum Verdict {
 /// The gate's argument checks with a validator cache, as one `Gated` holds them.
 #[derive(Debug, Default)]
 pub struct ArgumentChecker {
-    schemas: SchemaCache,
+    arguments: Arguments,
 }
 
 impl ArgumentChecker {
@@ -65,17 +68,33 @@ impl ArgumentChecker {
             return Verdict::ToolRefused(denial.rule());
         }
         let input = InputShape::of_schema(input_schema);
-        let Some(refusal) = argument_refusal(
-            &self.schemas,
-            policy,
-            &decision,
+        let tool_definition =
+            rmcp::model::Tool::new(tool.to_owned(), String::new(), Arc::clone(input_schema));
+        let state = crate::state::GateState {
+            policy: Arc::new(policy.clone()),
+            contract_digest: None,
+            tool_contract_digests: Default::default(),
+        };
+        let meta = rmcp::model::RequestMetaObject::default();
+        let call = Call {
+            state: &state,
             principal,
-            tool,
-            &input,
-            input_schema,
+            name: tool,
+            tool: &tool_definition,
+            input: &input,
             arguments,
-            &rmcp::model::RequestMetaObject::default(),
-        ) else {
+            meta: &meta,
+            decision: &decision,
+            args_digest: toolgate_canon::Sha256Digest::of_json_object(
+                arguments.unwrap_or(&Map::new()),
+            ),
+            confirmed: None,
+        };
+        let checks: [&dyn Check; 3] = [&self.arguments, &PathContainment, &ExactlyOnce::default()];
+        let Some(refusal) = checks.iter().find_map(|check| match check.admit(&call) {
+            CheckVerdict::Refuse(refusal) => Some(refusal),
+            _ => None,
+        }) else {
             return Verdict::Admitted;
         };
         let rule = refusal.rule.clone();

@@ -12,19 +12,18 @@ use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use crate::checks::{KillSwitch, PendingActions, RateLimiter, RightsFile};
 #[allow(deprecated)] // Logging (SEP-2577) is deprecated but still part of ServerHandler.
 use rmcp::model::SetLevelRequestParams;
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, CancelTaskParams,
-    CancelledNotificationParam, CompleteRequestParams, CompleteResult, ContentBlock,
-    CustomNotification, CustomRequest, CustomResult, DiscoverResult, GetPromptRequestParams,
-    GetPromptResponse, GetSkillRequestParams, GetSkillResult, GetTaskParams, GetTaskResult,
-    InitializeRequestParams, InitializeResult, ListPromptsResult, ListResourceTemplatesResult,
-    ListResourcesResult, ListSkillsResult, ListToolsResult, PaginatedRequestParams,
-    ProgressNotificationParam, ProtocolVersion, ReadResourceDirectoryRequestParams,
-    ReadResourceDirectoryResult, ReadResourceRequestParams, ReadResourceResponse, ServerConfig,
-    SubscribeRequestParams, SubscriptionFilter, Tool, UnsubscribeRequestParams, UpdateTaskParams,
+    CancelledNotificationParam, CompleteRequestParams, CompleteResult, CustomNotification,
+    CustomRequest, CustomResult, DiscoverResult, GetPromptRequestParams, GetPromptResponse,
+    GetSkillRequestParams, GetSkillResult, GetTaskParams, GetTaskResult, InitializeRequestParams,
+    InitializeResult, ListPromptsResult, ListResourceTemplatesResult, ListResourcesResult,
+    ListSkillsResult, ListToolsResult, PaginatedRequestParams, ProgressNotificationParam,
+    ProtocolVersion, ReadResourceDirectoryRequestParams, ReadResourceDirectoryResult,
+    ReadResourceRequestParams, ReadResourceResponse, ServerConfig, SubscribeRequestParams,
+    SubscriptionFilter, Tool, UnsubscribeRequestParams, UpdateTaskParams,
 };
 use rmcp::service::{MaybeSendFuture, NotificationContext, RequestContext, SubscriptionContext};
 use rmcp::{ErrorData as McpError, RoleServer, ServerHandler};
@@ -37,15 +36,11 @@ use toolgate_contract::diff::Change;
 use toolgate_policy::Policy;
 
 mod call;
-mod confirm;
-use crate::input::InputShape;
+use crate::checks::arguments::InputShape;
+use crate::checks::{Checks, KillSwitch, PendingActions, RightsFile};
 use crate::permit::Permit;
 use crate::principal::{FixedPrincipal, PrincipalSource};
-use crate::refusal::Refusal;
-use crate::schema::SchemaCache;
 use crate::state::{GateState, PolicyHandle};
-#[cfg(feature = "fuzzing")]
-pub(crate) use call::argument_refusal;
 
 /// The message of the JSON-RPC error (-32602) for a tool that is denied or does not exist. The two
 /// cases are deliberately identical so a caller cannot probe which hidden tools exist.
@@ -150,21 +145,14 @@ fn missing_fix(parts: &[&'static str]) -> String {
 /// it to tell unknown tools from known ones, and treats a tool `get_tool` does not know as unknown,
 /// so a handler without it fails closed.
 pub struct Gated<H> {
-    inner: H,
-    state: PolicyHandle,
+    pub(crate) inner: H,
+    pub(crate) state: PolicyHandle,
     audit: Arc<dyn AuditSink>,
     request_id_field: String,
     contract_changes: BTreeMap<String, Vec<Change>>,
-    effects: Option<Arc<dyn EffectBackend>>,
     principals: Arc<dyn PrincipalSource>,
-    server_name: Option<String>,
-    probes: BTreeMap<String, EffectProbe>,
-    schemas: SchemaCache,
-    kill_switch: Option<KillSwitch>,
-    rights: Option<RightsFile>,
-    preflight: Option<Arc<dyn Preflight>>,
-    rates: RateLimiter,
-    pending: PendingActions,
+    /// Every governance check, with its state, in the order of [`Checks::sequence`].
+    pub(crate) checks: Checks,
 }
 
 /// What a probe found out about an effect whose caller died mid-call.
@@ -451,22 +439,37 @@ impl<H: ServerHandler> GatedBuilder<H> {
             contract_digest: self.contract_digest,
             tool_contract_digests: self.tool_contract_digests,
         };
+        let checks = Checks {
+            visibility: Default::default(),
+            rights: crate::checks::rights::RightsCheck { file: self.rights },
+            kill_switch: crate::checks::kill_switch::KillSwitchCheck {
+                switch: self.kill_switch,
+                server_name: self.server_name,
+            },
+            arguments: Default::default(),
+            paths: Default::default(),
+            exactly_once: crate::checks::exactly_once::ExactlyOnce {
+                effects: self.effects.clone(),
+                probes: self.probes,
+            },
+            batch: crate::checks::batch::BatchGuard {
+                preflight: self.preflight.clone(),
+            },
+            rates: Default::default(),
+            confirmation: crate::checks::confirmation::Confirmation {
+                pending: PendingActions::new(pending_ttl),
+                preflight: self.preflight,
+            },
+            untrusted: Default::default(),
+        };
         Ok(Gated {
             inner: self.inner,
             state: PolicyHandle::new(state, Arc::clone(&audit), self.effects.is_some()),
             audit,
             request_id_field: self.request_id_field,
             contract_changes: self.contract_changes,
-            effects: self.effects,
             principals,
-            server_name: self.server_name,
-            probes: self.probes,
-            schemas: SchemaCache::default(),
-            kill_switch: self.kill_switch,
-            rights: self.rights,
-            preflight: self.preflight,
-            rates: RateLimiter::new(),
-            pending: PendingActions::new(pending_ttl),
+            checks,
         })
     }
 }
@@ -524,7 +527,7 @@ impl<H: ServerHandler> Gated<H> {
     /// An audit entry for a call of `name`, carrying the digests of the policy in force and of the
     /// tool's contract (when known).
     #[allow(clippy::too_many_arguments)]
-    fn entry(
+    pub(crate) fn entry(
         &self,
         state: &GateState,
         principal: &str,
@@ -541,6 +544,12 @@ impl<H: ServerHandler> Gated<H> {
             Some(digest) => entry.with_contract_digest(*digest),
             None => entry,
         }
+    }
+
+    /// Whether tools/list shows `tool` to `principal`: the inner handler resolves it and every
+    /// check lists it.
+    pub(crate) fn listed(&self, state: &GateState, principal: &str, tool: &str) -> bool {
+        self.inner.get_tool(tool).is_some() && self.checks.lists(state, principal, tool)
     }
 
     /// The principal of a request, or the JSON-RPC error refusing a request without one.
@@ -606,20 +615,6 @@ pub(crate) fn contract_note(tool: &str, input: &InputShape, changes: &[Change]) 
         allowed: input.allowed.clone(),
     };
     contract_awareness(tool, &current, changes, MAX_CONTRACT_CHANGES)
-}
-
-/// The refusal of a call whose arguments break a policy rule.
-fn policy_refusal(violation: &toolgate_policy::ArgViolation) -> Refusal {
-    let details = violation.details();
-    Refusal {
-        rule: violation.rule(),
-        message: violation.message(),
-        details,
-    }
-}
-
-fn error_text(text: &str) -> CallToolResult {
-    CallToolResult::error(vec![ContentBlock::text(text)])
 }
 
 /// Expires a permit and records an abandoned call when the gate's call future does not complete.
@@ -795,32 +790,25 @@ impl<H: ServerHandler> ServerHandler for Gated<H> {
         let principal = self.principal_of(&context.extensions)?;
         let mut result = self.inner.list_tools(request, context).await?;
         let state = self.state.snapshot();
-        let policy = &state.policy;
-        // Listed exactly when callable: the policy shows it to this principal, the rights file
-        // grants it, and the inner handler resolves it.
+        // Listed exactly when callable: the inner handler resolves it and every check shows it
+        // to this principal.
         result.tools.retain(|tool| {
-            !self.confirmations_offered(&tool.name)
-                && policy.visible_for(&principal, &tool.name)
-                && self.inner.get_tool(&tool.name).is_some()
-                && self.rights_refusal(&principal, &tool.name).is_none()
+            !self.confirmations_offered(&tool.name) && self.listed(&state, &principal, &tool.name)
         });
         for tool in &mut result.tools {
-            if let (Some(untrusted), Some(schema)) = (
-                policy.untrusted_output(&tool.name),
-                tool.output_schema.as_mut(),
-            ) {
-                let mut rewritten = Value::Object(schema.as_ref().clone());
-                untrusted.rewrite_schema(&mut rewritten);
-                if let Value::Object(map) = rewritten {
-                    *schema = Arc::new(map);
-                }
-            }
+            self.checks.describe(&state, tool);
         }
         if self.offers_confirmation(&state, &principal) {
             result
                 .tools
-                .push(confirm::confirmation_tool(CONFIRM_ACTION));
-            result.tools.push(confirm::confirmation_tool(REJECT_ACTION));
+                .push(crate::checks::confirmation::confirmation_tool(
+                    CONFIRM_ACTION,
+                ));
+            result
+                .tools
+                .push(crate::checks::confirmation::confirmation_tool(
+                    REJECT_ACTION,
+                ));
         }
         Ok(result)
     }
@@ -828,6 +816,7 @@ impl<H: ServerHandler> ServerHandler for Gated<H> {
     fn get_tool(&self, name: &str) -> Option<Tool> {
         // No request here: a fixed principal answers as for its calls; a per-request source is
         // answered from the policy's top level (no principal's section or rights).
+        let state = self.state.snapshot();
         let Some(principal) = self.principals.without_request() else {
             if self.confirmations_offered(name) {
                 return None;
@@ -835,17 +824,16 @@ impl<H: ServerHandler> ServerHandler for Gated<H> {
             return self
                 .inner
                 .get_tool(name)
-                .filter(|_| self.state.policy().visible(name));
+                .filter(|_| state.policy.visible(name));
         };
         if self.confirmations_offered(name) {
             return self
-                .offers_confirmation(&self.state.snapshot(), &principal)
-                .then(|| confirm::confirmation_tool(name));
+                .offers_confirmation(&state, &principal)
+                .then(|| crate::checks::confirmation::confirmation_tool(name));
         }
         self.inner
             .get_tool(name)
-            .filter(|_| self.state.policy().visible_for(&principal, name))
-            .filter(|_| self.rights_refusal(&principal, name).is_none())
+            .filter(|_| self.checks.lists(&state, &principal, name))
     }
 
     fn on_custom_request(

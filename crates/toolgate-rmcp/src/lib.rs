@@ -16,22 +16,19 @@
 mod blocking;
 pub mod checks;
 pub mod contract;
-mod exactly_once;
 #[cfg(feature = "fuzzing")]
 #[doc(hidden)]
 pub mod fuzzing;
 mod gate;
 pub mod harness;
-mod input;
 mod permit;
 mod principal;
 mod refusal;
-mod schema;
 mod state;
 pub mod stdio;
 
 pub use blocking::{Cancelled, run as run_blocking};
-pub use exactly_once::{IDEMPOTENCY_KEY_META, MAX_IDEMPOTENCY_KEY_BYTES, REPLAYED_META};
+pub use checks::exactly_once::{IDEMPOTENCY_KEY_META, MAX_IDEMPOTENCY_KEY_BYTES, REPLAYED_META};
 pub use gate::{
     CONFIRM_ACTION, CONTRACT_DIGEST_META_KEY, EffectProbe, GateError, Gated, GatedBuilder, HALTED,
     LEDGER_AUDIT_FILE, LEDGER_EFFECTS_DIR, Preflight, Preparation, ProbeAnswer, REJECT_ACTION,
@@ -43,8 +40,3 @@ pub use principal::{
 };
 pub use state::{GateState, PolicyHandle, Reload, ReloadError, Reloaded};
 pub use stdio::{StdioConfig, StdioError, StdioTransport};
-
-/// The server authors' guide (`docs/GUIDE.md`) is compiled as a doc test too.
-#[doc = include_str!("../../../docs/GUIDE.md")]
-#[cfg(doctest)]
-pub struct GuideDoctests;

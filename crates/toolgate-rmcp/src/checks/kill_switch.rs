@@ -287,6 +287,57 @@ fn nanos_since_epoch(t: SystemTime) -> u64 {
         .unwrap_or(0)
 }
 
+/// The check: while the switch is set every tools/call gets a JSON-RPC error ([`crate::HALTED`])
+/// naming the reason and how calls resume, except tools the policy's `halt_exempt` lists.
+#[derive(Debug, Default)]
+pub(crate) struct KillSwitchCheck {
+    pub(crate) switch: Option<KillSwitch>,
+    /// The server's binary, named in the error as `<name> resume`.
+    pub(crate) server_name: Option<String>,
+}
+
+impl KillSwitchCheck {
+    /// The JSON-RPC error of a halted server, if the switch is set.
+    pub(crate) fn halted(&self) -> Option<rmcp::ErrorData> {
+        let switch = self.switch.as_ref()?;
+        let Status::Halted(halt) = switch.status() else {
+            return None;
+        };
+        let retry = match &self.server_name {
+            Some(server) => format!("Retry after the operator runs `{server} resume`"),
+            None => "Retry after the operator lifts the halt".to_owned(),
+        };
+        Some(rmcp::ErrorData::new(
+            rmcp::model::ErrorCode(crate::HALTED),
+            format!(
+                "calls are halted by an operator ({}); nothing was executed. {retry}",
+                halt.reason
+            ),
+            Some(serde_json::json!({
+                "halted": true,
+                "reason": halt.reason,
+                "by": halt.by,
+                "since_ns": halt.since_ns.to_string(),
+            })),
+        ))
+    }
+}
+
+impl super::Check for KillSwitchCheck {
+    fn admit<'a>(&'a self, call: &'a super::Call<'a>) -> super::Verdict<'a> {
+        if call.policy().halt_exempt(call.name) {
+            return super::Verdict::Pass;
+        }
+        match self.halted() {
+            Some(error) => super::Verdict::Fail {
+                reason: "kill_switch".to_owned(),
+                error,
+            },
+            None => super::Verdict::Pass,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

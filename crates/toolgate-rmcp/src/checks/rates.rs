@@ -276,6 +276,65 @@ impl RateLimiter {
     }
 }
 
+/// The check: takes a token from the tool's and the principal's buckets (the policy's
+/// `rate_limits`), all or nothing, or refuses with the seconds to wait. A call coming back
+/// through `confirm_action` took its tokens at the preview.
+#[derive(Debug, Default)]
+pub(crate) struct Rates {
+    pub(crate) limiter: RateLimiter,
+}
+
+fn limit(rate: toolgate_policy::Rate) -> Limit {
+    Limit {
+        burst: rate.burst,
+        per_minute: rate.per_minute,
+    }
+}
+
+impl super::Check for Rates {
+    fn admit<'a>(&'a self, call: &'a super::Call<'a>) -> super::Verdict<'a> {
+        if call.confirmed.is_some() {
+            return super::Verdict::Pass;
+        }
+        let (policy, name, principal) = (call.policy(), call.name, call.principal);
+        let mut keys = Vec::new();
+        let mut rules = Vec::new();
+        if let Some(rate) = policy.tool_rate(name) {
+            keys.push((format!("tool:{name}"), limit(rate)));
+            rules.push(format!("rate_limits.tools.{name}"));
+        }
+        if let Some(rate) = policy.principal_rate(principal) {
+            keys.push((format!("principal:{principal}"), limit(rate)));
+            rules.push(format!("rate_limits.principals.{principal}"));
+        }
+        if keys.is_empty() {
+            return super::Verdict::Pass;
+        }
+        let Err(limited) = self.limiter.check(&keys, Instant::now()) else {
+            return super::Verdict::Pass;
+        };
+        let rule = rules
+            .get(limited.key_index)
+            .cloned()
+            .unwrap_or_else(|| "rate_limits".to_owned());
+        let retry_after = limited.retry_after_secs();
+        let fix = format!("retry after {retry_after} s");
+        super::Verdict::Refuse(crate::refusal::Refusal {
+            message: format!(
+                "Error: `{name}` is over its rate limit (rule {rule}); nothing was executed. Retry after {retry_after} s"
+            ),
+            details: serde_json::json!({
+                "error": "rate_limited",
+                "tool": name,
+                "rule": rule,
+                "retry_after_secs": retry_after,
+                "fix": fix,
+            }),
+            rule,
+        })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -393,6 +393,42 @@ fn quote_short(s: &str) -> String {
     }
 }
 
+/// The check: a tool the rights file does not grant to the principal is hidden and refused like
+/// a denied one; a file that cannot be read or parsed refuses everything (fail closed). Without
+/// a rights file every tool the policy allows is granted.
+#[derive(Debug, Default)]
+pub(crate) struct RightsCheck {
+    pub(crate) file: Option<RightsFile>,
+}
+
+impl RightsCheck {
+    /// The hidden-tool reason when the rights file does not grant `name` to `principal`.
+    pub(crate) fn refusal(&self, principal: &str, name: &str) -> Option<String> {
+        let rights = self.file.as_ref()?;
+        match rights.rights(principal) {
+            Ok(granted) if granted.allows(name) => None,
+            Ok(_) => Some("rights".to_owned()),
+            Err(error) => {
+                tracing::error!(%error, "the rights file is unusable; refusing every call");
+                Some("rights_unavailable".to_owned())
+            }
+        }
+    }
+}
+
+impl super::Check for RightsCheck {
+    fn admit<'a>(&'a self, call: &'a super::Call<'a>) -> super::Verdict<'a> {
+        match self.refusal(call.principal, call.name) {
+            Some(reason) => super::Verdict::Hide(reason),
+            None => super::Verdict::Pass,
+        }
+    }
+
+    fn lists(&self, _state: &crate::state::GateState, principal: &str, tool: &str) -> bool {
+        self.refusal(principal, tool).is_none()
+    }
+}
+
 #[cfg(test)]
 mod test_counters {
     use std::sync::atomic::{AtomicUsize, Ordering};

@@ -1,3 +1,218 @@
-//! Two-step confirmation for tools whose effect class is notify, wake, alert or delete.
+//! Two-step confirmation for tools whose effect class (the policy's `effects`) is notify, wake,
+//! alert or delete.
+//!
+//! The first call never executes: the check asks the server's [`Preflight`] to prepare the call
+//! (a summary that names the concrete operation, and a hash of the content that would be sent or
+//! changed), stores a pending action bound to the principal and the canonical arguments
+//! (`pending.rs`), and answers with a PREVIEW carrying a single-use `confirm_token` and the
+//! `confirm_summary`. The gate's own tools (`tools.rs`) then answer
+//! `confirm_action(confirm_token, confirm_summary)`: same principal, unused, unexpired, not
+//! rejected, the exact summary, and the kill switch off; the confirmed call then goes through
+//! the whole check sequence again against the state now (rights, policy, arguments, ...), and this
+//! check prepares it afresh: a content hash that changed since the preview answers
+//! `changed_since_preview` with a new preview (the old token is spent). `reject_action` kills a
+//! token.
 
 pub mod pending;
+mod tools;
+
+pub(crate) use tools::confirmation_tool;
+
+use std::sync::Arc;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use rmcp::model::{CallToolResponse, CallToolResult, ContentBlock, JsonObject};
+use serde_json::{Value, json};
+use toolgate_audit::{Decision as AuditDecision, Outcome};
+use toolgate_canon::Sha256Digest;
+
+use super::{Answer, Call, Check, Verdict};
+use crate::state::GateState;
+use crate::{CONFIRM_ACTION, Preflight, Preparation, REJECT_ACTION};
+use pending::{PendingAction, PendingActions};
+
+/// How the summary of a call without a preflight is written: the tool and its canonical
+/// arguments, cut to this many characters.
+const MAX_DEFAULT_SUMMARY_CHARS: usize = 600;
+
+/// The confirmation check: the pending actions and the server's preparer.
+pub(crate) struct Confirmation {
+    pub(crate) pending: PendingActions,
+    pub(crate) preflight: Option<Arc<dyn Preflight>>,
+}
+
+impl Check for Confirmation {
+    fn admit<'a>(&'a self, call: &'a Call<'a>) -> Verdict<'a> {
+        let needs = call
+            .policy()
+            .effect_class(call.name)
+            .is_some_and(|class| class.needs_confirmation());
+        if !needs {
+            return Verdict::Pass;
+        }
+        Verdict::Later(Box::pin(async move {
+            let arguments = call.arguments.cloned().unwrap_or_default();
+            let prepared = self.prepare(call.name, &arguments, call.args_digest).await;
+            match (call.confirmed, prepared) {
+                (None, Ok(preparation)) => {
+                    self.preview(call, arguments, preparation, "confirmation_required")
+                }
+                (Some(action), Ok(fresh)) if fresh.content_hash == action.content_hash => {
+                    Verdict::Pass
+                }
+                // What would be sent changed since the person saw it: a new preview (the old
+                // token is spent).
+                (Some(_), Ok(fresh)) => {
+                    self.preview(call, arguments, fresh, "changed_since_preview")
+                }
+                (confirmed, Err(why)) => {
+                    let text = if confirmed.is_some() {
+                        format!(
+                            "Error: the confirmed action could not be prepared again ({why}); nothing was executed. Call the tool again for a new preview"
+                        )
+                    } else {
+                        format!(
+                            "Error: `{}` could not be prepared for confirmation ({why}); nothing was executed. Fix the arguments and call it again",
+                            call.name
+                        )
+                    };
+                    let has_schema = confirmed.is_none() && call.tool.output_schema.is_some();
+                    Verdict::Answer(Answer {
+                        decision: AuditDecision::Deny,
+                        outcome: Outcome::NotExecuted,
+                        reason: "confirm.prepare_failed".to_owned(),
+                        result: error_call_result(
+                            &text,
+                            json!({"error": "prepare_failed", "tool": call.name}),
+                            has_schema,
+                        ),
+                        needs_record: false,
+                    })
+                }
+            }
+        }))
+    }
+}
+
+impl Confirmation {
+    /// Prepares `name` with `arguments` (through the preflight on the blocking pool, or a
+    /// generic description).
+    async fn prepare(
+        &self,
+        name: &str,
+        arguments: &JsonObject,
+        args_digest: Sha256Digest,
+    ) -> Result<Preparation, String> {
+        let Some(preflight) = self.preflight.clone() else {
+            let canonical = toolgate_canon::to_canonical_vec(&Value::Object(arguments.clone()))
+                .map(|bytes| String::from_utf8_lossy(&bytes).into_owned())
+                .unwrap_or_default();
+            let mut summary = format!("call {name} with {canonical}");
+            if summary.chars().count() > MAX_DEFAULT_SUMMARY_CHARS {
+                summary = summary.chars().take(MAX_DEFAULT_SUMMARY_CHARS).collect();
+                summary.push_str(&format!("… (arguments sha256:{args_digest})"));
+            }
+            return Ok(Preparation {
+                summary,
+                content_hash: args_digest,
+            });
+        };
+        let tool = name.to_owned();
+        let arguments = arguments.clone();
+        tokio::task::spawn_blocking(move || preflight.prepare(&tool, &arguments))
+            .await
+            .map_err(|_| "the preparation task failed".to_owned())?
+    }
+
+    /// Stores a pending action and answers with its preview. Nothing is executed.
+    fn preview<'a>(
+        &self,
+        call: &Call<'_>,
+        arguments: JsonObject,
+        preparation: Preparation,
+        reason: &str,
+    ) -> Verdict<'a> {
+        let name = call.name;
+        let action = PendingAction {
+            principal: call.principal.to_owned(),
+            tool: name.to_owned(),
+            arguments,
+            args_digest: call.args_digest,
+            content_hash: preparation.content_hash,
+            summary: preparation.summary.clone(),
+        };
+        let issued = match self.pending.prepare(action, SystemTime::now()) {
+            Ok(issued) => issued,
+            Err(error) => {
+                return Verdict::Answer(Answer {
+                    decision: AuditDecision::Deny,
+                    outcome: Outcome::NotExecuted,
+                    reason: format!("confirm.{}", error.code()),
+                    result: error_call_result(
+                        &format!("Error: {error}"),
+                        json!({"error": error.code(), "tool": name}),
+                        call.tool.output_schema.is_some(),
+                    ),
+                    needs_record: false,
+                });
+            }
+        };
+        let expires_ns = issued
+            .expires_at
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_nanos().to_string())
+            .unwrap_or_default();
+        let preview = json!({
+            "status": if reason == "changed_since_preview" { "changed_since_preview" } else { "preview" },
+            "tool": name,
+            "confirm_token": issued.token.as_str(),
+            "confirm_summary": preparation.summary,
+            "expires_at_ns": expires_ns,
+            "next": format!("Nothing was executed. To execute exactly this, call {CONFIRM_ACTION} with confirm_token and confirm_summary exactly as given; to cancel, call {REJECT_ACTION}"),
+        });
+        let text = serde_json::to_string(&preview).unwrap_or_default();
+        let mut result = CallToolResult::success(vec![ContentBlock::text(text)]);
+        // A tool with an output schema promises that shape for its results; the preview is not
+        // that shape, so it travels in the text only.
+        if call.tool.output_schema.is_none() {
+            result.structured_content = Some(preview);
+        }
+        Verdict::Answer(Answer {
+            decision: AuditDecision::Allow,
+            outcome: Outcome::Preview,
+            reason: reason.to_owned(),
+            result,
+            // The token exists from here on: the preview is given only with its record.
+            needs_record: true,
+        })
+    }
+
+    /// Whether some tool that needs confirmation is `listed` (then the gate lists and accepts
+    /// `confirm_action` and `reject_action`).
+    pub(crate) fn offered(&self, state: &GateState, listed: impl Fn(&str) -> bool) -> bool {
+        state
+            .policy
+            .effect_classes()
+            .any(|(tool, class)| class.needs_confirmation() && listed(tool))
+    }
+}
+
+/// An error result whose last text line is `details` (JSON); `structuredContent` repeats it
+/// unless the tool answered for has an output schema (see `refusal.rs`).
+fn error_call_result(text: &str, details: Value, has_output_schema: bool) -> CallToolResult {
+    let line = serde_json::to_string(&details).unwrap_or_default();
+    let mut result = CallToolResult::error(vec![ContentBlock::text(format!("{text}\n{line}"))]);
+    if !has_output_schema {
+        result.structured_content = Some(details);
+    }
+    result
+}
+
+/// [`error_call_result`] as a response.
+pub(crate) fn error_result(
+    text: &str,
+    details: Value,
+    has_output_schema: bool,
+) -> CallToolResponse {
+    error_call_result(text, details, has_output_schema).into()
+}

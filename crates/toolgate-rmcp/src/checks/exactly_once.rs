@@ -8,12 +8,20 @@
 //! input schema digest, so the same key with other arguments (or under another contract) is a
 //! conflict, never a second execution.
 
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use rmcp::ErrorData as McpError;
 use rmcp::model::{CallToolResult, ContentBlock, JsonObject, RequestMetaObject};
 use serde_json::{Value, json};
+use toolgate_audit::Outcome;
 use toolgate_canon::Sha256Digest;
-use toolgate_commit::effect::EffectKind;
+use toolgate_commit::effect::{
+    Attempt, Begin, EffectBackend, EffectError, EffectKind, EffectRequest, Resolution,
+};
 use toolgate_policy::{EffectSafety, Idempotency, ReplayMarker};
 
+use crate::gate::{EffectProbe, ProbeAnswer};
 use crate::refusal::Refusal;
 
 /// The `_meta` key a client may use to pass an idempotency key.
@@ -181,6 +189,227 @@ fn set_pointer(target: &mut Value, pointer: &str, value: Value) -> bool {
             true
         }
         _ => false,
+    }
+}
+
+/// The exactly-once feature of the gate: the effect store that runs each key once, and the
+/// probes that settle calls whose caller died mid-effect. As a check it refuses a caller's key
+/// that breaks the limits (with the other argument refusals); the gate then begins the effect
+/// with [`begin_effect`] right before the handler runs and settles it right after.
+#[derive(Default)]
+pub(crate) struct ExactlyOnce {
+    pub(crate) effects: Option<Arc<dyn EffectBackend>>,
+    pub(crate) probes: BTreeMap<String, EffectProbe>,
+}
+
+impl super::Check for ExactlyOnce {
+    fn admit<'a>(&'a self, call: &'a super::Call<'a>) -> super::Verdict<'a> {
+        let refusal = call
+            .policy()
+            .idempotency(call.name)
+            .and_then(|settings| key_refusal(settings, call.name, call.arguments, call.meta));
+        match refusal {
+            Some(refusal) => super::Verdict::Refuse(refusal),
+            None => super::Verdict::Pass,
+        }
+    }
+}
+
+/// A tool's probe with the arguments of the call that asks it.
+pub(crate) struct ProbeCall {
+    pub(crate) probe: EffectProbe,
+    pub(crate) arguments: Option<JsonObject>,
+}
+
+fn error_text(text: &str) -> CallToolResult {
+    CallToolResult::error(vec![ContentBlock::text(text)])
+}
+
+/// What the exactly-once step decided for a call.
+pub(crate) enum EffectAnswer {
+    /// Run the handler; store its outcome with the ticket.
+    Execute(toolgate_commit::effect::Ticket),
+    /// Answered without the handler (replay, conflict, in progress, indeterminate, a store
+    /// failure); `recorded` says whether its allow record was appended.
+    Answered {
+        response: Result<CallToolResult, McpError>,
+        recorded: Result<(), String>,
+    },
+}
+
+/// How to answer and audit a call the store does not let execute.
+pub(crate) struct Answering {
+    pub(crate) marker: Option<toolgate_policy::ReplayMarker>,
+    pub(crate) audit: Arc<dyn toolgate_audit::AuditSink>,
+    /// The allow record, its outcome set once the answer is known.
+    pub(crate) entry: toolgate_audit::AuditEntry,
+}
+
+impl Answering {
+    /// The answer to `begun`, with its allow record appended (blocking work), or the ticket to
+    /// execute with.
+    fn settle(&self, begun: Result<Begin, EffectError>) -> EffectAnswer {
+        let (outcome, response) = match begun {
+            Ok(Begin::Execute(ticket)) => return EffectAnswer::Execute(ticket),
+            Ok(Begin::Replay(stored)) => match replayed(stored, self.marker.as_ref()) {
+                Some(result) => (Outcome::Replay, Ok(result)),
+                None => (
+                    Outcome::Error,
+                    Err(McpError::internal_error(
+                        "the stored result of this call cannot be read back; inspect the effect store",
+                        None,
+                    )),
+                ),
+            },
+            Ok(Begin::ReplayFailure(text)) => (
+                Outcome::Replay,
+                Ok(CallToolResult::error(vec![ContentBlock::text(text)])),
+            ),
+            Err(EffectError::Conflict { .. }) => (
+                Outcome::Conflict,
+                Ok(error_text(
+                    "Error: this idempotency key was already used with different arguments; nothing was executed. Retry with the original arguments, or use a new key for a new effect",
+                )),
+            ),
+            Err(EffectError::InProgress { retry_after, .. }) => (
+                Outcome::InProgress,
+                Ok(error_text(&format!(
+                    "Error: a call with this idempotency key is still in progress; nothing was executed. Retry after {} s",
+                    retry_after.as_secs().max(1)
+                ))),
+            ),
+            Err(EffectError::Indeterminate { .. }) => (
+                Outcome::Indeterminate,
+                Ok(error_text(
+                    "Error: an earlier call with this idempotency key stopped mid-effect, so the effect may or may not have happened; it is not re-run automatically. An operator must inspect the target and resolve the key",
+                )),
+            ),
+            Err(error) => (
+                Outcome::Error,
+                Err(McpError::internal_error(
+                    format!("the effect store failed: {error}"),
+                    None,
+                )),
+            ),
+        };
+        let mut entry = self.entry.clone();
+        entry.outcome = outcome;
+        let recorded = self
+            .audit
+            .append(&entry)
+            .map(drop)
+            .map_err(|e| e.to_string());
+        EffectAnswer::Answered { response, recorded }
+    }
+}
+
+/// One blocking step of [`begin_effect`].
+enum Step {
+    Done(EffectAnswer),
+    Pause(std::time::Duration),
+    /// Indeterminate, with a probe still to ask.
+    Probe(EffectError),
+}
+
+/// Asks the effect store what to do with a call of an exactly-once tool, as
+/// [`EffectBackend::begin`] would, without holding a thread while another live call holds the key,
+/// and answers (and audits) a call it does not let execute.
+///
+/// Each attempt is blocking work (it takes the store's lock and may wait for an fdatasync; it
+/// runs in place on a multi-thread runtime, else on the blocking pool: see `crate::blocking`);
+/// an answer that is not `Execute` is audited in the same blocking task. The pauses between
+/// attempts (1 ms doubling to 50 ms, for at most the store's `wait_in_progress`) are timers on
+/// the runtime. A waiting call therefore holds no blocking thread, so the pool can stay small and
+/// many concurrent retries of one key cannot starve the call they wait for. The store counts the
+/// call once, whatever the number of attempts.
+///
+/// An unsafe effect whose caller died is `Indeterminate`: the tool's probe, if it has one, is
+/// asked (once per call, as blocking work: it reads the effect's target), the record is
+/// resolved from its answer, and the call is decided again.
+pub(crate) async fn begin_effect(
+    store: Arc<dyn EffectBackend>,
+    request: EffectRequest,
+    kind: EffectKind,
+    mut probe: Option<ProbeCall>,
+    answering: Answering,
+) -> EffectAnswer {
+    let request = Arc::new(request);
+    let answering = Arc::new(answering);
+    let cancelled = |answering: &Answering| {
+        let mut entry = answering.entry.clone();
+        entry.outcome = Outcome::Error;
+        // The task that would have recorded the answer did not run to its end: record here.
+        let recorded = answering
+            .audit
+            .append(&entry)
+            .map(drop)
+            .map_err(|e| e.to_string());
+        EffectAnswer::Answered {
+            response: Err(McpError::internal_error(
+                "the effect store task was cancelled; retry the call",
+                None,
+            )),
+            recorded,
+        }
+    };
+    let mut wait = store.in_progress_wait();
+    loop {
+        let probing = probe.is_some();
+        let step = {
+            let (store, request, task) = (
+                Arc::clone(&store),
+                Arc::clone(&request),
+                Arc::clone(&answering),
+            );
+            let ran = crate::blocking::run(move || {
+                let step = match store.begin_attempt(&request, kind, &mut wait) {
+                    Ok(Attempt::Pause(pause)) => Step::Pause(pause),
+                    Err(error @ EffectError::Indeterminate { .. }) if probing => Step::Probe(error),
+                    Ok(Attempt::Ready(begin)) => Step::Done(task.settle(Ok(begin))),
+                    Err(error) => Step::Done(task.settle(Err(error))),
+                };
+                (step, wait)
+            })
+            .await;
+            match ran {
+                Ok((step, waited)) => {
+                    wait = waited;
+                    step
+                }
+                Err(_) => return cancelled(&answering),
+            }
+        };
+        let indeterminate = match step {
+            Step::Done(answer) => return answer,
+            Step::Pause(pause) => {
+                tokio::time::sleep(pause).await;
+                continue;
+            }
+            Step::Probe(error) => error,
+        };
+        let Some(ProbeCall { probe, arguments }) = probe.take() else {
+            unreachable!("a step asks for the probe only while there is one");
+        };
+        let (store, request) = (Arc::clone(&store), Arc::clone(&request));
+        let task = Arc::clone(&answering);
+        let resolved = crate::blocking::run(move || {
+            let resolution = match probe(arguments.as_ref()) {
+                ProbeAnswer::Happened(result) => Resolution::Completed(stored(&result)),
+                ProbeAnswer::NotHappened => Resolution::Forget,
+                ProbeAnswer::Unknown => return Some(task.settle(Err(indeterminate))),
+            };
+            match store.resolve(&request.scope, &request.key, resolution) {
+                // Decided again with the same wait: the record is now completed or absent.
+                Ok(()) => None,
+                Err(error) => Some(task.settle(Err(error))),
+            }
+        })
+        .await;
+        match resolved {
+            Ok(None) => {}
+            Ok(Some(answer)) => return answer,
+            Err(_) => return cancelled(&answering),
+        }
     }
 }
 

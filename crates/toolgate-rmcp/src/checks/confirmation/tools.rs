@@ -1,0 +1,199 @@
+//! The gate's own tools `confirm_action` and `reject_action`, listed to a principal who can see
+//! some tool that needs confirmation.
+
+use std::borrow::Cow;
+use std::sync::Arc;
+use std::time::SystemTime;
+
+use rmcp::model::{
+    CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, Tool, ToolAnnotations,
+};
+use rmcp::service::RequestContext;
+use rmcp::{ErrorData as McpError, RoleServer, ServerHandler};
+use serde_json::{Map, Value, json};
+use toolgate_audit::{Decision as AuditDecision, Outcome};
+use toolgate_canon::Sha256Digest;
+
+use super::error_result;
+use crate::checks::arguments::InputShape;
+use crate::state::GateState;
+use crate::{Gated, REJECT_ACTION, TOOL_NOT_FOUND};
+
+impl<H: ServerHandler> Gated<H> {
+    /// `confirm_action` and `reject_action`.
+    pub(crate) async fn confirmation_call(
+        &self,
+        request: CallToolRequestParams,
+        context: RequestContext<RoleServer>,
+        principal: Arc<str>,
+    ) -> Result<CallToolResponse, McpError> {
+        let state = self.state.snapshot();
+        let name = request.name.to_string();
+        let arguments = request.arguments.clone().unwrap_or_default();
+        let args_digest = Sha256Digest::of_json_object(&arguments);
+        let request_id = format!("rpc:{}", context.id);
+        let refuse = |reason: String| {
+            self.entry(
+                &state,
+                &principal,
+                request_id.clone(),
+                &name,
+                AuditDecision::Deny,
+                Outcome::NotExecuted,
+                args_digest,
+            )
+            .with_reason(reason)
+        };
+        if !self.offers_confirmation(&state, &principal) {
+            self.record_or_log(refuse("unknown_tool".to_owned())).await;
+            return Err(McpError::invalid_params(TOOL_NOT_FOUND, None));
+        }
+        let tool = confirmation_tool(&name);
+        let input = InputShape::of_schema(&tool.input_schema);
+        if let Some(refusal) = input.problem(&name, Some(&arguments)).or_else(|| {
+            self.checks
+                .arguments
+                .schemas
+                .check(&name, &tool.input_schema, Some(&arguments))
+                .err()
+        }) {
+            self.record_or_log(refuse(refusal.rule.clone())).await;
+            return Ok(refusal.into_result("", false).into());
+        }
+        let token = arguments
+            .get("confirm_token")
+            .and_then(Value::as_str)
+            .unwrap_or_default();
+        let now = SystemTime::now();
+        let pending = &self.checks.confirmation.pending;
+
+        if name == REJECT_ACTION {
+            return match pending.reject(token, &principal, now) {
+                Ok(action) => {
+                    let entry = self
+                        .entry(
+                            &state,
+                            &principal,
+                            request_id.clone(),
+                            &action.tool,
+                            AuditDecision::Deny,
+                            Outcome::Rejected,
+                            action.args_digest,
+                        )
+                        .with_reason("confirm.rejected");
+                    self.record_or_log(entry).await;
+                    let body = json!({"status": "rejected", "tool": action.tool});
+                    let mut result = CallToolResult::success(vec![ContentBlock::text(
+                        serde_json::to_string(&body).unwrap_or_default(),
+                    )]);
+                    result.structured_content = Some(body);
+                    Ok(result.into())
+                }
+                Err(error) => {
+                    self.record_or_log(refuse(format!("confirm.{}", error.code())))
+                        .await;
+                    Ok(error_result(
+                        &format!("Error: {error}"),
+                        json!({"error": error.code()}),
+                        false,
+                    ))
+                }
+            };
+        }
+
+        // Checked before the token is spent, so a halt does not cost the person their preview.
+        if let Some(error) = self.checks.kill_switch.halted() {
+            self.record_or_log(refuse("kill_switch".to_owned())).await;
+            return Err(error);
+        }
+        let summary = arguments
+            .get("confirm_summary")
+            .and_then(Value::as_str)
+            .unwrap_or_default();
+        let action = match pending.confirm(token, summary, &principal, now) {
+            Ok(action) => action,
+            Err(error) => {
+                self.record_or_log(refuse(format!("confirm.{}", error.code())))
+                    .await;
+                return Ok(error_result(
+                    &format!("Error: {error}"),
+                    json!({"error": error.code()}),
+                    false,
+                ));
+            }
+        };
+        // The token is spent from here on. The call goes through every check again, against
+        // the state now.
+        let Some(tool) = self.inner.get_tool(&action.tool) else {
+            self.record_or_log(refuse("confirm.unknown_tool".to_owned()))
+                .await;
+            return Ok(error_result(
+                "Error: the confirmed action is no longer allowed (the tool is gone); nothing was executed",
+                json!({"error": "no_longer_allowed", "tool": action.tool}),
+                false,
+            ));
+        };
+        let mut call = CallToolRequestParams::new(Cow::Owned(action.tool.clone()));
+        call.arguments = Some(action.arguments.clone());
+        self.decide(state, principal, tool, call, context, Some(&action))
+            .await
+    }
+
+    /// Whether the principal can see some tool that needs confirmation (then the gate lists and
+    /// accepts `confirm_action` and `reject_action`).
+    pub(crate) fn offers_confirmation(&self, state: &GateState, principal: &str) -> bool {
+        self.checks
+            .confirmation
+            .offered(state, |tool| self.listed(state, principal, tool))
+    }
+}
+
+/// The definitions of the gate's own confirmation tools.
+pub(crate) fn confirmation_tool(name: &str) -> Tool {
+    let reject = name == REJECT_ACTION;
+    let mut properties = Map::new();
+    properties.insert(
+        "confirm_token".to_owned(),
+        json!({"type": "string", "pattern": "^[0-9a-f]{64}$", "description": "The confirm_token of the preview."}),
+    );
+    if !reject {
+        properties.insert(
+            "confirm_summary".to_owned(),
+            json!({"type": "string", "description": "The confirm_summary of the preview, exactly as given."}),
+        );
+    }
+    let required: Vec<&str> = if reject {
+        vec!["confirm_token"]
+    } else {
+        vec!["confirm_token", "confirm_summary"]
+    };
+    let mut schema = Map::new();
+    schema.insert("type".to_owned(), json!("object"));
+    schema.insert("properties".to_owned(), Value::Object(properties));
+    schema.insert("required".to_owned(), json!(required));
+    schema.insert("additionalProperties".to_owned(), Value::Bool(false));
+    let description = if reject {
+        "Cancel a previewed action: its confirm_token can no longer be used."
+    } else {
+        "Execute a previewed action exactly once. Pass the confirm_token and the confirm_summary of the preview exactly as given; show the summary to the person who approves it first."
+    };
+    let annotations = if reject {
+        ToolAnnotations::new()
+            .read_only(false)
+            .destructive(false)
+            .idempotent(true)
+            .open_world(false)
+    } else {
+        ToolAnnotations::new()
+            .read_only(false)
+            .destructive(true)
+            .idempotent(false)
+            .open_world(true)
+    };
+    Tool::new(
+        Cow::Owned(name.to_owned()),
+        Cow::Borrowed(description),
+        Arc::new(schema),
+    )
+    .annotate(annotations)
+}
