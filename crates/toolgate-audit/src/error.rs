@@ -43,7 +43,7 @@ pub enum AuditError {
     /// The last complete line of the log is not a valid record, so the chain cannot be continued.
     /// The log is left untouched: appending to a broken chain would hide the damage.
     #[error(
-        "the audit log {} ends with a record that cannot be chained onto ({detail}); run `toolgate-server audit verify` on it to locate the damage and restore the log from a good copy or move it aside; refusing to append to a broken chain",
+        "the audit log {} ends with a record that cannot be chained onto ({detail}); verify it (the server's `audit verify` command, or `toolgate_audit::verify_file`) to locate the damage and restore the log from a good copy or move it aside; refusing to append to a broken chain",
         path.display()
     )]
     CorruptTail {
@@ -76,7 +76,7 @@ pub enum AuditError {
 
     /// A line of the log is not a JSON object, found while reading records for statistics.
     #[error(
-        "{} line {line} is not an audit record: {detail}; run `toolgate-server audit verify` to locate the damage",
+        "{} line {line} is not an audit record: {detail}; verify the log (the server's `audit verify` command, or `toolgate_audit::verify_file`) to locate the damage",
         path.display()
     )]
     BadRecord {
@@ -90,7 +90,7 @@ pub enum AuditError {
 
     /// A rotation would overwrite an existing segment file.
     #[error(
-        "cannot rotate the audit log: the segment {} already exists; another tool may have renamed files in the ledger, so run `toolgate-server audit verify` and move the stray file aside",
+        "cannot rotate the audit log: the segment {} already exists; another tool may have renamed files in the ledger, so verify the log (the server's `audit verify` command, or `toolgate_audit::verify_file`) and move the stray file aside",
         path.display()
     )]
     SegmentExists {

@@ -332,7 +332,7 @@ fn corrupt_last_line_fails_open_with_a_typed_error() {
         );
         let message = err.to_string();
         assert!(
-            message.contains("toolgate-server audit verify"),
+            message.contains("`audit verify` command, or `toolgate_audit::verify_file`"),
             "{name}: {message}"
         );
         assert!(message.contains("refusing to append"), "{name}: {message}");

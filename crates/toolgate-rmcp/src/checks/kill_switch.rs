@@ -132,7 +132,7 @@ impl KillSwitch {
     /// unknown keys, an invalid reason) yields [`Status::Halted`] with `by` set to
     /// [`UNREADABLE_HALT_BY`], `since_ns` the file's mtime (0 if unknown), and the reason
     /// ``the halt file <path> is unreadable or invalid (<cause>); fix or remove it with
-    /// `toolgate-server resume` ``.
+    /// `<resume command>` `` (see [`KillSwitch::resume_command`]).
     pub fn status(&self) -> Status {
         match toolgate_storage::open_regular_read(&self.path, Symlinks::Refuse) {
             Err(e) if e.kind() == io::ErrorKind::NotFound => Status::Running,
