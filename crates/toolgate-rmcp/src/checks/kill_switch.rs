@@ -28,7 +28,7 @@ pub const MAX_BY_CHARS: usize = 256;
 /// about 5 KiB (1000 characters of up to 4 bytes each, plus `by`).
 const MAX_HALT_FILE_BYTES: u64 = 64 * 1024;
 /// `by` of the [`Halt`] reported for a halt file that cannot be read or parsed.
-pub const UNREADABLE_HALT_BY: &str = "toolgate-guard";
+pub const UNREADABLE_HALT_BY: &str = "toolgate";
 
 /// A halt in force: why, since when, and who ordered it.
 ///
