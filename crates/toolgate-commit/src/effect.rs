@@ -1057,6 +1057,15 @@ pub struct EffectStore {
     counters: CounterTable,
 }
 
+impl Drop for EffectStore {
+    fn drop(&mut self) {
+        // Best effort, like the audit log's checkpoint on drop: a clean shutdown makes the
+        // idempotent outcomes durable (they are written, not synced, when stored). Errors cannot
+        // be reported from Drop; `sync()` is the way to see them.
+        let _ = self.sync();
+    }
+}
+
 impl fmt::Debug for EffectStore {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("EffectStore")

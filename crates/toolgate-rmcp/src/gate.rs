@@ -200,6 +200,25 @@ pub const LEDGER_AUDIT_FILE: &str = "audit.jsonl";
 /// The exactly-once store's directory inside a ledger directory ([`GatedBuilder::ledger`]).
 pub const LEDGER_EFFECTS_DIR: &str = "effects";
 
+/// How long a call waits for another call with the same idempotency key to finish before it is
+/// answered "in progress": long enough for most effects, short of a client's usual timeout.
+pub const LEDGER_WAIT_IN_PROGRESS: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// The exactly-once store of the ledger `dir` as [`GatedBuilder::ledger`] opens it: in
+/// `dir/effects/`, a call waits up to [`LEDGER_WAIT_IN_PROGRESS`] for a live call holding its key,
+/// and completed results are kept for the longest `window_secs` the policy gives any tool (24 h
+/// when none does).
+pub fn ledger_effect_config(dir: &Path, policy: &Policy) -> toolgate_commit::effect::EffectConfig {
+    let window = policy
+        .allowed()
+        .filter_map(|tool| policy.idempotency(tool).and_then(|s| s.window_secs))
+        .max()
+        .unwrap_or(24 * 60 * 60);
+    toolgate_commit::effect::EffectConfig::new(dir.join(LEDGER_EFFECTS_DIR))
+        .wait_in_progress(LEDGER_WAIT_IN_PROGRESS)
+        .completed_ttl(std::time::Duration::from_secs(window))
+}
+
 /// Builds a [`Gated`] handler.
 #[must_use]
 pub struct GatedBuilder<H> {
@@ -208,6 +227,7 @@ pub struct GatedBuilder<H> {
     policy_file: Option<PathBuf>,
     ledger: Option<PathBuf>,
     checkpoint_key: Option<HmacKey>,
+    storage: Option<Arc<dyn toolgate_storage::Storage>>,
     server_name: Option<String>,
     audit: Option<Arc<dyn AuditSink>>,
     request_id_field: String,
@@ -271,6 +291,13 @@ impl<H: ServerHandler> GatedBuilder<H> {
     /// command.
     pub fn server_name(mut self, name: impl Into<String>) -> Self {
         self.server_name = Some(name.into());
+        self
+    }
+
+    /// The storage the parts [`GatedBuilder::ledger`] opens write through (default: the real
+    /// filesystem); tests pass a `toolgate_storage::FaultyStorage` to count or fail its steps.
+    pub fn storage(mut self, storage: Arc<dyn toolgate_storage::Storage>) -> Self {
+        self.storage = Some(storage);
         self
     }
 
@@ -391,22 +418,28 @@ impl<H: ServerHandler> GatedBuilder<H> {
             return Err(GateError::Missing { parts: missing });
         };
         if let Some(dir) = &self.ledger {
+            let storage = self
+                .storage
+                .clone()
+                .unwrap_or_else(|| Arc::new(toolgate_storage::FsStorage));
             if self.audit.is_none() {
-                let mut config = toolgate_audit::AuditConfig::new(dir.join(LEDGER_AUDIT_FILE));
+                let mut config = toolgate_audit::AuditConfig::new(dir.join(LEDGER_AUDIT_FILE))
+                    .storage(Arc::clone(&storage));
                 if let Some(key) = self.checkpoint_key.take() {
                     config = config.checkpoint_key(key);
                 }
                 self.audit = Some(Arc::new(toolgate_audit::FileAuditLog::open_with(config)?));
             }
             if self.effects.is_none() {
-                let config =
-                    toolgate_commit::effect::EffectConfig::new(dir.join(LEDGER_EFFECTS_DIR));
-                self.effects = Some(Arc::new(toolgate_commit::effect::EffectStore::open(
-                    config,
-                )?));
+                self.effects = Some(Arc::new(
+                    toolgate_commit::effect::EffectStore::open_with_storage(
+                        ledger_effect_config(dir, &policy),
+                        Arc::clone(&storage),
+                    )?,
+                ));
             }
             if self.kill_switch.is_none() {
-                let switch = KillSwitch::new(dir);
+                let switch = KillSwitch::new(dir).with_storage(storage);
                 self.kill_switch = Some(match &self.server_name {
                     Some(name) => switch.resume_command(format!("{name} resume")),
                     None => switch,
@@ -483,6 +516,7 @@ impl<H: ServerHandler> Gated<H> {
             policy_file: None,
             ledger: None,
             checkpoint_key: None,
+            storage: None,
             server_name: None,
             audit: None,
             request_id_field: "request_id".to_owned(),

@@ -21,7 +21,7 @@ use std::sync::Arc;
 use anyhow::Context as _;
 use rmcp::ServiceExt as _;
 use toolgate_audit::{AuditConfig, AuditSink, FileAuditLog, HmacKey, VerifyOptions, VerifyReport};
-use toolgate_commit::effect::{EffectConfig, EffectStore};
+use toolgate_commit::effect::EffectStore;
 use toolgate_contract::attest::{Attestation, HmacSha256Signer, check_expected_digest};
 use toolgate_contract::diff::diff;
 use toolgate_contract::lockfile::Lockfile;
@@ -104,26 +104,14 @@ impl ServerOptions {
 /// The exactly-once effect store's directory inside the ledger.
 pub const EFFECTS_DIR: &str = "effects";
 
-/// How long a call waits for another call with the same idempotency key to finish before it is
-/// answered "in progress": long enough for any write_note, short of a client's usual timeout.
-const WAIT_IN_PROGRESS: std::time::Duration = std::time::Duration::from_secs(30);
-
-/// Opens the exactly-once effect store of `ledger`. Completed results are kept for the longest
-/// `window_secs` the policy gives any tool (24 h when none does).
+/// Opens the exactly-once effect store of `ledger` as the library's ledger layout does
+/// (`toolgate::ledger_effect_config`).
 pub fn open_effects(
     ledger: &Path,
     policy: &Policy,
     storage: Arc<dyn toolgate_storage::Storage>,
 ) -> anyhow::Result<EffectStore> {
-    let window = policy
-        .allowed()
-        .filter_map(|tool| policy.idempotency(tool).and_then(|s| s.window_secs))
-        .max()
-        .unwrap_or(24 * 60 * 60);
-    let config = EffectConfig::new(ledger.join(EFFECTS_DIR))
-        .wait_in_progress(WAIT_IN_PROGRESS)
-        .completed_ttl(std::time::Duration::from_secs(window));
-    EffectStore::open_with_storage(config, storage)
+    EffectStore::open_with_storage(toolgate_rmcp::ledger_effect_config(ledger, policy), storage)
         .with_context(|| format!("cannot open the effect store in {}", ledger.display()))
 }
 
@@ -269,11 +257,10 @@ pub fn build(options: &ServerOptions) -> anyhow::Result<BuiltServer> {
                 .unwrap_or_else(|| "local".to_owned()),
         )
         .server_name(SERVER_NAME)
-        .kill_switch(
-            toolgate::guard::KillSwitch::new(&options.ledger)
-                .with_storage(Arc::clone(&storage))
-                .resume_command(format!("{SERVER_NAME} resume")),
-        )
+        // The audit log and the effect store are opened above (fault hooks, shutdown handles);
+        // the ledger gives the rest of the documented layout: the kill switch.
+        .ledger(&options.ledger)
+        .storage(Arc::clone(&storage))
         .preflight(Arc::new(tools::NotesPreflight))
         .contract(&live)
         .contract_changes(changes);
