@@ -192,32 +192,23 @@ fn init_logging() {
 }
 
 /// The server allocates from one dlmalloc heap for all its threads instead of glibc malloc's
-/// arena per thread. glibc kept freed memory in each thread's arena, and after the first large
-/// response was freed it raised the size below which freed memory is kept instead of returned:
-/// the allocations of a call scattered over 4 arenas, each holding on to its own high-water mark.
-/// Measured with the stdio bench (release build, 2,000 notes, 3 alternating runs, 2026-11-30):
-/// peak RSS 19.2-19.4 MiB with glibc, 17.2-17.5 MiB with dlmalloc (anonymous memory after the
-/// reads 6.8 vs 5.0-5.2 MiB); write_note 286-376 vs 276-323/s, replays 1,146-1,316 vs
-/// 1,184-1,384/s, read_ledger 33-37 vs 31-33/s, within this VM's noise. The one lock is not
-/// contended: protocol work runs on one thread, and 3 blocking threads mostly wait for fsyncs.
-/// The libraries leave the allocator to the program that links them.
+/// arena per thread: glibc keeps freed memory in each thread's arena and raises the threshold below
+/// which it keeps it after the first large response, so a call's allocations scattered over several
+/// arenas each held on to its own high-water mark. One heap keeps peak RSS at one high-water mark
+/// (figures in docs/BENCHMARKS.md); its lock is not contended, because protocol work runs on one
+/// thread and the blocking threads mostly wait for fsyncs. The libraries leave the allocator to
+/// the program that links them.
 #[global_allocator]
 static ALLOCATOR: dlmalloc::GlobalDlmalloc = dlmalloc::GlobalDlmalloc;
 
 /// The runtime that serves MCP over stdio: every task on the main thread, blocking work (fsyncs,
-/// file reads, stdin and stdout) on a blocking pool of [`BLOCKING_THREADS`] threads.
+/// file reads) on a blocking pool of at most [`BLOCKING_THREADS`] threads.
 ///
-/// The protocol work is light next to the fsyncs it waits for, so worker threads buy no throughput
-/// (one request in flight or many), while every thread that allocates gets its own glibc malloc
-/// arena, which keeps the high-water mark of what was allocated in it (before [`ALLOCATOR`]
-/// replaced glibc malloc here, and still with any other allocator of that kind): with the default
-/// multi-thread runtime (one worker per CPU) the large `read_ledger` responses were built on
-/// whichever worker ran the call, and peak RSS measured about 3 MiB higher (`cargo bench -p
-/// toolgate-server --bench stdio`, 2,000 notes). The same holds for the blocking pool: tokio's
-/// default lets it grow to 512 threads, and the 6-9 that serving started each kept an arena of
-/// its own. A small pool bounds that, and is safe because no blocking task waits for another
-/// call: a call whose idempotency key another call holds waits on a timer between single store
-/// attempts (`toolgate_rmcp`'s gate, `EffectStore::begin_attempt`), not in a blocking thread.
+/// The protocol work is light next to the fsyncs it waits for, so worker threads buy no
+/// throughput, while each thread that builds large responses raises peak memory. A bounded pool is
+/// safe because no blocking task waits for another call: a call whose idempotency key another
+/// call holds waits on a timer between single store attempts (`EffectStore::begin_attempt`), not
+/// in a blocking thread.
 fn serving_runtime() -> std::io::Result<tokio::runtime::Runtime> {
     tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -226,12 +217,10 @@ fn serving_runtime() -> std::io::Result<tokio::runtime::Runtime> {
 }
 
 /// The serving runtime's blocking threads: the stores' writes and fsyncs run there, so this bounds
-/// how many calls can wait on the disk at once (concurrent fsyncs of different files share the
-/// filesystem's journal commits, and the audit log and effect journal group-commit their
-/// callers). Threads are started on demand, so a sequential client uses one or two. All threads
-/// allocate from one dlmalloc heap (see the allocator above), so more threads no longer mean more
-/// malloc arenas. Measured with `benches/calls.rs` (16 calls in flight against sequential calls,
-/// same run): 3 threads 2.56x, 16 threads 3.71x.
+/// how many calls can wait on the disk at once. Enough for concurrent callers to fill the audit
+/// log's and the effect journal's group commits (concurrent fsyncs also share the filesystem's
+/// journal commits); threads start on demand, so a sequential client uses one or two, and all of
+/// them allocate from the one heap above. `benches/calls.rs` measures the concurrent rate.
 const BLOCKING_THREADS: usize = 16;
 
 /// Prints a one-line reason on stderr (the full cause chain, joined) and returns exit code 2.
