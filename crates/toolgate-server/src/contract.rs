@@ -6,10 +6,10 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use anyhow::Context as _;
-use toolgate_contract::check::Violation;
-use toolgate_contract::lockfile::Lockfile;
-use toolgate_policy::Policy;
-use toolgate_rmcp::contract::{
+use toolgate::contract::check::Violation;
+use toolgate::contract::lockfile::Lockfile;
+use toolgate::policy::Policy;
+use toolgate::contract::{
     ScannedHandler, effect_class_violations, scan_sources, server_contract,
 };
 

@@ -17,8 +17,8 @@ use rmcp::service::ServiceError;
 use rmcp::transport::TokioChildProcess;
 use rmcp::{ClientLifecycleMode, ClientServiceExt as _};
 use serde_json::{Value, json};
-use toolgate_canon::Sha256Digest;
-use toolgate_rmcp::harness::{self, Step, ToolCall, Verdict};
+use toolgate::canon::Sha256Digest;
+use toolgate::harness::{self, Step, ToolCall, Verdict};
 
 /// What an observer can see of a file without trusting anyone: existence, size, mtime, content hash.
 #[derive(PartialEq, Eq)]
@@ -302,7 +302,7 @@ pub async fn run() -> anyhow::Result<bool> {
         }
     };
     t.expect(
-        halted_code == Some(toolgate_rmcp::HALTED),
+        halted_code == Some(toolgate::HALTED),
         "write_note is refused while halted (JSON-RPC -32001)",
     );
     let exempt = client.call_tool(call("read_ledger", json!({}))).await;

@@ -20,13 +20,13 @@ use std::sync::Arc;
 
 use anyhow::Context as _;
 use rmcp::ServiceExt as _;
-use toolgate_audit::{AuditConfig, AuditSink, FileAuditLog, HmacKey, VerifyOptions, VerifyReport};
-use toolgate_commit::effect::EffectStore;
-use toolgate_contract::attest::{Attestation, HmacSha256Signer, check_expected_digest};
-use toolgate_contract::diff::diff;
-use toolgate_contract::lockfile::Lockfile;
-use toolgate_policy::Policy;
-use toolgate_rmcp::{Gated, StdioConfig, StdioTransport};
+use toolgate::audit::{AuditConfig, AuditSink, FileAuditLog, HmacKey, VerifyOptions, VerifyReport};
+use toolgate::effect::EffectStore;
+use toolgate::contract::attest::{Attestation, HmacSha256Signer, check_expected_digest};
+use toolgate::contract::diff::diff;
+use toolgate::contract::lockfile::Lockfile;
+use toolgate::policy::Policy;
+use toolgate::{Gated, StdioConfig, StdioTransport};
 
 /// The binary's name, used in messages that name an operator command.
 pub const SERVER_NAME: &str = "toolgate-server";
@@ -67,15 +67,15 @@ pub struct ServerOptions {
     /// The rights file (`--rights`, `TOOLGATE_RIGHTS_FILE`); without it only the policy decides.
     pub rights: Option<PathBuf>,
     /// The storage every store of the ledger writes through (default: the real filesystem).
-    /// Tests pass a `toolgate_storage::FaultyStorage` to count the syncs of a call or fail one.
-    pub storage: Option<Arc<dyn toolgate_storage::Storage>>,
+    /// Tests pass a `toolgate::storage::FaultyStorage` to count the syncs of a call or fail one.
+    pub storage: Option<Arc<dyn toolgate::storage::Storage>>,
     /// The most requests read and not yet answered on the stdio connection (`--max-in-flight`,
     /// `TOOLGATE_MAX_IN_FLIGHT`); past it the server stops reading stdin until one is answered.
-    /// Default [`toolgate_rmcp::stdio::DEFAULT_MAX_IN_FLIGHT`].
+    /// Default [`toolgate::stdio::DEFAULT_MAX_IN_FLIGHT`].
     pub max_in_flight: Option<NonZeroUsize>,
     /// The longest stdin line accepted, in bytes (`--max-line-bytes`, `TOOLGATE_MAX_LINE_BYTES`);
     /// a longer one is refused with an error reply and discarded while it is read. Default
-    /// [`toolgate_rmcp::stdio::DEFAULT_MAX_LINE_BYTES`].
+    /// [`toolgate::stdio::DEFAULT_MAX_LINE_BYTES`].
     pub max_line_bytes: Option<NonZeroUsize>,
 }
 
@@ -94,10 +94,10 @@ impl ServerOptions {
     }
 
     /// The storage of the ledger's stores.
-    fn storage(&self) -> Arc<dyn toolgate_storage::Storage> {
+    fn storage(&self) -> Arc<dyn toolgate::storage::Storage> {
         self.storage
             .clone()
-            .unwrap_or_else(|| Arc::new(toolgate_storage::FsStorage))
+            .unwrap_or_else(|| Arc::new(toolgate::storage::FsStorage))
     }
 }
 
@@ -109,9 +109,9 @@ pub const EFFECTS_DIR: &str = "effects";
 pub fn open_effects(
     ledger: &Path,
     policy: &Policy,
-    storage: Arc<dyn toolgate_storage::Storage>,
+    storage: Arc<dyn toolgate::storage::Storage>,
 ) -> anyhow::Result<EffectStore> {
-    EffectStore::open_with_storage(toolgate_rmcp::ledger_effect_config(ledger, policy), storage)
+    EffectStore::open_with_storage(toolgate::ledger_effect_config(ledger, policy), storage)
         .with_context(|| format!("cannot open the effect store in {}", ledger.display()))
 }
 
@@ -132,10 +132,10 @@ pub struct BuiltServer {
 
 /// Reads an HMAC key file (one trailing newline ignored); the error names the file.
 pub fn load_key(path: &Path) -> anyhow::Result<HmacKey> {
-    let bytes = toolgate_storage::read_regular(
+    let bytes = toolgate::storage::read_regular(
         path,
-        toolgate_canon::MAX_KEY_FILE_BYTES,
-        toolgate_storage::Symlinks::Follow,
+        toolgate::canon::MAX_KEY_FILE_BYTES,
+        toolgate::storage::Symlinks::Follow,
     )
     .and_then(|bytes| bytes.ok_or_else(|| std::io::ErrorKind::NotFound.into()))
     .with_context(|| format!("cannot read the key file {}", path.display()))?;
@@ -184,7 +184,7 @@ fn check_contract(options: &ServerOptions, live: &Lockfile) -> anyhow::Result<()
 /// must stop the process before anything is created or written under the ledger directory.
 pub fn build(options: &ServerOptions) -> anyhow::Result<BuiltServer> {
     if let Some(principal) = &options.principal
-        && !toolgate_canon::names::is_principal_name(principal)
+        && !toolgate::canon::names::is_principal_name(principal)
     {
         anyhow::bail!(
             "invalid principal {principal:?}: use 1 to 128 characters from A-Z, a-z, 0-9, '_', '.', '@', ':' and '-' (--principal or TOOLGATE_PRINCIPAL)"
@@ -195,10 +195,10 @@ pub fn build(options: &ServerOptions) -> anyhow::Result<BuiltServer> {
     check_contract(options, &live)?;
     let changes = match &options.previous_lock {
         Some(path) => {
-            let text = toolgate_storage::read_regular_text(
+            let text = toolgate::storage::read_regular_text(
                 path,
-                toolgate_contract::MAX_LOCKFILE_BYTES,
-                toolgate_storage::Symlinks::Follow,
+                toolgate::contract::MAX_LOCKFILE_BYTES,
+                toolgate::storage::Symlinks::Follow,
             )
             .and_then(|text| text.ok_or_else(|| std::io::ErrorKind::NotFound.into()))
             .with_context(|| format!("cannot read the previous lockfile {}", path.display()))?;
@@ -227,7 +227,7 @@ pub fn build(options: &ServerOptions) -> anyhow::Result<BuiltServer> {
     }
     // Temporary files that writers in the ledger directory (the kill switch, torn-tail evidence)
     // left when their process died mid-write; a live writer's are kept.
-    toolgate_storage::remove_orphaned_temps(storage.as_ref(), &options.ledger, false)
+    toolgate::storage::remove_orphaned_temps(storage.as_ref(), &options.ledger, false)
         .with_context(|| format!("cannot tidy the ledger {}", options.ledger.display()))?;
 
     let notes = notes::Notes::open(options.ledger.join(NOTES_DIR), Arc::clone(&storage))
@@ -284,7 +284,7 @@ pub fn build(options: &ServerOptions) -> anyhow::Result<BuiltServer> {
 fn check_ledger_layout(ledger: &Path) -> anyhow::Result<()> {
     for dir in [NOTES_DIR, EFFECTS_DIR] {
         let path = ledger.join(dir);
-        toolgate_storage::check_real_dir(&path).with_context(|| {
+        toolgate::storage::check_real_dir(&path).with_context(|| {
             format!(
                 "{} must be a directory inside the ledger, not a link or a file; move it aside \
                  and restart",
@@ -301,14 +301,14 @@ fn check_ledger_layout(ledger: &Path) -> anyhow::Result<()> {
 /// success both digests are audited.
 pub fn reload_policy(
     options: &ServerOptions,
-    handle: &toolgate_rmcp::PolicyHandle,
-) -> anyhow::Result<toolgate_rmcp::Reloaded> {
-    let prepared = (|| -> anyhow::Result<toolgate_rmcp::Reload> {
+    handle: &toolgate::PolicyHandle,
+) -> anyhow::Result<toolgate::Reloaded> {
+    let prepared = (|| -> anyhow::Result<toolgate::Reload> {
         let policy = load_policy(&options.policy)?;
         let live = contract::live_lockfile(&policy)?;
         check_contract(options, &live)
             .context("the new policy changes the attested tool contract")?;
-        Ok(toolgate_rmcp::Reload {
+        Ok(toolgate::Reload {
             policy,
             contract_digest: Some(live.integrity_digest()),
             tool_contract_digests: Some(
@@ -332,7 +332,7 @@ pub fn reload_policy(
 /// Reloads the policy on every SIGHUP until the process ends.
 fn spawn_reload_on_sighup(
     options: ServerOptions,
-    handle: toolgate_rmcp::PolicyHandle,
+    handle: toolgate::PolicyHandle,
 ) -> anyhow::Result<()> {
     use tokio::signal::unix::{SignalKind, signal};
     let mut hangups = signal(SignalKind::hangup()).context("cannot listen for SIGHUP")?;
@@ -428,7 +428,7 @@ pub fn verify_ledger(options: &ServerOptions) -> anyhow::Result<VerifyReport> {
     if let Some(mirror) = &options.checkpoint_mirror {
         verify = verify.checkpoint_mirror(mirror);
     }
-    Ok(toolgate_audit::verify(&verify)?)
+    Ok(toolgate::audit::verify(&verify)?)
 }
 
 /// The ledger's audit log configuration, the same for the server and its operator commands: a

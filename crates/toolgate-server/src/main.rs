@@ -242,14 +242,14 @@ fn contract_command(command: &ContractCommand, options: &ServerOptions) -> anyho
                     "pass the key with --attestation-key-file or TOOLGATE_ATTESTATION_KEY_FILE"
                 )
             })?;
-            let signer = toolgate_contract::attest::HmacSha256Signer::from_key_file(key_file)?;
-            Ok(toolgate_contract::attest::Attestation::create(&signer, digest)?.render())
+            let signer = toolgate::contract::attest::HmacSha256Signer::from_key_file(key_file)?;
+            Ok(toolgate::contract::attest::Attestation::create(&signer, digest)?.render())
         }
     }
 }
 
 /// One problem of the verify report as JSON.
-fn problem_json(p: &toolgate_audit::Problem) -> serde_json::Value {
+fn problem_json(p: &toolgate::audit::Problem) -> serde_json::Value {
     serde_json::json!({
         "line": p.line,
         "seq": p.seq,
@@ -262,7 +262,7 @@ fn problem_json(p: &toolgate_audit::Problem) -> serde_json::Value {
 
 /// The verify report as one JSON object (`mirror`: the mirror compared, if any).
 fn verify_json(
-    report: &toolgate_audit::VerifyReport,
+    report: &toolgate::audit::VerifyReport,
     mirror: Option<&std::path::Path>,
 ) -> serde_json::Value {
     let warnings: Vec<serde_json::Value> = report
@@ -353,7 +353,7 @@ fn main() -> ExitCode {
         }
         Command::Audit {
             command: AuditCommand::Stats { format },
-        } => match toolgate_audit::stats::LogStats::of_log(
+        } => match toolgate::audit::stats::LogStats::of_log(
             &paths.ledger.join(toolgate_server::AUDIT_FILE),
         ) {
             Ok(stats) => {

@@ -11,8 +11,8 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use toolgate_canon::Sha256Digest;
-use toolgate_storage::{Published, Storage, StorageError, TempFile};
+use toolgate::canon::Sha256Digest;
+use toolgate::storage::{Published, Storage, StorageError, TempFile};
 
 /// Suffix of published notes.
 const NOTE_SUFFIX: &str = ".json";
@@ -82,8 +82,8 @@ impl Notes {
     /// temporary files of writers that are gone.
     pub fn open(dir: impl Into<PathBuf>, storage: Arc<dyn Storage>) -> Result<Self, NoteError> {
         let dir = dir.into();
-        toolgate_storage::create_dir_durably(storage.as_ref(), &dir)?;
-        toolgate_storage::remove_orphaned_temps(storage.as_ref(), &dir, false)?;
+        toolgate::storage::create_dir_durably(storage.as_ref(), &dir)?;
+        toolgate::storage::remove_orphaned_temps(storage.as_ref(), &dir, false)?;
         Ok(Notes {
             dir,
             storage,
@@ -115,7 +115,7 @@ impl Notes {
     /// Publishes the note durably: a temporary file written and fdatasynced, linked into place
     /// (never replacing a note), the directory fsynced. Two syncs for a new note.
     pub fn write(&self, request_id: &str, text: &str) -> Result<Written, NoteError> {
-        let bytes = toolgate_canon::canonical_value(
+        let bytes = toolgate::canon::canonical_value(
             &serde_json::json!({"request_id": request_id, "text": text}),
         );
         let path = self.path_for(request_id);
@@ -131,7 +131,7 @@ impl Notes {
         self.fault("commit.before_publish");
         match temp.publish_new(&path)? {
             Published::Created => {
-                toolgate_storage::fsync_dir(storage, &self.dir)?;
+                toolgate::storage::fsync_dir(storage, &self.dir)?;
                 self.fault("commit.after_publish");
                 Ok(Written::Created)
             }
@@ -155,7 +155,7 @@ impl Notes {
         }
         // A writer that died between its link and its directory fsync leaves a note that is
         // visible but maybe not durable: make it durable before reporting it.
-        toolgate_storage::fsync_dir(self.storage.as_ref(), &self.dir)?;
+        toolgate::storage::fsync_dir(self.storage.as_ref(), &self.dir)?;
         Ok(Written::AlreadyThere)
     }
 
@@ -222,7 +222,7 @@ fn check(path: &Path, bytes: &[u8]) -> Result<serde_json::Value, NoteError> {
             "not an object of a request_id and a text".to_owned(),
         ));
     }
-    if toolgate_canon::canonical_value(&value) != bytes {
+    if toolgate::canon::canonical_value(&value) != bytes {
         return Err(corrupt(
             "not in canonical (RFC 8785) form, so this server did not write it".to_owned(),
         ));
@@ -245,7 +245,7 @@ mod tests {
     #![allow(clippy::unwrap_used)]
 
     use super::*;
-    use toolgate_storage::{FaultyStorage, FsStorage};
+    use toolgate::storage::{FaultyStorage, FsStorage};
 
     #[test]
     fn a_note_costs_two_syncs_and_is_written_once() {

@@ -10,8 +10,8 @@ use rmcp::{Json, ServerHandler, tool, tool_handler, tool_router};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use std::sync::Arc;
-use toolgate_audit::Outcome;
-use toolgate_rmcp::Permit;
+use toolgate::audit::Outcome;
+use toolgate::Permit;
 
 use crate::notes::{NoteError, Notes, Written};
 
@@ -70,7 +70,7 @@ pub struct NotesServer {
 async fn blocking<T: Send + 'static>(
     work: impl FnOnce() -> Result<T, NoteError> + Send + 'static,
 ) -> Result<T, String> {
-    match toolgate_rmcp::run_blocking(work).await {
+    match toolgate::run_blocking(work).await {
         Ok(result) => result.map_err(|error| format!("Error: {error}")),
         Err(cancelled) => Err(format!("Error: {cancelled}")),
     }
@@ -192,12 +192,12 @@ pub struct NotesPreflight;
 /// At most this many entries are walked to describe a deletion.
 const MAX_PREVIEW_ENTRIES: usize = 10_000;
 
-impl toolgate_rmcp::Preflight for NotesPreflight {
+impl toolgate::Preflight for NotesPreflight {
     fn prepare(
         &self,
         tool: &str,
         arguments: &rmcp::model::JsonObject,
-    ) -> Result<toolgate_rmcp::Preparation, String> {
+    ) -> Result<toolgate::Preparation, String> {
         let canonical = serde_json::Value::Object(arguments.clone());
         match (
             tool,
@@ -205,17 +205,17 @@ impl toolgate_rmcp::Preflight for NotesPreflight {
         ) {
             ("rm_rf", Some(path)) => {
                 let (entries, bytes, digest) = describe_tree(std::path::Path::new(path))?;
-                Ok(toolgate_rmcp::Preparation {
+                Ok(toolgate::Preparation {
                     summary: format!("delete {path} recursively: {entries} entries, {bytes} bytes"),
                     content_hash: digest,
                 })
             }
-            _ => Ok(toolgate_rmcp::Preparation {
+            _ => Ok(toolgate::Preparation {
                 summary: format!(
                     "call {tool} with arguments sha256:{}",
-                    toolgate_canon::Sha256Digest::of_json(&canonical)
+                    toolgate::canon::Sha256Digest::of_json(&canonical)
                 ),
-                content_hash: toolgate_canon::Sha256Digest::of_json(&canonical),
+                content_hash: toolgate::canon::Sha256Digest::of_json(&canonical),
             }),
         }
     }
@@ -225,7 +225,7 @@ impl toolgate_rmcp::Preflight for NotesPreflight {
 /// relative paths, kinds, sizes and modification times, in sorted order.
 fn describe_tree(
     root: &std::path::Path,
-) -> Result<(usize, u64, toolgate_canon::Sha256Digest), String> {
+) -> Result<(usize, u64, toolgate::canon::Sha256Digest), String> {
     use std::os::unix::fs::MetadataExt as _;
     let mut listing = Vec::new();
     let mut stack = vec![root.to_path_buf()];
@@ -277,6 +277,6 @@ fn describe_tree(
     Ok((
         entries,
         bytes,
-        toolgate_canon::Sha256Digest::of_json(&serde_json::Value::Array(listing)),
+        toolgate::canon::Sha256Digest::of_json(&serde_json::Value::Array(listing)),
     ))
 }

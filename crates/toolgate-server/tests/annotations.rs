@@ -13,7 +13,7 @@ mod common;
 use std::time::Instant;
 
 use serde_json::json;
-use toolgate_canon::Sha256Digest;
+use toolgate::canon::Sha256Digest;
 use toolgate_kit::{
     CaseKind, ChangeKind, FsObserver, Kit, Launcher, Report, ToolFixtures, ToolStatus,
 };

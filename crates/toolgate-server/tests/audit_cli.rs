@@ -79,7 +79,7 @@ fn a_served_log_carries_seq_digests_and_signed_checkpoints() {
     assert_eq!(records.len(), 6);
     let policy: Value =
         serde_json::from_str(&std::fs::read_to_string(&env.policy).unwrap()).unwrap();
-    let policy_digest = common::sha256_hex(&toolgate_canon::canonical_value(&policy));
+    let policy_digest = common::sha256_hex(&toolgate::canon::canonical_value(&policy));
     let lock: Value =
         serde_json::from_str(&std::fs::read_to_string(COMMITTED_LOCK).unwrap()).unwrap();
     for (i, record) in records.iter().enumerate() {

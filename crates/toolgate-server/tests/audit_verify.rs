@@ -75,7 +75,7 @@ fn verify_accepts_a_real_chain_and_names_the_first_tampered_line() {
     let mut record: Value = serde_json::from_str(edited[2].trim_end()).unwrap();
     assert_eq!(record["outcome"], "replay");
     record["outcome"] = json!("committed");
-    let mut line = toolgate_canon::canonical_value(&record);
+    let mut line = toolgate::canon::canonical_value(&record);
     line.push(b'\n');
     edited[2] = String::from_utf8(line).unwrap();
     assert_broken(

@@ -39,7 +39,7 @@ fn denied_and_unknown_tools_get_the_same_error_and_nothing_runs() {
     assert_eq!(error["code"], INVALID_PARAMS, "{denied}");
     assert!(denied.get("result").is_none(), "{denied}");
     let record = assert_one_new_deny(&env, lines_before, "rm_rf", "deny");
-    let args_digest = common::sha256_hex(&toolgate_canon::canonical_value(
+    let args_digest = common::sha256_hex(&toolgate::canon::canonical_value(
         &json!({"path": target.display().to_string()}),
     ));
     assert_eq!(record["args_digest"], args_digest, "{record}");

@@ -15,7 +15,7 @@ use rmcp::ServiceExt as _;
 use rmcp::model::CallToolRequestParams;
 use serde_json::{Value, json};
 use toolgate_server::ServerOptions;
-use toolgate_storage::{FaultyStorage, FsStorage, Op};
+use toolgate::storage::{FaultyStorage, FsStorage, Op};
 
 type Client = rmcp::service::RunningService<rmcp::RoleClient, ()>;
 
@@ -40,7 +40,7 @@ async fn start(ledger: &std::path::Path, storage: Arc<FaultyStorage>) -> (Client
 
 struct ServerHandle {
     serving: tokio::task::JoinHandle<()>,
-    effects: Arc<toolgate_commit::effect::EffectStore>,
+    effects: Arc<toolgate::effect::EffectStore>,
 }
 
 impl ServerHandle {

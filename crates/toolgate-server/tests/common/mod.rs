@@ -22,7 +22,7 @@ use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
-use toolgate_canon::Sha256Digest;
+use toolgate::canon::Sha256Digest;
 
 /// The binary under test.
 pub const BIN: &str = env!("CARGO_BIN_EXE_toolgate-server");
@@ -567,7 +567,7 @@ pub fn sha256_hex(bytes: &[u8]) -> String {
 
 /// The exact bytes of a note file: canonical `{"request_id":…,"text":…}`.
 pub fn note_bytes(request_id: &str, text: &str) -> Vec<u8> {
-    toolgate_canon::canonical_value(&json!({"request_id": request_id, "text": text}))
+    toolgate::canon::canonical_value(&json!({"request_id": request_id, "text": text}))
 }
 
 /// The note files (`<64 hex>.json`) in `dir`, sorted by name.
