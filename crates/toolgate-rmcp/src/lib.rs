@@ -42,8 +42,3 @@ pub use principal::{
 };
 pub use state::{GateState, PolicyHandle, Reload, ReloadError, Reloaded};
 pub use stdio::{StdioConfig, StdioError, StdioTransport};
-
-/// The server authors' guide (`docs/GUIDE.md`) is compiled as a doc test too.
-#[doc = include_str!("../../../docs/GUIDE.md")]
-#[cfg(doctest)]
-pub struct GuideDoctests;

@@ -5,14 +5,15 @@
 //!
 //! ```rust,no_run
 //! # fn my_tools() -> Vec<rmcp::model::Tool> { Vec::new() }
-//! #[test]
-//! fn toolgate_lock() {
-//!     // policy.json, src/ and toolgate.lock of this crate; TOOLGATE_UPDATE_LOCK=1 rewrites it.
-//!     let check = toolgate_rmcp::contract::LockCheck::in_crate(
-//!         env!("CARGO_MANIFEST_DIR"), "my-server", my_tools());
-//!     let report = toolgate_rmcp::contract::check_lock(&check).unwrap();
-//!     assert!(report.passed(), "{report}");
-//! }
+//! // The body of a #[test] in the server's tests/lock.rs: the crate's policy.json, src/ and
+//! // toolgate.lock; TOOLGATE_UPDATE_LOCK=1 rewrites the lockfile.
+//! let check = toolgate_rmcp::contract::LockCheck::in_crate(
+//!     env!("CARGO_MANIFEST_DIR"),
+//!     "my-server",
+//!     my_tools(),
+//! );
+//! let report = toolgate_rmcp::contract::check_lock(&check).unwrap();
+//! assert!(report.passed(), "{report}");
 //! ```
 //!
 //! A server that ships without its sources publishes its contract digest with [`live_lockfile`]:
