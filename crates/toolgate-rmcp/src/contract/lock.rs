@@ -143,8 +143,8 @@ impl LockCheck {
     /// The check a test in a server's own crate runs, by convention: the policy
     /// `<crate>/policy.json` (loaded by [`check_lock`]), the handlers under `<crate>/src`, the
     /// lockfile `<crate>/toolgate.lock`, the mode from [`LockMode::from_env`], and a fix hint
-    /// naming the exact command: "run \`TOOLGATE_UPDATE_LOCK=1 cargo test -p <package>\` and
-    /// commit toolgate.lock" (the package from `CARGO_PKG_NAME`, which cargo sets when it runs
+    /// naming the exact command, ``run `TOOLGATE_UPDATE_LOCK=1 cargo test -p PACKAGE` and
+    /// commit toolgate.lock`` (the package from `CARGO_PKG_NAME`, which cargo sets when it runs
     /// tests). Pass `env!("CARGO_MANIFEST_DIR")` as `crate_dir`.
     pub fn in_crate(
         crate_dir: impl AsRef<Path>,
@@ -182,8 +182,8 @@ impl LockCheck {
         self
     }
 
-    /// What the report tells its reader to do when the lockfile is stale, for example "run
-    /// \`cargo xtask lock\` and commit the result".
+    /// What the report tells its reader to do when the lockfile is stale, for example
+    /// ``run `cargo xtask lock` and commit the result``.
     pub fn fix_hint(mut self, hint: impl Into<String>) -> LockCheck {
         self.fix_hint = hint.into();
         self

@@ -36,7 +36,9 @@ pub const DEFAULT_POLICY: &str = "./policy.json";
 /// The default ledger directory when neither `--ledger` nor `LEDGER_DIR` is given.
 pub const DEFAULT_LEDGER: &str = "./.ledger";
 
-/// A parsed command line (see the [module documentation](self)).
+/// A parsed command line: serve (no command) or an operator command, with the policy file and
+/// the ledger (`--policy`, `--ledger`; `POLICY_PATH`, `LEDGER_DIR`; [`DEFAULT_POLICY`],
+/// [`DEFAULT_LEDGER`]). [`usage`] has the grammar.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct Cli {
