@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
-# Interop: drive toolgate-server with the official MCP SDK clients, over stdio.
+# Interop: drive toolgate-server and the example server bookings-mcp (examples/bookings) with the
+# official MCP SDK clients, over stdio.
 #
-#   tests/interop/run.sh [SERVER_BINARY]
+#   tests/interop/run.sh [SERVER_BINARY [BOOKINGS_BINARY]]
 #
-# Without SERVER_BINARY, builds it with `cargo build --locked -p toolgate-server`.
+# Without SERVER_BINARY, builds it with `cargo build --locked -p toolgate-server`; without
+# BOOKINGS_BINARY, builds bookings-mcp with `cargo build --locked -p bookings`.
 # Python: a virtual environment under TARGET/interop/venv (TARGET is $CARGO_TARGET_DIR, else
 # ./target), installed from requirements.txt (mcp==2.1.1 and every dependency, pinned with hashes)
 # and reused while that file is unchanged. To change the pin, edit requirements.in and run
@@ -19,6 +21,7 @@ root="$(cd "$here/../.." && pwd)"
 target_dir="${CARGO_TARGET_DIR:-$root/target}"
 cache_dir="$target_dir/interop"
 policy="$root/fixtures/policy.json"
+bookings_policy="$root/examples/bookings/policy.json"
 
 die() {
     echo "interop: $*" >&2
@@ -33,18 +36,32 @@ step() {
 }
 
 # --- the server -------------------------------------------------------------------------------
-if [[ $# -gt 1 ]]; then
-    die "usage: tests/interop/run.sh [SERVER_BINARY]"
-elif [[ $# -eq 1 ]]; then
+if [[ $# -gt 2 ]]; then
+    die "usage: tests/interop/run.sh [SERVER_BINARY [BOOKINGS_BINARY]]"
+fi
+if [[ $# -ge 1 ]]; then
     server="$1"
 else
     step "building toolgate-server"
     (cd "$root" && cargo build --locked -q -p toolgate-server)
     server="$target_dir/debug/toolgate-server"
 fi
-[[ -x "$server" ]] || die "server binary '$server' does not exist or is not executable"
-server="$(cd "$(dirname "$server")" && pwd)/$(basename "$server")"
-[[ -f "$policy" ]] || die "missing $policy"
+if [[ $# -eq 2 ]]; then
+    bookings="$2"
+else
+    step "building bookings-mcp (examples/bookings)"
+    (cd "$root" && cargo build --locked -q -p bookings --bin bookings-mcp)
+    bookings="$target_dir/debug/bookings-mcp"
+fi
+absolute() { echo "$(cd "$(dirname "$1")" && pwd)/$(basename "$1")"; }
+for binary in "$server" "$bookings"; do
+    [[ -x "$binary" ]] || die "server binary '$binary' does not exist or is not executable"
+done
+server="$(absolute "$server")"
+bookings="$(absolute "$bookings")"
+for file in "$policy" "$bookings_policy"; do
+    [[ -f "$file" ]] || die "missing $file"
+done
 
 # --- Python: the official SDK, mcp==2.1.1 ------------------------------------------------------
 python="${PYTHON:-python3}"
@@ -71,6 +88,8 @@ fi
 
 step "python SDK client"
 "$venv/bin/python" "$here/python_client.py" "$server" "$policy"
+step "python SDK client, bookings-mcp"
+"$venv/bin/python" "$here/bookings_client.py" "$bookings" "$bookings_policy"
 
 # --- TypeScript: the official SDK, @modelcontextprotocol/sdk ----------------------------------
 command -v node >/dev/null || die "node not found; the TypeScript SDK client needs Node >= 18"
@@ -90,5 +109,7 @@ fi
 
 step "typescript SDK client"
 node "$here/typescript_client.mjs" "$server" "$policy"
+step "typescript SDK client, bookings-mcp"
+node "$here/bookings_client.mjs" "$bookings" "$bookings_policy"
 
 step "interop passed"

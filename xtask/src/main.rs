@@ -4,7 +4,8 @@
 //! compiled tool router, entitlements from scanning the handlers' source, gate stages and policy
 //! fingerprints under `fixtures/policy.json`) and writes `toolgate.lock`. `cargo xtask lock --check`
 //! recomputes it and compares: exit 0 on a match, 1 on drift or a contract violation (with the diff
-//! grouped by verdict), 2 on usage or I/O errors.
+//! grouped by verdict), 2 on usage or I/O errors. Both are `toolgate_rmcp::contract::check_lock`,
+//! the call any server's own test makes; this file only chooses the inputs and the fix hint.
 
 #![forbid(unsafe_code)]
 #![allow(clippy::print_stdout)] // A CLI: its report is its output.
@@ -12,11 +13,12 @@
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-use anyhow::Context as _;
 use clap::{Parser, Subcommand, ValueEnum};
-use toolgate_contract::check::{
-    CheckOutcome, ReportFormat, check_lockfile, render_report, write_lockfile,
-};
+use toolgate_contract::check::ReportFormat;
+use toolgate_rmcp::contract::{LockCheck, LockMode, check_lock};
+
+/// What `lock --check` tells its reader to do when toolgate.lock is stale.
+const FIX_HINT: &str = "run `cargo xtask lock` and commit the result";
 
 #[derive(Debug, Parser)]
 #[command(name = "cargo xtask", about = "toolgate development automation")]
@@ -66,55 +68,28 @@ fn default_workspace() -> PathBuf {
 }
 
 fn lock(check: bool, format: Format, root: &Path) -> anyhow::Result<ExitCode> {
-    let lock_path = root.join("toolgate.lock");
-    let policy_path = root.join("fixtures/policy.json");
-    let sources = root.join("crates/toolgate-server/src");
-    let policy = toolgate_server::load_policy(&policy_path)?;
-    let live =
-        toolgate_server::contract::lock_from_source(&policy, &sources).with_context(|| {
-            format!(
-                "cannot compute the live contract from {}",
-                sources.display()
-            )
-        })?;
-    let shown_path = "toolgate.lock";
-
-    if check {
-        let outcome = check_lockfile(&lock_path, &live.lockfile)?;
-        print!(
-            "{}",
-            render_report(&outcome, &live.violations, format.into(), shown_path)
-        );
-        let ok = outcome.is_up_to_date() && live.violations.is_empty();
-        return Ok(if ok {
-            ExitCode::SUCCESS
-        } else {
-            ExitCode::from(1)
-        });
-    }
-
-    if !live.violations.is_empty() {
-        // A contract that lies about its tools is never written.
-        print!(
-            "{}",
-            render_report(
-                &CheckOutcome::UpToDate,
-                &live.violations,
-                format.into(),
-                shown_path
-            )
-        );
-        println!("toolgate.lock was not written: fix the violations above first");
-        return Ok(ExitCode::from(1));
-    }
-    write_lockfile(&toolgate_storage::FsStorage, &lock_path, &live.lockfile)?;
-    println!(
-        "wrote {}: {} tools, integrity sha256:{}",
-        lock_path.display(),
-        live.lockfile.contract().tools.len(),
-        live.lockfile.integrity_digest()
-    );
-    Ok(ExitCode::SUCCESS)
+    let policy = toolgate_server::load_policy(&root.join("fixtures/policy.json"))?;
+    let lock = LockCheck::new(
+        toolgate_server::contract::SERVER_NAME,
+        toolgate_server::tools::NotesServer::tools(),
+        policy,
+        [root.join("crates/toolgate-server/src")],
+        root.join("toolgate.lock"),
+    )
+    .mode(if check {
+        LockMode::Check
+    } else {
+        LockMode::Update
+    })
+    .fix_hint(FIX_HINT);
+    let report = check_lock(&lock)?;
+    print!("{}", report.render(format.into()));
+    // Drift, a violation, or an update refused because of violations: exit 1.
+    Ok(if report.passed() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    })
 }
 
 fn main() -> ExitCode {

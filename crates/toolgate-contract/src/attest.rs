@@ -288,8 +288,8 @@ pub enum AttestError {
     /// The attested or expected digest differs from the digest of the tools actually served.
     #[error(
         "the live server digest {live} differs from the approved digest {attested}: the tool \
-         contracts changed since they were approved; review the change with `cargo xtask lock \
-         --check`, then re-attest or update the expected digest"
+         contracts changed since they were approved; review the change (a lock check of the \
+         server's toolgate.lock lists it), then re-attest or update the expected digest"
     )]
     DigestMismatch {
         /// The attested or expected digest, hex.

@@ -1,6 +1,9 @@
-//! The mechanics of `cargo xtask lock` and `lock --check`, reusable from any server's own xtask or
-//! test: compare a live lockfile with the committed one, render the result for people, machines or
-//! GitHub Actions, and write a new lockfile durably.
+//! The mechanics of a lock check (`cargo xtask lock --check`, or a server's own test through
+//! `toolgate_rmcp::contract::check_lock`): compare a live lockfile with the committed one, render
+//! the result for people, machines or GitHub Actions, and write a new lockfile durably.
+//!
+//! Nothing here names a command: the caller says how its users regenerate the lockfile (the fix
+//! hint), because `cargo xtask lock` exists in this workspace and not in a user's server.
 
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
@@ -9,9 +12,6 @@ use serde_json::json;
 
 use crate::diff::{Change, Verdict, diff};
 use crate::lockfile::Lockfile;
-
-/// What to tell the user to do when the lockfile is stale.
-pub const FIX_HINT: &str = "run `cargo xtask lock` and commit the result";
 
 /// Why a check or a write could not run at all (as opposed to finding drift).
 #[derive(Debug, thiserror::Error)]
@@ -158,24 +158,27 @@ pub enum ReportFormat {
     Github,
 }
 
-fn reason_text(reason: &DriftReason) -> String {
+fn reason_text(reason: &DriftReason, lock: &str) -> String {
     match reason {
-        DriftReason::Missing => "toolgate.lock is missing".to_owned(),
-        DriftReason::Unreadable(why) => format!("toolgate.lock cannot be used: {why}"),
-        DriftReason::Changed => "the live tool contracts differ from toolgate.lock".to_owned(),
+        DriftReason::Missing => format!("{lock} is missing"),
+        DriftReason::Unreadable(why) => format!("{lock} cannot be used: {why}"),
+        DriftReason::Changed => format!("the live tool contracts differ from {lock}"),
         DriftReason::BytesOnly => {
-            "toolgate.lock is not byte-identical to what this toolgate version writes".to_owned()
+            format!("{lock} is not byte-identical to what this toolgate version writes")
         }
     }
 }
 
 /// Renders the outcome of a check (with any violations) in `format`. `lock_path` names the
-/// lockfile in GitHub annotations.
+/// lockfile in the text and in GitHub annotations (`toolgate.lock`, or its path from the
+/// repository root); `fix_hint` tells the reader how to regenerate it (for example "run `cargo
+/// xtask lock` and commit the result") and is shown whenever the lockfile is stale.
 pub fn render_report(
     outcome: &CheckOutcome,
     violations: &[Violation],
     format: ReportFormat,
     lock_path: &str,
+    fix_hint: &str,
 ) -> String {
     let mut out = String::new();
     match format {
@@ -185,10 +188,10 @@ pub fn render_report(
             }
             match outcome {
                 CheckOutcome::UpToDate => {
-                    let _ = writeln!(out, "toolgate.lock is up to date");
+                    let _ = writeln!(out, "{lock_path} is up to date");
                 }
                 CheckOutcome::Drift { reason, changes } => {
-                    let _ = writeln!(out, "{}", reason_text(reason));
+                    let _ = writeln!(out, "{}", reason_text(reason, lock_path));
                     for verdict in [
                         Verdict::Breaking,
                         Verdict::Risky,
@@ -209,16 +212,18 @@ pub fn render_report(
                             );
                         }
                     }
-                    let _ = writeln!(out, "{FIX_HINT}");
+                    let _ = writeln!(out, "{fix_hint}");
                 }
             }
         }
         ReportFormat::Json => {
             let (status, reason, changes) = match outcome {
                 CheckOutcome::UpToDate => ("up_to_date", None, &[][..]),
-                CheckOutcome::Drift { reason, changes } => {
-                    ("drift", Some(reason_text(reason)), changes.as_slice())
-                }
+                CheckOutcome::Drift { reason, changes } => (
+                    "drift",
+                    Some(reason_text(reason, lock_path)),
+                    changes.as_slice(),
+                ),
             };
             let value = json!({
                 "status": status,
@@ -227,7 +232,7 @@ pub fn render_report(
                     "tool": c.tool, "verdict": c.verdict.as_str(), "rule": c.rule, "detail": c.detail,
                 })).collect::<Vec<_>>(),
                 "violations": violations.iter().map(|v| json!({"tool": v.tool, "message": v.message})).collect::<Vec<_>>(),
-                "fix": if outcome.is_up_to_date() && violations.is_empty() { None } else { Some(FIX_HINT) },
+                "fix": if outcome.is_up_to_date() && violations.is_empty() { None } else { Some(fix_hint) },
             });
             let _ = writeln!(out, "{value}");
         }
@@ -240,6 +245,7 @@ pub fn render_report(
                     .replace('\n', "%0A")
             };
             let prop = |s: &str| escape(s).replace(':', "%3A").replace(',', "%2C");
+            let shown = lock_path;
             let lock_path = prop(lock_path);
             for v in violations {
                 let _ = writeln!(
@@ -252,8 +258,10 @@ pub fn render_report(
             if let CheckOutcome::Drift { reason, changes } = outcome {
                 let _ = writeln!(
                     out,
-                    "::error file={lock_path},title=toolgate.lock drift::{}; {FIX_HINT}",
-                    escape(&reason_text(reason))
+                    "::error file={lock_path},title={} drift::{}; {}",
+                    prop(shown),
+                    escape(&reason_text(reason, shown)),
+                    escape(fix_hint)
                 );
                 for change in changes {
                     let level = match change.verdict {

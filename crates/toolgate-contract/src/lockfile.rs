@@ -64,13 +64,15 @@ const ENTITLEMENT_KEYS: &[&str] = &[
 ];
 
 /// Why a lockfile was rejected. Every variant says how to recover; the usual fix for a file that
-/// was not written by `cargo xtask lock` is to regenerate it and review the diff.
+/// was not written by toolgate is to regenerate it and review the diff. The texts name no
+/// command: a lock check adds its caller's fix hint (`cargo xtask lock` in this workspace, a
+/// `cargo test` with `TOOLGATE_UPDATE_LOCK=1` in a server's own crate).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum LockfileError {
     /// The text is not JSON.
     #[error(
-        "toolgate.lock is not valid JSON (line {line}, column {column}: {reason}); regenerate it with `cargo xtask lock`"
+        "toolgate.lock is not valid JSON (line {line}, column {column}: {reason}); regenerate the lockfile"
     )]
     NotJson {
         /// 1-based line of the error.
@@ -82,7 +84,7 @@ pub enum LockfileError {
     },
     /// An object has the same key twice (a reviewer would see one value, a parser another).
     #[error(
-        "toolgate.lock repeats the key `{key}` (line {line}); keep one value or regenerate the file with `cargo xtask lock`"
+        "toolgate.lock repeats the key `{key}` (line {line}); keep one value or regenerate the lockfile"
     )]
     DuplicateKey {
         /// The repeated key.
@@ -92,7 +94,7 @@ pub enum LockfileError {
     },
     /// `lockfileVersion` is not one this toolgate reads.
     #[error(
-        "toolgate.lock has lockfileVersion {found}, but this toolgate reads version {supported}; upgrade toolgate or regenerate the file with `cargo xtask lock`"
+        "toolgate.lock has lockfileVersion {found}, but this toolgate reads version {supported}; upgrade toolgate or regenerate the lockfile"
     )]
     UnsupportedVersion {
         /// The version found, as written.
@@ -102,7 +104,7 @@ pub enum LockfileError {
     },
     /// A key the format does not define.
     #[error(
-        "unknown key `{key}` in {path} of toolgate.lock (allowed: {allowed}); remove it or regenerate the file with `cargo xtask lock`"
+        "unknown key `{key}` in {path} of toolgate.lock (allowed: {allowed}); remove it or regenerate the lockfile"
     )]
     UnknownKey {
         /// Where the key was found (`"tools.write_note.surface"`).
@@ -113,7 +115,7 @@ pub enum LockfileError {
         allowed: String,
     },
     /// A key the format requires is missing.
-    #[error("toolgate.lock lacks `{key}` in {path}; regenerate the file with `cargo xtask lock`")]
+    #[error("toolgate.lock lacks `{key}` in {path}; regenerate the lockfile")]
     MissingKey {
         /// Where it was expected.
         path: String,
@@ -121,9 +123,7 @@ pub enum LockfileError {
         key: &'static str,
     },
     /// A value has the wrong JSON type or an invalid value.
-    #[error(
-        "`{path}` in toolgate.lock must be {expected}, found {found}; regenerate the file with `cargo xtask lock`"
-    )]
+    #[error("`{path}` in toolgate.lock must be {expected}, found {found}; regenerate the lockfile")]
     WrongType {
         /// The value's location.
         path: String,
@@ -134,7 +134,7 @@ pub enum LockfileError {
     },
     /// A digest string is not `sha256:` followed by 64 lowercase hex characters.
     #[error(
-        "`{path}` in toolgate.lock is not a digest of the form sha256:<64 lowercase hex> ({reason}); regenerate the file with `cargo xtask lock`"
+        "`{path}` in toolgate.lock is not a digest of the form sha256:<64 lowercase hex> ({reason}); regenerate the lockfile"
     )]
     MalformedDigest {
         /// The digest's location.
@@ -145,7 +145,7 @@ pub enum LockfileError {
     /// A stored digest does not match the content it covers: the file was edited by hand or is
     /// corrupt.
     #[error(
-        "digest mismatch in toolgate.lock for tool `{tool}`, {section}: stored sha256:{stored}, recomputed sha256:{computed}; the file was edited or corrupted: regenerate it with `cargo xtask lock` and review the diff"
+        "digest mismatch in toolgate.lock for tool `{tool}`, {section}: stored sha256:{stored}, recomputed sha256:{computed}; the file was edited or corrupted: regenerate the lockfile and review the diff"
     )]
     DigestMismatch {
         /// The tool (`""` for the server-level integrity digest).
@@ -160,7 +160,7 @@ pub enum LockfileError {
     /// A value that is derived from other content (a schema digest, the token economics) does not
     /// match its derivation, even though the digests over it agree.
     #[error(
-        "toolgate.lock is inconsistent for tool `{tool}`: {section} does not match what its schemas and description imply; regenerate the file with `cargo xtask lock`"
+        "toolgate.lock is inconsistent for tool `{tool}`: {section} does not match what its schemas and description imply; regenerate the lockfile"
     )]
     InconsistentSection {
         /// The tool.
@@ -170,7 +170,7 @@ pub enum LockfileError {
     },
     /// A tool is stored under a key that is not its name.
     #[error(
-        "toolgate.lock stores tool `{name}` under the key `{key}`; the key must equal surface.name: regenerate the file with `cargo xtask lock`"
+        "toolgate.lock stores tool `{name}` under the key `{key}`; the key must equal surface.name: regenerate the lockfile"
     )]
     NameMismatch {
         /// The key in `tools`.

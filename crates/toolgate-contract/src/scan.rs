@@ -18,6 +18,7 @@
 //! | `Type::foo(..)`, `Trait::foo(..)`, `<T as Trait>::foo` | methods `foo` in impls of `Type`, impls of `Trait` and `Trait`'s default |
 //! | `module::foo(..)`, `crate_name::foo(..)` | free functions `foo` of modules named `module` (or the crate root) |
 //! | `crate::`/`super::`/`self::` paths | every free function `foo` |
+//! | `self.field.foo(..)` | methods `foo` of every type the field's declared type names, when the caller's struct is in the scanned sources (`store: Arc<BookingStore>` reaches `BookingStore::foo`) |
 //! | `value.foo(..)` | nothing (the type is unknown); only the method tables below apply |
 //! | std and external crates | nothing; the path tables below apply |
 //!

@@ -141,6 +141,15 @@ fn write_two_calls_down_with_its_chain() {
 }
 
 #[test]
+fn a_method_of_a_field_is_reached_through_the_fields_type() {
+    let report = check("field_method", "save_text", &["filesystemWrite"], &[]);
+    let via = ["save_text", "save"].map(String::from);
+    assert_eq!(report.evidence[0].via, via);
+    // `self.store.count()` reaches Store::count only, not another type's `count`.
+    check("field_method", "count_texts", &[], &[]);
+}
+
+#[test]
 fn unsafe_block() {
     check("unsafe_block", "peek", &["unsafeFfi"], &[]);
 }

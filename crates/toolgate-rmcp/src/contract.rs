@@ -1,5 +1,6 @@
-//! The bridge from rmcp's tool model to toolgate-contract's plain one, and the gate's part of a
-//! tool's contract (its stages and policy fingerprint).
+//! The bridge from rmcp's tool model to toolgate-contract's plain one, the gate's part of a
+//! tool's contract (its stages and policy fingerprint), and the lock check as a library call
+//! ([`check_lock`]).
 
 use rmcp::ServerHandler;
 use rmcp::model::Tool;
@@ -14,6 +15,12 @@ use toolgate_contract::{Annotations, Entitlements, HandlerFacts, ToolDefinition}
 use toolgate_policy::Policy;
 
 use crate::Gated;
+
+mod lock;
+pub use lock::{
+    LockCheck, LockError, LockMode, LockOutcome, LockReport, UPDATE_LOCK_ENV, check_lock,
+    live_lockfile,
+};
 
 /// `tool` as toolgate-contract sees it: name, description, schemas and the annotations as declared
 /// (absent hints stay absent; the contract applies the spec's defaults).

@@ -21,10 +21,10 @@ use std::sync::Arc;
 use anyhow::Context as _;
 use rmcp::ServiceExt as _;
 use toolgate::audit::{AuditConfig, AuditSink, FileAuditLog, HmacKey, VerifyOptions, VerifyReport};
-use toolgate::effect::EffectStore;
 use toolgate::contract::attest::{Attestation, HmacSha256Signer, check_expected_digest};
 use toolgate::contract::diff::diff;
 use toolgate::contract::lockfile::Lockfile;
+use toolgate::effect::EffectStore;
 use toolgate::policy::Policy;
 use toolgate::{Gated, StdioConfig, StdioTransport};
 

@@ -10,8 +10,8 @@ use rmcp::{Json, ServerHandler, tool, tool_handler, tool_router};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use std::sync::Arc;
-use toolgate::audit::Outcome;
 use toolgate::Permit;
+use toolgate::audit::Outcome;
 
 use crate::notes::{NoteError, Notes, Written};
 

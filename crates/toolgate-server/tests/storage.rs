@@ -14,8 +14,8 @@ use std::sync::Arc;
 use rmcp::ServiceExt as _;
 use rmcp::model::CallToolRequestParams;
 use serde_json::{Value, json};
-use toolgate_server::ServerOptions;
 use toolgate::storage::{FaultyStorage, FsStorage, Op};
+use toolgate_server::ServerOptions;
 
 type Client = rmcp::service::RunningService<rmcp::RoleClient, ()>;
 

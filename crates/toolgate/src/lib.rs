@@ -91,8 +91,3 @@ pub mod prelude {
 #[doc = include_str!("../../../README.md")]
 #[cfg(doctest)]
 pub struct ReadmeDoctests;
-
-/// The server authors' guide (`docs/GUIDE.md`) is compiled as a doc test too.
-#[doc = include_str!("../../../docs/GUIDE.md")]
-#[cfg(doctest)]
-pub struct GuideDoctests;

@@ -1,7 +1,8 @@
 //! The operator's actions as library calls, each recorded in the audit chain: halting and
 //! resuming every server on a ledger, and pruning the exactly-once store. A server built on the
 //! crates offers them as its own commands (the reference server's `halt`, `resume` and
-//! `effects prune` are these calls).
+//! `effects prune` are these calls), or takes the whole operator command line from [`run_cli`]
+//! (`halt`, `resume`, `verify`, `stats`, `prune`).
 //!
 //! Each action happens first and is then recorded, so a record never claims an action that did
 //! not take place; if the record cannot be appended the error says so and the action stands.
@@ -13,6 +14,9 @@ use toolgate_audit::{AuditEntry, AuditError, AuditSink, Decision, Outcome};
 use toolgate_canon::Sha256Digest;
 use toolgate_commit::effect::{EffectBackend, EffectError};
 use toolgate_rmcp::checks::{GuardError, Halt, KillSwitch};
+
+mod cli;
+pub use cli::{Cli, Command, DEFAULT_LEDGER, DEFAULT_POLICY, Format, UsageError, run_cli, usage};
 
 /// Why an operator action failed.
 #[derive(Debug, thiserror::Error)]

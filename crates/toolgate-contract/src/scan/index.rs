@@ -51,6 +51,10 @@ pub(super) struct Index {
     modules: HashSet<String>,
     /// Every crate name seen.
     crates: HashSet<String>,
+    /// For each struct (by ident), its named fields and the type idents each field's type
+    /// mentions (`Arc<BookingStore>`: `Arc`, `BookingStore`). Structs of the same name in
+    /// different modules are merged (over-approximation).
+    fields: HashMap<String, HashMap<String, Vec<String>>>,
     pub(super) stats: ScanStats,
 }
 
@@ -148,6 +152,15 @@ impl Index {
                         }
                     }
                 }
+                syn::Item::Struct(st) if !fnvisit::is_cfg_test(&st.attrs) => {
+                    let fields = self.fields.entry(st.ident.to_string()).or_default();
+                    for field in &st.fields {
+                        if let Some(name) = &field.ident {
+                            let types = fields.entry(name.to_string()).or_default();
+                            type_idents(&field.ty, types);
+                        }
+                    }
+                }
                 syn::Item::Trait(t) if !fnvisit::is_cfg_test(&t.attrs) => {
                     for it in &t.items {
                         if let syn::TraitItem::Fn(f) = it
@@ -234,6 +247,9 @@ impl Index {
     pub(super) fn resolve(&self, caller: &FnEntry, call: &CallRef) -> Vec<usize> {
         let (name, qualifier, root) = match call {
             CallRef::SelfMethod(name) => (name.as_str(), Some("Self"), None),
+            CallRef::FieldMethod { field, method } => {
+                return self.resolve_field(caller, field, method);
+            }
             CallRef::Path(segs) => {
                 let Some(name) = segs.last() else {
                     return Vec::new();
@@ -303,6 +319,64 @@ impl Index {
             // std and external crates.
             Some(_) => Vec::new(),
         }
+    }
+}
+
+impl Index {
+    /// `self.field.method(..)` in a method of `caller`'s type: the methods `method` of every type
+    /// the field's declared type mentions (so `store: Arc<BookingStore>` reaches
+    /// `BookingStore::method`). Nothing when the caller's struct or the field is not in the
+    /// scanned sources: the type is unknown, as for any other receiver.
+    fn resolve_field(&self, caller: &FnEntry, field: &str, method: &str) -> Vec<usize> {
+        let Owner::Method {
+            self_ty: Some(ty), ..
+        } = &caller.owner
+        else {
+            return Vec::new();
+        };
+        let Some(types) = self.fields.get(ty).and_then(|fields| fields.get(field)) else {
+            return Vec::new();
+        };
+        let Some(candidates) = self.by_name.get(method) else {
+            return Vec::new();
+        };
+        candidates
+            .iter()
+            .copied()
+            .filter(|&i| match &self.fns[i].owner {
+                Owner::Method {
+                    self_ty: Some(t), ..
+                } => types.contains(t),
+                _ => false,
+            })
+            .collect()
+    }
+}
+
+/// Collects the last segment of every path in `ty`, generic arguments included.
+fn type_idents(ty: &syn::Type, out: &mut Vec<String>) {
+    match ty {
+        syn::Type::Path(p) => {
+            for segment in &p.path.segments {
+                if let syn::PathArguments::AngleBracketed(args) = &segment.arguments {
+                    for arg in &args.args {
+                        if let syn::GenericArgument::Type(inner) = arg {
+                            type_idents(inner, out);
+                        }
+                    }
+                }
+            }
+            if let Some(last) = p.path.segments.last() {
+                out.push(last.ident.to_string());
+            }
+        }
+        syn::Type::Reference(r) => type_idents(&r.elem, out),
+        syn::Type::Paren(p) => type_idents(&p.elem, out),
+        syn::Type::Group(g) => type_idents(&g.elem, out),
+        syn::Type::Array(a) => type_idents(&a.elem, out),
+        syn::Type::Slice(s) => type_idents(&s.elem, out),
+        syn::Type::Tuple(t) => t.elems.iter().for_each(|e| type_idents(e, out)),
+        _ => {}
     }
 }
 

@@ -38,6 +38,13 @@ pub(super) enum CallRef {
     Path(Vec<String>),
     /// `self.foo(..)`.
     SelfMethod(String),
+    /// `self.field.foo(..)`: a method of the field's type, when the caller's struct declares it.
+    FieldMethod {
+        /// The field of `self`.
+        field: String,
+        /// The method called on it.
+        method: String,
+    },
 }
 
 /// Everything the scanner keeps of one function.
@@ -425,6 +432,15 @@ impl<'ast> Visit<'ast> for FnVisitor<'_> {
         let line = line(call.method.span());
         if is_self(&call.receiver) {
             self.call(CallRef::SelfMethod(method.clone()));
+        }
+        if let Expr::Field(field) = &*call.receiver
+            && is_self(&field.base)
+            && let Member::Named(name) = &field.member
+        {
+            self.call(CallRef::FieldMethod {
+                field: name.to_string(),
+                method: method.clone(),
+            });
         }
         for &(name, family) in ANY_RECEIVER_METHODS {
             if method == name {

@@ -1,0 +1,365 @@
+//! The built `bookings-mcp` binary over stdio, driven by rmcp's own client: the denied admin tool
+//! is hidden and refused, `create_booking` runs once per `request_id`, cancel and notify need a
+//! confirmation, the kill switch stops calls until `resume`, and `verify` accepts the chain.
+//!
+//! Nothing sleeps for a fixed time: every step waits for its answer, under a generous deadline.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::Duration;
+
+use rmcp::model::{CallToolRequestParams, CallToolResult, ErrorCode, ProtocolVersion};
+use rmcp::service::{RunningService, ServiceError};
+use rmcp::transport::TokioChildProcess;
+use rmcp::{ClientLifecycleMode, ClientServiceExt as _, RoleClient, ServiceExt as _};
+use serde_json::{Value, json};
+
+const BIN: &str = env!("CARGO_BIN_EXE_bookings-mcp");
+const POLICY: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/policy.json");
+const TIMEOUT: Duration = Duration::from_secs(60);
+/// The variables that steer the binary, removed so that the test's environment cannot.
+const SCRUBBED: [&str; 3] = ["POLICY_PATH", "LEDGER_DIR", "BOOKINGS_DATA"];
+
+type Client = RunningService<RoleClient, ()>;
+
+struct World {
+    dir: tempfile::TempDir,
+}
+
+impl World {
+    fn new() -> World {
+        World {
+            dir: tempfile::tempdir().unwrap(),
+        }
+    }
+
+    fn ledger(&self) -> PathBuf {
+        self.dir.path().join("ledger")
+    }
+
+    fn data(&self) -> PathBuf {
+        self.dir.path().join("data")
+    }
+
+    /// The stored bookings file (`bookings.json`) as JSON.
+    fn stored(&self) -> Value {
+        let text = std::fs::read_to_string(self.data().join(bookings::DATA_FILE)).unwrap();
+        serde_json::from_str(&text).unwrap()
+    }
+
+    /// `bookings-mcp <args> --ledger LEDGER` to completion.
+    fn operator(&self, args: &[&str]) -> Output {
+        let mut command = Command::new(BIN);
+        for key in SCRUBBED {
+            command.env_remove(key);
+        }
+        command
+            .args(args)
+            .arg("--ledger")
+            .arg(self.ledger())
+            .stdin(Stdio::null())
+            .output()
+            .unwrap()
+    }
+
+    async fn connect(&self, lifecycle: Option<ClientLifecycleMode>) -> Client {
+        let mut command = tokio::process::Command::new(BIN);
+        for key in SCRUBBED {
+            command.env_remove(key);
+        }
+        command
+            .arg("--policy")
+            .arg(POLICY)
+            .arg("--ledger")
+            .arg(self.ledger())
+            .env("BOOKINGS_DATA", self.data())
+            .kill_on_drop(true);
+        let (transport, _stderr) = TokioChildProcess::builder(command)
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let client = match lifecycle {
+            Some(lifecycle) => {
+                tokio::time::timeout(TIMEOUT, ().serve_with_lifecycle(transport, lifecycle)).await
+            }
+            None => tokio::time::timeout(TIMEOUT, ().serve(transport)).await,
+        };
+        client.expect("the handshake timed out").unwrap()
+    }
+}
+
+async fn try_call(
+    client: &Client,
+    tool: &str,
+    args: Value,
+) -> Result<CallToolResult, ServiceError> {
+    let mut params = CallToolRequestParams::new(tool.to_owned());
+    params.arguments = args.as_object().cloned();
+    tokio::time::timeout(TIMEOUT, client.call_tool(params))
+        .await
+        .expect("tools/call timed out")
+}
+
+async fn call(client: &Client, tool: &str, args: Value) -> Value {
+    let result = try_call(client, tool, args).await.unwrap();
+    serde_json::to_value(result).unwrap()
+}
+
+fn json_error(result: Result<CallToolResult, ServiceError>) -> rmcp::ErrorData {
+    match result {
+        Err(ServiceError::McpError(error)) => error,
+        other => panic!("expected a JSON-RPC error, got {other:?}"),
+    }
+}
+
+async fn tool_names(client: &Client) -> Vec<String> {
+    let tools = tokio::time::timeout(TIMEOUT, client.list_all_tools())
+        .await
+        .unwrap()
+        .unwrap();
+    tools.into_iter().map(|t| t.name.to_string()).collect()
+}
+
+fn replayed(result: &Value) -> bool {
+    result["_meta"]["io.toolgate/replayed"] == json!(true)
+}
+
+fn assert_verified(world: &World) {
+    let out = world.operator(&["verify"]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.starts_with("verify: intact:"), "{stdout}");
+}
+
+#[tokio::test]
+async fn the_admin_tool_is_hidden_and_a_direct_call_is_refused() {
+    let world = World::new();
+    let client = world
+        .connect(Some(ClientLifecycleMode::Discover {
+            preferred_versions: vec![ProtocolVersion::V_2026_07_28],
+        }))
+        .await;
+    let names = tool_names(&client).await;
+    for tool in [
+        "list_bookings",
+        "create_booking",
+        "cancel_booking",
+        "notify_guest",
+    ] {
+        assert!(names.contains(&tool.to_owned()), "{names:?}");
+    }
+    assert!(!names.contains(&"purge_bookings".to_owned()), "{names:?}");
+    // Confirmation is the gate's: its two tools are listed because cancel and notify need them.
+    assert!(names.contains(&"confirm_action".to_owned()), "{names:?}");
+
+    let created = call(
+        &client,
+        "create_booking",
+        json!({"request_id": "req-hidden-1", "guest": "Ada", "date": "2026-09-01", "nights": 2}),
+    )
+    .await;
+    assert_eq!(created["structuredContent"]["id"], "bk-1", "{created}");
+    let error = json_error(try_call(&client, "purge_bookings", json!({})).await);
+    assert_eq!(error.code, ErrorCode::INVALID_PARAMS, "{error:?}");
+    assert_eq!(error.message, "tool not found");
+    assert_eq!(
+        world.stored()["bookings"].as_array().unwrap().len(),
+        1,
+        "nothing purged"
+    );
+    client.cancel().await.unwrap();
+    assert_verified(&world);
+}
+
+#[tokio::test]
+async fn create_booking_runs_once_per_request_id_and_retries_replay() {
+    let world = World::new();
+    let client = world.connect(None).await;
+    let args =
+        json!({"request_id": "req-once-0001", "guest": "Ada", "date": "2026-09-01", "nights": 2});
+    let first = call(&client, "create_booking", args.clone()).await;
+    assert!(!replayed(&first), "{first}");
+    let mut retries = Vec::new();
+    for _ in 0..2 {
+        retries.push(call(&client, "create_booking", args.clone()).await);
+    }
+    for retry in &retries {
+        assert!(replayed(retry), "{retry}");
+        assert_eq!(retry["structuredContent"], first["structuredContent"]);
+    }
+    let stored = world.stored();
+    assert_eq!(stored["bookings"].as_array().unwrap().len(), 1, "{stored}");
+
+    // The same request_id with other arguments is refused, and a short one by the policy.
+    let conflict = call(
+        &client,
+        "create_booking",
+        json!({"request_id": "req-once-0001", "guest": "Bob", "date": "2026-09-01", "nights": 2}),
+    )
+    .await;
+    assert_eq!(conflict["isError"], true, "{conflict}");
+    let short = call(
+        &client,
+        "create_booking",
+        json!({"request_id": "r1", "guest": "Bob", "date": "2026-09-01", "nights": 2}),
+    )
+    .await;
+    assert_eq!(short["isError"], true, "{short}");
+    assert_eq!(world.stored()["bookings"].as_array().unwrap().len(), 1);
+
+    // The booking survives a restart of the server, and so does the key.
+    client.cancel().await.unwrap();
+    let client = world.connect(None).await;
+    let after = call(&client, "create_booking", args).await;
+    assert!(replayed(&after), "{after}");
+    let listed = call(&client, "list_bookings", json!({})).await;
+    assert_eq!(
+        listed["structuredContent"]["bookings"]
+            .as_array()
+            .unwrap()
+            .len(),
+        1
+    );
+    client.cancel().await.unwrap();
+    assert_verified(&world);
+}
+
+#[tokio::test]
+async fn cancel_and_notify_wait_for_a_confirmation() {
+    let world = World::new();
+    let client = world.connect(None).await;
+    let args =
+        json!({"request_id": "req-confirm-1", "guest": "Ada", "date": "2026-09-01", "nights": 2});
+    call(&client, "create_booking", args).await;
+
+    let preview = call(&client, "cancel_booking", json!({"id": "bk-1"})).await;
+    let body = &preview["structuredContent"];
+    assert_eq!(body["status"], "preview", "{preview}");
+    assert_eq!(
+        world.stored()["bookings"][0]["status"],
+        "confirmed",
+        "a preview cancels nothing"
+    );
+    let done = call(
+        &client,
+        "confirm_action",
+        json!({"confirm_token": body["confirm_token"], "confirm_summary": body["confirm_summary"]}),
+    )
+    .await;
+    assert_ne!(done["isError"], true, "{done}");
+    assert!(
+        done["content"][0]["text"]
+            .as_str()
+            .unwrap()
+            .starts_with("cancelled bk-1"),
+        "{done}"
+    );
+    assert_eq!(world.stored()["bookings"][0]["status"], "cancelled");
+
+    call(
+        &client,
+        "create_booking",
+        json!({"request_id": "req-confirm-2", "guest": "Bob", "date": "2026-09-02", "nights": 1}),
+    )
+    .await;
+    let preview = call(
+        &client,
+        "notify_guest",
+        json!({"id": "bk-2", "message": "See you soon"}),
+    )
+    .await;
+    let body = &preview["structuredContent"];
+    assert_eq!(body["status"], "preview", "{preview}");
+    let rejected = call(
+        &client,
+        "reject_action",
+        json!({"confirm_token": body["confirm_token"]}),
+    )
+    .await;
+    assert_ne!(rejected["isError"], true, "{rejected}");
+    let late = call(
+        &client,
+        "confirm_action",
+        json!({"confirm_token": body["confirm_token"], "confirm_summary": body["confirm_summary"]}),
+    )
+    .await;
+    assert_eq!(
+        late["isError"], true,
+        "a rejected token confirms nothing: {late}"
+    );
+    assert!(
+        world.stored()["outbox"].as_array().unwrap().is_empty(),
+        "nothing sent"
+    );
+    client.cancel().await.unwrap();
+    assert_verified(&world);
+}
+
+#[tokio::test]
+async fn halt_stops_calls_of_the_running_server_until_resume() {
+    let world = World::new();
+    let client = world.connect(None).await;
+    let args =
+        |id: &str| json!({"request_id": id, "guest": "Ada", "date": "2026-09-01", "nights": 1});
+    call(&client, "create_booking", args("req-halt-0001")).await;
+
+    let out = world.operator(&["halt", "--reason", "incident 7", "--by", "oncall"]);
+    assert!(out.status.success(), "{out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("bookings-mcp resume"),
+        "{out:?}"
+    );
+    let error = json_error(try_call(&client, "create_booking", args("req-halt-0002")).await);
+    assert_eq!(error.code, ErrorCode(-32001), "{error:?}");
+    assert!(
+        error.message.contains("incident 7") && error.message.contains("bookings-mcp resume"),
+        "{error:?}"
+    );
+    // The exempt read keeps working.
+    let listed = call(&client, "list_bookings", json!({})).await;
+    assert_eq!(
+        listed["structuredContent"]["bookings"]
+            .as_array()
+            .unwrap()
+            .len(),
+        1
+    );
+
+    let out = world.operator(&["resume"]);
+    assert!(out.status.success(), "{out:?}");
+    let created = call(&client, "create_booking", args("req-halt-0002")).await;
+    assert_eq!(created["structuredContent"]["id"], "bk-2", "{created}");
+    client.cancel().await.unwrap();
+    assert_verified(&world);
+
+    let stats = world.operator(&["stats", "--format", "json"]);
+    let stats: Value = serde_json::from_slice(&stats.stdout).unwrap();
+    assert_eq!(stats["totals"]["committed"], 2, "{stats}");
+}
+
+#[test]
+fn a_usage_error_exits_2_and_help_exits_0() {
+    let world = World::new();
+    let out = world.operator(&["halt"]);
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("halt needs --reason"),
+        "{out:?}"
+    );
+    let out = world.operator(&["help"]);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("bookings-mcp verify"),
+        "{out:?}"
+    );
+    assert!(
+        !Path::new(&world.ledger()).exists(),
+        "usage and help touch nothing"
+    );
+}
