@@ -120,6 +120,9 @@ pub enum GateError {
     /// The ledger's audit log could not be opened.
     #[error("cannot open the ledger's audit log: {0}")]
     Audit(#[from] toolgate_audit::AuditError),
+    /// The contract given to `GatedBuilder::locked_contract` could not be computed.
+    #[error("cannot compute the server's contract from its toolgate.lock: {0}")]
+    Contract(#[from] crate::contract::LockError),
     /// The ledger's exactly-once store could not be opened.
     #[error("cannot open the ledger's effect store: {0}")]
     Effects(#[from] toolgate_commit::effect::EffectError),
@@ -240,6 +243,8 @@ pub struct GatedBuilder<H> {
     contract_digest: Option<Sha256Digest>,
     tool_contract_digests: BTreeMap<String, Sha256Digest>,
     contract_changes: BTreeMap<String, Vec<Change>>,
+    /// The server's tools and the text of its committed lockfile, for the live contract.
+    locked: Option<(Vec<Tool>, String)>,
 }
 
 /// The builder's principal setting: a configured name (checked at build) or a source.
@@ -377,6 +382,12 @@ impl<H: ServerHandler> GatedBuilder<H> {
     /// recorded in that tool's audit lines, so a verifier can show which contract produced each
     /// decision.
     pub fn contract(mut self, live: &toolgate_contract::lockfile::Lockfile) -> Self {
+        self.locked = None;
+        self.set_contract(live);
+        self
+    }
+
+    fn set_contract(&mut self, live: &toolgate_contract::lockfile::Lockfile) {
         self.contract_digest = Some(live.integrity_digest());
         self.tool_contract_digests = live
             .contract()
@@ -384,6 +395,17 @@ impl<H: ServerHandler> GatedBuilder<H> {
             .iter()
             .map(|(name, contract)| (name.clone(), contract.digest()))
             .collect();
+    }
+
+    /// The live contract of a server that runs without its sources, computed at
+    /// [`GatedBuilder::build`] under the policy loaded there: `tools` as compiled (e.g. the
+    /// router's `list_all()`), with the entitlements its committed `toolgate.lock` records
+    /// (`lockfile`, e.g. `include_str!("../toolgate.lock")`; the server's lock check keeps them
+    /// equal to its sources). Published and recorded as [`GatedBuilder::contract`] does; a
+    /// lockfile that does not parse or lacks a tool is the build's error. Replaces
+    /// [`GatedBuilder::contract`].
+    pub fn locked_contract(mut self, tools: Vec<Tool>, lockfile: impl Into<String>) -> Self {
+        self.locked = Some((tools, lockfile.into()));
         self
     }
 
@@ -414,9 +436,12 @@ impl<H: ServerHandler> GatedBuilder<H> {
         .into_iter()
         .filter_map(|(part, absent)| absent.then_some(part))
         .collect();
-        let Some(policy) = self.policy.filter(|_| missing.is_empty()) else {
+        let Some(policy) = self.policy.take().filter(|_| missing.is_empty()) else {
             return Err(GateError::Missing { parts: missing });
         };
+        if let Some((tools, lockfile)) = self.locked.take() {
+            self.set_contract(&crate::contract::live_lockfile(&tools, &policy, &lockfile)?);
+        }
         if let Some(dir) = &self.ledger {
             let storage = self
                 .storage
@@ -529,6 +554,7 @@ impl<H: ServerHandler> Gated<H> {
             contract_digest: None,
             tool_contract_digests: BTreeMap::new(),
             contract_changes: BTreeMap::new(),
+            locked: None,
         }
     }
 

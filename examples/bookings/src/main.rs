@@ -11,16 +11,16 @@ async fn main() -> anyhow::Result<()> {
     // An operator command runs and exits here; without one the server serves.
     let cli = toolgate::operator::Cli::parse("bookings-mcp");
     let data = std::env::var_os("BOOKINGS_DATA").unwrap_or_else(|| "./data".into());
-    let policy = Policy::load(&cli.policy)?;
-    // The contract published to hosts: these tools under the policy in force, with the
-    // entitlements toolgate.lock records (tests/lock.rs keeps them equal to the sources).
-    let lock = include_str!("../toolgate.lock");
-    let live = toolgate::contract::live_lockfile(&bookings::Bookings::tools(), &policy, lock)?;
     let server = Gated::builder(bookings::Bookings::open(data)?)
-        .policy(policy)
+        .policy_file(&cli.policy)
         .ledger(&cli.ledger)
         .server_name("bookings-mcp")
-        .contract(&live)
+        // The contract published to hosts: these tools under the policy in force, with the
+        // entitlements toolgate.lock records (tests/lock.rs keeps them equal to the sources).
+        .locked_contract(
+            bookings::Bookings::tools(),
+            include_str!("../toolgate.lock"),
+        )
         .build()?;
     let (stdin, stdout) = rmcp::transport::stdio_pipes();
     server
