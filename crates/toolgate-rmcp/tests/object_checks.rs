@@ -860,6 +860,25 @@ async fn a_canary_in_the_secret_field_never_leaves_the_gate() {
     seen.push(created);
     seen.push(replay);
 
+    // The gate's own answers are not presented: the exactly-once conflict keeps its prose.
+    let reused = call(
+        &setup,
+        "create_booking",
+        json!({"request_id": "c-9", "guest": "dee", "date": "2026-05-04", "note": "n"}),
+    )
+    .await;
+    assert_eq!(reused.is_error, Some(true));
+    assert!(
+        text_of(&reused).starts_with("Error: this idempotency key was already used"),
+        "{reused:?}"
+    );
+    assert!(
+        setup
+            .last_record("create_booking")
+            .get("dropped_fields")
+            .is_none()
+    );
+
     // A conflict carries the state the server's presenter shows.
     let row = setup.store.row("b-1").unwrap();
     setup.store.edit_elsewhere("b-1", "moved");
