@@ -90,6 +90,15 @@ async function scenario(client, server, ledger, data) {
   check(first._meta?.[REPLAYED] !== true, `the first create_booking is marked replayed: ${JSON.stringify(first._meta)}`);
   const booking = first.structuredContent;
   check(booking?.id === 'bk-1', `create_booking: ${JSON.stringify(booking)}`);
+  // The policy's result allow-list: the stored payment token never leaves the server, and the SDK
+  // (which validates structuredContent against the listed outputSchema) accepts the rest.
+  const token = stored(data).bookings[0].payment_token;
+  const listed = await call('list_bookings', {});
+  for (const result of [first, listed]) {
+    const dumped = JSON.stringify(result);
+    check(!dumped.includes(token) && !dumped.includes('payment_token'), `the payment token left the server: ${dumped}`);
+  }
+  console.log('  results: payment_token dropped from create_booking and list_bookings');
 
   const refused = await rejection(call('purge_bookings', {}));
   check(refused instanceof McpError, `purge_bookings: expected McpError, got ${refused?.name}: ${refused?.message}`);

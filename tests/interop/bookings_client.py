@@ -101,6 +101,14 @@ async def scenario(session: ClientSession, mode: str, server: str, ledger: Path,
     check(not (first.meta or {}).get(REPLAYED), f"the first create_booking is marked replayed: {first.meta}")
     booking = first.structured_content
     check(isinstance(booking, dict) and booking.get("id") == "bk-1", f"create_booking: {booking!r}")
+    # The policy's result allow-list: the stored payment token never leaves the server, and the
+    # SDK (which validates structured content against the listed outputSchema) accepts the rest.
+    token = stored(data)["bookings"][0]["payment_token"]
+    listed = await session.call_tool("list_bookings", {})
+    for result in (first, listed):
+        dumped = result.model_dump_json()
+        check(token not in dumped and "payment_token" not in dumped, f"the payment token left the server: {dumped}")
+    print("  results: payment_token dropped from create_booking and list_bookings")
 
     try:
         result = await session.call_tool("purge_bookings", {})

@@ -611,6 +611,8 @@ impl FileAuditLog {
             policy_digest: None,
             contract_digest: None,
             principal: None,
+            separate_reason: None,
+            dropped_fields: None,
         };
         let torn_bytes = u64::try_from(torn.len()).unwrap_or(u64::MAX);
         let extra = vec![

@@ -89,6 +89,15 @@ pub struct AuditEntry {
     /// Who called (written as `principal`, only when present): the gate's principal of the
     /// request, from configuration or a verified credential.
     pub principal: Option<String>,
+    /// Why the caller created an object although the gate's duplicate guard would have refused it
+    /// (written as `separate_reason`, only when present): the `reason` the caller passed with
+    /// `separate: true`. Caller text, so bounded like the other text fields: longer than
+    /// [`MAX_REASON_BYTES`] it is written as its digest with its length in `separate_reason_bytes`.
+    pub separate_reason: Option<String>,
+    /// How many fields the gate's result allow-list removed from the result this record answers
+    /// (written as `dropped_fields`, only when present: the gate sets it, 0 included, on every
+    /// allow record of a tool whose results it filters).
+    pub dropped_fields: Option<u64>,
 }
 
 impl AuditEntry {
@@ -111,6 +120,8 @@ impl AuditEntry {
             policy_digest: None,
             contract_digest: None,
             principal: None,
+            separate_reason: None,
+            dropped_fields: None,
         }
     }
 
@@ -135,6 +146,18 @@ impl AuditEntry {
     /// The same entry with a `contract_digest` field.
     pub fn with_contract_digest(mut self, digest: Sha256Digest) -> Self {
         self.contract_digest = Some(digest);
+        self
+    }
+
+    /// The same entry with a `separate_reason` field.
+    pub fn with_separate_reason(mut self, reason: impl Into<String>) -> Self {
+        self.separate_reason = Some(reason.into());
+        self
+    }
+
+    /// The same entry with a `dropped_fields` field.
+    pub fn with_dropped_fields(mut self, dropped: u64) -> Self {
+        self.dropped_fields = Some(dropped);
         self
     }
 }

@@ -24,7 +24,8 @@ pub enum Outcome {
     Failed,
     /// The handler or the gate failed with a protocol error.
     Error,
-    /// The idempotency key was used before with other arguments; nothing ran.
+    /// Nothing ran because the call conflicts with the state: its idempotency key was used before
+    /// with other arguments, or the version it carries is not the object's current one.
     Conflict,
     /// Another call holds the idempotency key; nothing ran.
     InProgress,

@@ -150,7 +150,11 @@ pub(crate) fn seal(
         .reason
         .as_deref()
         .map(|reason| Bounded::of(reason, MAX_REASON_BYTES));
-    let mut members: Vec<(&str, Field<'_>)> = Vec::with_capacity(12 + extra.len());
+    let separate_reason = entry
+        .separate_reason
+        .as_deref()
+        .map(|reason| Bounded::of(reason, MAX_REASON_BYTES));
+    let mut members: Vec<(&str, Field<'_>)> = Vec::with_capacity(14 + extra.len());
     members.extend([
         ("ts", Field::Number(ts)),
         ("request_id", Field::Text(request_id.text())),
@@ -168,12 +172,19 @@ pub(crate) fn seal(
     if let Some(principal) = &principal {
         members.push(("principal", Field::Text(principal.text())));
     }
+    if let Some(reason) = &separate_reason {
+        members.push(("separate_reason", Field::Text(reason.text())));
+    }
+    if let Some(dropped) = entry.dropped_fields {
+        members.push(("dropped_fields", Field::Number(dropped)));
+    }
     for (key, field) in [
         ("request_id_bytes", Some(&request_id)),
         ("method_bytes", Some(&method)),
         ("name_bytes", Some(&name)),
         ("reason_bytes", reason.as_ref()),
         ("principal_bytes", principal.as_ref()),
+        ("separate_reason_bytes", separate_reason.as_ref()),
     ] {
         if let Some(bytes) = field.and_then(Bounded::bytes) {
             members.push((key, Field::Number(bytes)));
@@ -493,6 +504,54 @@ mod tests {
             serde_json::from_slice(&seal(&entry, vec![], 1, 1, Sha256Digest::ZERO).line).unwrap();
         assert_eq!(record["request_id"], id.as_str());
         assert!(record.get("request_id_bytes").is_none());
+    }
+
+    #[test]
+    fn separate_reason_and_dropped_fields_are_written_only_when_present_and_bounded() {
+        let plain = AuditEntry::tool_call(
+            "r",
+            "create_booking",
+            Decision::Allow,
+            crate::Outcome::Committed,
+            Sha256Digest::of(b"{}"),
+        );
+        let record: Value =
+            serde_json::from_slice(&seal(&plain, vec![], 1, 1, Sha256Digest::ZERO).line).unwrap();
+        assert!(record.get("separate_reason").is_none());
+        assert!(record.get("dropped_fields").is_none());
+
+        let noted = plain
+            .clone()
+            .with_separate_reason("a second stay, same guest and date")
+            .with_dropped_fields(0);
+        let sealed = seal(&noted, vec![], 1, 1, Sha256Digest::ZERO);
+        check_line(sealed.line.strip_suffix(b"\n").unwrap()).unwrap();
+        let record: Value = serde_json::from_slice(&sealed.line).unwrap();
+        assert_eq!(
+            record["separate_reason"],
+            "a second stay, same guest and date"
+        );
+        assert_eq!(record["dropped_fields"], 0);
+        assert!(record.get("separate_reason_bytes").is_none());
+
+        let long = "r".repeat(MAX_REASON_BYTES + 1);
+        let sealed = seal(
+            &plain
+                .with_separate_reason(long.as_str())
+                .with_dropped_fields(7),
+            vec![],
+            1,
+            1,
+            Sha256Digest::ZERO,
+        );
+        check_line(sealed.line.strip_suffix(b"\n").unwrap()).unwrap();
+        let record: Value = serde_json::from_slice(&sealed.line).unwrap();
+        assert_eq!(
+            record["separate_reason"],
+            format!("sha256:{}", Sha256Digest::of(long.as_bytes()))
+        );
+        assert_eq!(record["separate_reason_bytes"], long.len());
+        assert_eq!(record["dropped_fields"], 7);
     }
 
     #[test]

@@ -23,7 +23,9 @@
 mod load;
 mod principal;
 mod raw;
+mod results;
 mod rules;
+mod schema_walk;
 mod sections;
 mod untrusted;
 
@@ -37,8 +39,11 @@ use serde_json::{Map, Value};
 use toolgate_canon::Sha256Digest;
 
 pub use principal::Principal;
+pub use results::ResultFields;
 pub use rules::{ArgRule, ArgType, ArgViolation, PATTERN_SIZE_LIMIT, PathRule, Violation};
-pub use sections::{Batch, BatchCall, BatchProblem, BatchViolation, EffectClass, Rate};
+pub use sections::{
+    Batch, BatchCall, BatchProblem, BatchViolation, DuplicateGuard, EffectClass, Rate, Versioned,
+};
 pub use untrusted::{
     DEFAULT_UNTRUSTED_MAX_CHARS, MAX_UNTRUSTED_MAX_CHARS, TRUNCATION_MARK, UNTRUSTED_NOTE,
     UntrustedOutput,
@@ -208,6 +213,9 @@ pub struct Policy {
     pub(crate) halt_exempt: BTreeSet<String>,
     pub(crate) principals: BTreeMap<String, PrincipalSection>,
     pub(crate) untrusted_output: BTreeMap<String, UntrustedOutput>,
+    pub(crate) versions: BTreeMap<String, Versioned>,
+    pub(crate) duplicates: BTreeMap<String, DuplicateGuard>,
+    pub(crate) results: BTreeMap<String, ResultFields>,
     pub(crate) digest: Sha256Digest,
 }
 
@@ -387,8 +395,8 @@ impl Policy {
     /// A digest of every rule of this policy that applies to `tool`: whether it is allowed, whether
     /// it is denied, and its argument rules; and, only when the policy sets them for the tool, its
     /// idempotency, effect class (with the confirmation window when the class needs confirmation),
-    /// batch, rate limit, kill-switch exemption, untrusted-output settings and the principal
-    /// sections that mention it. Two policies give a tool the same fingerprint exactly when they
+    /// batch, rate limit, kill-switch exemption, untrusted-output settings, version argument,
+    /// duplicate guard, result allow-list and the principal sections that mention it. Two policies give a tool the same fingerprint exactly when they
     /// treat its calls the same way, whatever else they say about other tools.
     pub fn fingerprint(&self, tool: &str) -> Sha256Digest {
         let rules_json = |fields: &BTreeMap<String, ArgRule>| -> Map<String, Value> {
@@ -443,6 +451,24 @@ impl Policy {
                     "fields": untrusted.fields(),
                     "max_chars": untrusted.max_chars(),
                 }),
+            );
+        }
+        if let Some(versioned) = self.versions(tool) {
+            map.insert(
+                "versions".to_owned(),
+                serde_json::to_value(versioned).unwrap_or(Value::Null),
+            );
+        }
+        if let Some(guard) = self.duplicates(tool) {
+            map.insert(
+                "duplicates".to_owned(),
+                serde_json::to_value(guard).unwrap_or(Value::Null),
+            );
+        }
+        if let Some(results) = self.results(tool) {
+            map.insert(
+                "results".to_owned(),
+                serde_json::json!({"fields": results.fields()}),
             );
         }
         let principals: Map<String, Value> = self
@@ -548,6 +574,22 @@ impl Policy {
     /// Which strings of `tool`'s structured results are third-party text.
     pub fn untrusted_output(&self, tool: &str) -> Option<&UntrustedOutput> {
         self.untrusted_output.get(tool)
+    }
+
+    /// The version argument of `tool`, when the policy says its calls must carry the version of
+    /// the object they change (`versions`).
+    pub fn versions(&self, tool: &str) -> Option<&Versioned> {
+        self.versions.get(tool)
+    }
+
+    /// The duplicate guard of the create tool `tool` (`duplicates`).
+    pub fn duplicates(&self, tool: &str) -> Option<&DuplicateGuard> {
+        self.duplicates.get(tool)
+    }
+
+    /// The fields `tool`'s results may carry (`results`); every other field is dropped.
+    pub fn results(&self, tool: &str) -> Option<&ResultFields> {
+        self.results.get(tool)
     }
 }
 

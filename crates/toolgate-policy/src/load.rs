@@ -7,8 +7,9 @@ use toolgate_canon::Sha256Digest;
 
 use crate::principal::{Principal, PrincipalSection};
 use crate::raw::{RawArgRule, RawPolicy, UniqueMap};
+use crate::results::ResultFields;
 use crate::rules::ArgRule;
-use crate::sections::{Batch, EffectClass, Rate};
+use crate::sections::{Batch, DuplicateGuard, EffectClass, Rate, Versioned};
 use crate::untrusted::UntrustedOutput;
 use crate::{
     DEFAULT_CONFIRMATION_TTL_SECS, MAX_CONFIRMATION_TTL_SECS, Policy, PolicyError,
@@ -313,6 +314,38 @@ impl Policy {
             untrusted_output.insert(tool, compiled);
         }
 
+        let mut versions = BTreeMap::new();
+        for (tool, settings) in raw.versions.0 {
+            let tool = tool_name(&tool, "versions")?;
+            reach.require("versions", &tool)?;
+            let compiled = Versioned::compile(&tool, settings).map_err(invalid)?;
+            versions.insert(tool, compiled);
+        }
+
+        let mut duplicates = BTreeMap::new();
+        for (tool, settings) in raw.duplicates.0 {
+            let tool = tool_name(&tool, "duplicates")?;
+            reach.require("duplicates", &tool)?;
+            let at = format!("duplicates.{tool}.update_tool");
+            let update_tool = tool_name(&settings.update_tool, &at)?;
+            if !reach.allowed_for_somebody(&update_tool) {
+                return Err(invalid(format!(
+                    "{at} names `{update_tool}`, which the policy does not allow, so a refused duplicate would point callers at a tool they cannot call; allow it or fix the name ({})",
+                    reach.somebody_list()
+                )));
+            }
+            let compiled = DuplicateGuard::compile(&tool, settings).map_err(invalid)?;
+            duplicates.insert(tool, compiled);
+        }
+
+        let mut results = BTreeMap::new();
+        for (tool, settings) in raw.results.0 {
+            let tool = tool_name(&tool, "results")?;
+            reach.require("results", &tool)?;
+            let compiled = ResultFields::compile(&tool, settings).map_err(invalid)?;
+            results.insert(tool, compiled);
+        }
+
         for (name, rules) in compiled_principal_rules {
             if let Some(section) = principals.get_mut(&name) {
                 section.arg_rules = rules;
@@ -332,6 +365,9 @@ impl Policy {
             halt_exempt,
             principals,
             untrusted_output,
+            versions,
+            duplicates,
+            results,
             digest: Sha256Digest::of_json(&loose),
         })
     }

@@ -77,6 +77,12 @@ pub(crate) struct RawPolicy {
     pub(crate) principals: UniqueMap<RawPrincipal>,
     #[serde(default)]
     pub(crate) untrusted_output: UniqueMap<RawUntrusted>,
+    #[serde(default)]
+    pub(crate) versions: UniqueMap<RawVersion>,
+    #[serde(default)]
+    pub(crate) duplicates: UniqueMap<RawDuplicates>,
+    #[serde(default)]
+    pub(crate) results: UniqueMap<RawResults>,
 }
 
 /// `arg_rules.<tool>.<field>` as written.
@@ -168,4 +174,23 @@ pub(crate) struct RawUntrusted {
     pub(crate) fields: Vec<String>,
     #[serde(default, deserialize_with = "present")]
     pub(crate) max_chars: Option<u64>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawVersion {
+    pub(crate) argument: String,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawDuplicates {
+    pub(crate) key: Vec<String>,
+    pub(crate) update_tool: String,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawResults {
+    pub(crate) fields: Vec<String>,
 }

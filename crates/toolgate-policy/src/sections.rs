@@ -1,11 +1,12 @@
-//! The smaller per-tool and per-principal sections: `effects`, `batch`, `rate_limits`.
+//! The smaller per-tool and per-principal sections: `effects`, `batch`, `rate_limits`,
+//! `versions`, `duplicates`.
 
 use std::fmt;
 
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
-use crate::raw::{RawBatch, RawRate};
+use crate::raw::{RawBatch, RawDuplicates, RawRate, RawVersion};
 
 /// What a tool's effect on the world is (policy key `effects`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Deserialize, Serialize)]
@@ -308,5 +309,79 @@ impl Batch {
                 }),
             },
         }
+    }
+}
+
+/// A tool whose calls carry the version of the object they change (policy key `versions.<tool>`):
+/// the gate refuses a call whose version is not the object's current one.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Versioned {
+    argument: String,
+}
+
+impl Versioned {
+    pub(crate) fn compile(tool: &str, raw: RawVersion) -> Result<Self, String> {
+        if raw.argument.is_empty() {
+            return Err(format!(
+                "versions.{tool}.argument is empty; name the argument that carries the version the caller read (e.g. \"version\")"
+            ));
+        }
+        Ok(Versioned {
+            argument: raw.argument,
+        })
+    }
+
+    /// The argument holding the version the caller read (a string).
+    pub fn argument(&self) -> &str {
+        &self.argument
+    }
+}
+
+/// A create tool's duplicate guard (policy key `duplicates.<tool>`): the arguments that form its
+/// business key, and the tool that updates an existing object instead.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct DuplicateGuard {
+    key: Vec<String>,
+    update_tool: String,
+}
+
+impl DuplicateGuard {
+    pub(crate) fn compile(tool: &str, raw: RawDuplicates) -> Result<Self, String> {
+        if raw.key.is_empty() {
+            return Err(format!(
+                "duplicates.{tool}.key is empty; list the arguments that identify the object, such as [\"guest\", \"date\"]"
+            ));
+        }
+        for (index, field) in raw.key.iter().enumerate() {
+            if field.is_empty() {
+                return Err(format!(
+                    "duplicates.{tool}.key[{index}] is empty; name an argument of `{tool}`"
+                ));
+            }
+            if raw.key[..index].contains(field) {
+                return Err(format!(
+                    "duplicates.{tool}.key lists `{field}` twice; remove one of them"
+                ));
+            }
+        }
+        if raw.update_tool == tool {
+            return Err(format!(
+                "duplicates.{tool}.update_tool names `{tool}` itself; name the tool that updates an existing object"
+            ));
+        }
+        Ok(DuplicateGuard {
+            key: raw.key,
+            update_tool: raw.update_tool,
+        })
+    }
+
+    /// The arguments whose values identify the object, in the order written.
+    pub fn key(&self) -> &[String] {
+        &self.key
+    }
+
+    /// The tool that changes an existing object (named in the refusal of a duplicate).
+    pub fn update_tool(&self) -> &str {
+        &self.update_tool
     }
 }

@@ -93,6 +93,11 @@ fn check_full(p: &Policy) {
         "arg_rules.delete_notes.ids.max_items"
     );
     assert_eq!(rule(p, None, "rm_rf", json!({})), "deny");
+    // The ledger's results carry the notes' ids and texts only.
+    let mut ledger = json!({"notes": [{"request_id": "r", "text": "t", "author": "a"}]});
+    let results = p.results("read_ledger").expect("results");
+    assert_eq!(results.apply(&mut ledger), Some(1));
+    assert_eq!(ledger, json!({"notes": [{"request_id": "r", "text": "t"}]}));
     // Principals.
     assert_eq!(
         rule(p, Some("alice@example.com"), "admin_reset", json!({})),

@@ -51,6 +51,9 @@ fn unknown_keys_name_the_allowed_ones() {
             "rate_limits",
             "batch",
             "confirmation",
+            "versions",
+            "duplicates",
+            "results",
         ],
     );
     rejects(
@@ -103,6 +106,18 @@ fn unknown_keys_name_the_allowed_ones() {
         json!({"version": 1, "allow": ["t"], "untrusted_output": {"t": {"fields": ["/a"], "max_len": 3}}}),
         &["max_len", "fields", "max_chars"],
     );
+    rejects(
+        json!({"version": 1, "allow": ["t"], "versions": {"t": {"arg": "version"}}}),
+        &["`arg`", "argument"],
+    );
+    rejects(
+        json!({"version": 1, "allow": ["t", "u"], "duplicates": {"t": {"key": ["a"], "update_tool": "u", "updater": "u"}}}),
+        &["updater", "key", "update_tool"],
+    );
+    rejects(
+        json!({"version": 1, "allow": ["t"], "results": {"t": {"fields": ["a"], "field": ["b"]}}}),
+        &["`field`", "fields"],
+    );
 }
 
 #[test]
@@ -115,6 +130,9 @@ fn duplicate_keys_are_errors() {
         r#"{"version":1,"principals":{"p":{},"p":{}}}"#,
         r#"{"version":1,"allow":["t"],"principals":{"p":{"arg_rules":{"t":{"f":{}},"t":{}}}}}"#,
         r#"{"version":1,"allow":["t"],"untrusted_output":{"t":{"fields":["/a"]},"t":{"fields":["/b"]}}}"#,
+        r#"{"version":1,"allow":["t"],"versions":{"t":{"argument":"v"},"t":{"argument":"w"}}}"#,
+        r#"{"version":1,"allow":["t","u"],"duplicates":{"t":{"key":["a"],"update_tool":"u"},"t":{"key":["b"],"update_tool":"u"}}}"#,
+        r#"{"version":1,"allow":["t"],"results":{"t":{"fields":["a"]},"t":{"fields":["b"]}}}"#,
     ] {
         let e = error(Value::String(text.to_owned()));
         assert!(e.contains("duplicate key"), "{text}: {e}");
@@ -124,6 +142,9 @@ fn duplicate_keys_are_errors() {
         r#"{"version":1,"confirmation":{},"confirmation":{}}"#,
         r#"{"version":1,"allow":["t"],"arg_rules":{"t":{"f":{"pattern":"a","pattern":"b"}}}}"#,
         r#"{"version":1,"kill_switch":{"exempt":[],"exempt":[]}}"#,
+        r#"{"version":1,"allow":["t"],"versions":{"t":{"argument":"v","argument":"w"}}}"#,
+        r#"{"version":1,"allow":["t","u"],"duplicates":{"t":{"key":["a"],"key":["b"],"update_tool":"u"}}}"#,
+        r#"{"version":1,"allow":["t"],"results":{"t":{"fields":["a"],"fields":["b"]}}}"#,
     ] {
         let e = error(Value::String(text.to_owned()));
         assert!(e.contains("duplicate field"), "{text}: {e}");
@@ -303,6 +324,12 @@ fn per_tool_keys_name_allowed_tools_only() {
         ("batch", json!({"u": {}})),
         ("untrusted_output", json!({"u": {"fields": ["/a"]}})),
         ("idempotency", json!({"u": {}})),
+        ("versions", json!({"u": {"argument": "version"}})),
+        (
+            "duplicates",
+            json!({"u": {"key": ["k"], "update_tool": "t"}}),
+        ),
+        ("results", json!({"u": {"fields": ["a"]}})),
     ];
     for (key, section) in sections {
         let mut policy = json!({"version": 1, "allow": ["t", "u"], "deny": ["u"]});
@@ -603,5 +630,115 @@ fn long_lists_of_allowed_tools_are_cut() {
     rejects(
         json!({"version": 1, "allow": allow, "effects": {"u": "read"}}),
         &["(t00, t01,", "t19, … (10 more))"],
+    );
+}
+
+#[test]
+fn versions_duplicates_and_results_load_strictly() {
+    let base = |key: &str, section: Value| {
+        let mut policy = json!({"version": 1, "allow": ["create", "update", "list"]});
+        policy[key] = section;
+        policy
+    };
+    // versions
+    rejects(
+        base("versions", json!({"update": {"argument": ""}})),
+        &["versions.update.argument is empty", "name the argument"],
+    );
+    rejects(base("versions", json!({"update": {}})), &["argument"]);
+    rejects(
+        base("versions", json!({"update": {"argument": null}})),
+        &["invalid type"],
+    );
+    rejects(
+        base("versions", json!({"update": {"argument": 3}})),
+        &["invalid type"],
+    );
+    // duplicates
+    rejects(
+        base(
+            "duplicates",
+            json!({"create": {"key": [], "update_tool": "update"}}),
+        ),
+        &["duplicates.create.key is empty", "list the arguments"],
+    );
+    rejects(
+        base(
+            "duplicates",
+            json!({"create": {"key": ["guest", ""], "update_tool": "update"}}),
+        ),
+        &["duplicates.create.key[1] is empty"],
+    );
+    rejects(
+        base(
+            "duplicates",
+            json!({"create": {"key": ["guest", "guest"], "update_tool": "update"}}),
+        ),
+        &["lists `guest` twice", "remove one"],
+    );
+    rejects(
+        base("duplicates", json!({"create": {"key": ["guest"]}})),
+        &["update_tool"],
+    );
+    rejects(
+        base(
+            "duplicates",
+            json!({"create": {"key": ["guest"], "update_tool": "create"}}),
+        ),
+        &["update_tool names `create` itself"],
+    );
+    rejects(
+        base(
+            "duplicates",
+            json!({"create": {"key": ["guest"], "update_tool": "amend"}}),
+        ),
+        &[
+            "duplicates.create.update_tool names `amend`",
+            "does not allow",
+            "allow it or fix the name",
+        ],
+    );
+    rejects(
+        base(
+            "duplicates",
+            json!({"create": {"key": ["guest"], "update_tool": "bad name"}}),
+        ),
+        &["\"bad name\"", "tool name"],
+    );
+    // results
+    rejects(
+        base("results", json!({"list": {"fields": []}})),
+        &["results.list.fields is empty", "list the fields"],
+    );
+    for bad in ["", "a..b", ".a", "a.", "a[0]", "a[", "a]", "a[]b"] {
+        rejects(
+            base("results", json!({"list": {"fields": ["ok", bad]}})),
+            &[
+                "results.list.fields[1]",
+                "bookings[].id",
+                "write dotted member names",
+            ],
+        );
+    }
+    rejects(
+        base("results", json!({"list": {"fields": ["a.b", "a.b"]}})),
+        &["lists \"a.b\" twice"],
+    );
+    let loaded = Policy::from_json(
+        &json!({"version": 1, "allow": ["create", "update", "list"],
+            "versions": {"update": {"argument": "version"}},
+            "duplicates": {"create": {"key": ["guest", "date"], "update_tool": "update"}},
+            "results": {"list": {"fields": ["bookings[].id", "[].id", "total"]}}})
+        .to_string(),
+    )
+    .expect("loads");
+    assert_eq!(loaded.versions("update").unwrap().argument(), "version");
+    assert!(loaded.versions("create").is_none());
+    let guard = loaded.duplicates("create").unwrap();
+    assert_eq!(guard.key(), ["guest", "date"]);
+    assert_eq!(guard.update_tool(), "update");
+    assert_eq!(
+        loaded.results("list").unwrap().fields(),
+        ["bookings[].id", "[].id", "total"]
     );
 }

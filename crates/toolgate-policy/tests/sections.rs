@@ -247,6 +247,12 @@ fn new_per_tool_settings_enter_the_fingerprint_only_when_present() {
             json!({"tools": {"t": {"burst": 1, "per_minute": 1}}}),
         ),
         ("untrusted_output", json!({"t": {"fields": ["/a"]}})),
+        ("versions", json!({"t": {"argument": "version"}})),
+        (
+            "duplicates",
+            json!({"t": {"key": ["k"], "update_tool": "u"}}),
+        ),
+        ("results", json!({"t": {"fields": ["a"]}})),
     ];
     for (key, section) in variants {
         let mut changed = base.clone();

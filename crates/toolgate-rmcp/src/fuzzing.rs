@@ -83,6 +83,8 @@ impl ArgumentChecker {
             tool: &tool_definition,
             input: &input,
             arguments,
+            owned: &Map::new(),
+            sent: arguments,
             meta: &meta,
             decision: &decision,
             args_digest: toolgate_canon::Sha256Digest::of_json_object(

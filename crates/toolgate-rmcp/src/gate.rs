@@ -55,8 +55,11 @@ pub const REJECT_ACTION: &str = "reject_action";
 pub const HALTED: i32 = -32001;
 
 /// What the server author supplies for the gate's checks that need to look at the world:
-/// preparing a call for two-step confirmation, and counting what a batch filter matches.
-/// Both run on the blocking pool and must not perform the tool's effect.
+/// preparing a call for two-step confirmation, counting what a batch filter matches, reading the
+/// current version of the object a call changes, and finding an existing object with a create
+/// call's business key. Every method runs on the blocking pool and must not perform the tool's
+/// effect. The checks that need a method the server does not implement fail closed: their calls
+/// are refused, naming what the server cannot do.
 pub trait Preflight: Send + Sync + 'static {
     /// Describes what `tool` with `arguments` would do, without doing it: a summary written by
     /// the server that names the concrete operation (target, scope, count), and a hash of the
@@ -74,6 +77,49 @@ pub trait Preflight: Send + Sync + 'static {
         let _ = (tool, filter);
         Err("this server does not evaluate batch filters; pass explicit ids".to_owned())
     }
+
+    /// The object a call of `tool` (named in the policy's `versions`) refers to, as it is now:
+    /// its current version and its state as the server would show it to the caller. `Ok(None)`
+    /// when the object does not exist (the call then runs and the handler answers not-found).
+    /// `arguments` are the tool's own, the version argument included. `Err` is a one-line reason
+    /// (no secrets); the call is then refused. The default cannot read versions, so every call
+    /// of a tool under `versions` is refused.
+    fn current_version(
+        &self,
+        tool: &str,
+        arguments: &rmcp::model::JsonObject,
+    ) -> Result<Option<Current>, String> {
+        let _ = (tool, arguments);
+        Err("this server does not read the current version of its objects".to_owned())
+    }
+
+    /// The id of an existing object that a call of the create tool `tool` (named in the policy's
+    /// `duplicates`) would duplicate: one whose business key equals `key` (the key arguments
+    /// named in the policy, with the call's values). Read what is committed now (the columns
+    /// the create path writes, not an asynchronous log). `Ok(None)` when there is none. `Err`
+    /// is a one-line reason (no secrets); the call is then refused. The default cannot look
+    /// objects up, so every call of a tool under `duplicates` is refused unless it passes
+    /// `separate: true` with a `reason`.
+    fn find_existing(
+        &self,
+        tool: &str,
+        key: &rmcp::model::JsonObject,
+    ) -> Result<Option<String>, String> {
+        let _ = (tool, key);
+        Err("this server does not look up existing objects by their business key".to_owned())
+    }
+}
+
+/// The object a call refers to, as it is now (see [`Preflight::current_version`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Current {
+    /// Its version now (a content hash); a call passes when its version argument is this exact
+    /// string.
+    pub version: String,
+    /// Its state as the server would show it to the caller (through its presenter, without
+    /// secrets): returned with a `conflict` so that the caller can retry from it. The gate does
+    /// not filter it.
+    pub state: Value,
 }
 
 /// A call prepared for confirmation (see [`Preflight::prepare`]).
@@ -154,8 +200,9 @@ pub struct Gated<H> {
     request_id_field: String,
     contract_changes: BTreeMap<String, Vec<Change>>,
     principals: Arc<dyn PrincipalSource>,
-    /// Every governance check, with its state, in the order of [`Checks::sequence`].
-    pub(crate) checks: Checks,
+    /// Every governance check, with its state, in the order of [`Checks::sequence`] (shared with
+    /// the blocking tasks that answer replays, which present them).
+    pub(crate) checks: Arc<Checks>,
 }
 
 /// What a probe found out about an effect whose caller died mid-call.
@@ -368,9 +415,10 @@ impl<H: ServerHandler> GatedBuilder<H> {
         self
     }
 
-    /// Prepares calls for two-step confirmation and evaluates batch filters. Without it, a
-    /// confirmation summary is the tool name with its canonical arguments, and batch filters are
-    /// refused.
+    /// Prepares calls for two-step confirmation, evaluates batch filters, reads current versions
+    /// and finds existing duplicates. Without it, a confirmation summary is the tool name with
+    /// its canonical arguments, and batch filters, calls of tools under `versions` and calls of
+    /// tools under `duplicates` (without `separate: true`) are refused.
     pub fn preflight(mut self, preflight: Arc<dyn Preflight>) -> Self {
         self.preflight = Some(preflight);
         self
@@ -514,10 +562,19 @@ impl<H: ServerHandler> GatedBuilder<H> {
                 preflight: self.preflight.clone(),
             },
             rates: Default::default(),
+            versions: crate::checks::versions::VersionCheck {
+                preflight: self.preflight.clone(),
+                effects: self.effects.clone(),
+            },
+            duplicates: crate::checks::duplicates::DuplicateCheck {
+                preflight: self.preflight.clone(),
+                effects: self.effects.clone(),
+            },
             confirmation: crate::checks::confirmation::Confirmation {
                 pending: PendingActions::new(pending_ttl),
                 preflight: self.preflight,
             },
+            results: Default::default(),
             untrusted: Default::default(),
         };
         Ok(Gated {
@@ -527,7 +584,7 @@ impl<H: ServerHandler> GatedBuilder<H> {
             request_id_field: self.request_id_field,
             contract_changes: self.contract_changes,
             principals,
-            checks,
+            checks: Arc::new(checks),
         })
     }
 }

@@ -82,8 +82,8 @@ pub mod prelude {
     pub use crate::guard::{KillSwitch, RightsFile};
     pub use crate::policy::Policy;
     pub use crate::{
-        FixedPrincipal, FromExtensions, GateError, Gated, GatedBuilder, Permit, PrincipalSource,
-        StdioConfig, StdioTransport, VerifiedPrincipal,
+        Current, FixedPrincipal, FromExtensions, GateError, Gated, GatedBuilder, Permit, Preflight,
+        Preparation, PrincipalSource, StdioConfig, StdioTransport, VerifiedPrincipal,
     };
 }
 

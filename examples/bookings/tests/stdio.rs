@@ -231,6 +231,60 @@ async fn create_booking_runs_once_per_request_id_and_retries_replay() {
 }
 
 #[tokio::test]
+async fn the_payment_token_never_leaves_the_server() {
+    let world = World::new();
+    let client = world.connect(None).await;
+    let args =
+        json!({"request_id": "req-canary-01", "guest": "Ada", "date": "2026-10-01", "nights": 1});
+    let mut results = vec![call(&client, "create_booking", args.clone()).await];
+    results.push(call(&client, "create_booking", args).await);
+    results.push(call(&client, "list_bookings", json!({})).await);
+    assert!(replayed(&results[1]), "{}", results[1]);
+    // The canary: the token the store keeps with the record.
+    let stored = world.stored();
+    let token = stored["bookings"][0]["payment_token"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert!(token.len() > 8, "{stored}");
+    for result in &results {
+        let text = result.to_string();
+        assert!(
+            !text.contains(&token) && !text.contains("payment_token"),
+            "{text}"
+        );
+        assert_eq!(
+            result["structuredContent"]["guest"]
+                .as_str()
+                .or(result["structuredContent"]["bookings"][0]["guest"].as_str()),
+            Some("Ada"),
+            "{result}"
+        );
+    }
+    // The listed output schemas describe the filtered results.
+    let tools = tokio::time::timeout(TIMEOUT, client.list_all_tools())
+        .await
+        .unwrap()
+        .unwrap();
+    for tool in tools.iter().filter(|t| t.output_schema.is_some()) {
+        let schema = serde_json::to_string(&tool.output_schema).unwrap();
+        assert!(!schema.contains("payment_token"), "{}: {schema}", tool.name);
+    }
+    client.cancel().await.unwrap();
+    // Nor the audit log, which counts what the gate dropped.
+    let audit = std::fs::read_to_string(world.ledger().join("audit.jsonl")).unwrap();
+    assert!(!audit.contains(&token), "{audit}");
+    let dropped: Vec<u64> = audit
+        .lines()
+        .map(|line| serde_json::from_str::<Value>(line).unwrap())
+        .filter(|record| record["decision"] == "allow")
+        .filter_map(|record| record["dropped_fields"].as_u64())
+        .collect();
+    assert_eq!(dropped, [1, 1, 1], "{audit}");
+    assert_verified(&world);
+}
+
+#[tokio::test]
 async fn cancel_and_notify_wait_for_a_confirmation() {
     let world = World::new();
     let client = world.connect(None).await;

@@ -17,12 +17,14 @@ use serde_json::{Value, json};
 use toolgate_audit::Outcome;
 use toolgate_canon::Sha256Digest;
 use toolgate_commit::effect::{
-    Attempt, Begin, EffectBackend, EffectError, EffectKind, EffectRequest, Resolution,
+    Attempt, Begin, EffectBackend, EffectError, EffectKind, EffectRequest, EffectStatus,
+    Resolution, Scope,
 };
 use toolgate_policy::{EffectSafety, Idempotency, ReplayMarker};
 
 use crate::gate::{EffectProbe, ProbeAnswer};
 use crate::refusal::Refusal;
+use crate::state::GateState;
 
 /// The `_meta` key a client may use to pass an idempotency key.
 pub const IDEMPOTENCY_KEY_META: &str = "io.toolgate/idempotencyKey";
@@ -128,6 +130,76 @@ pub(crate) fn fingerprint(args_digest: Sha256Digest, input_schema: &JsonObject) 
     }))
 }
 
+/// What the effect store is asked for a call of an exactly-once tool: its key (scoped to the
+/// principal and the tool) and its fingerprint.
+pub(crate) fn request_for(
+    settings: &Idempotency,
+    principal: &str,
+    tool: &str,
+    arguments: Option<&JsonObject>,
+    meta: &RequestMetaObject,
+    args_digest: Sha256Digest,
+    input_schema: &JsonObject,
+) -> EffectRequest {
+    EffectRequest {
+        scope: Scope {
+            principal: principal.to_owned(),
+            tool: tool.to_owned(),
+        },
+        key: key_for(settings, arguments, meta, args_digest),
+        fingerprint: fingerprint(args_digest, input_schema),
+    }
+}
+
+/// Whether the effect store will answer a call from an earlier execution of the same call (same
+/// key, same fingerprint) without running the handler: the earlier one completed, or failed for
+/// good. A check that compares a call with the object as it is now (its version, an existing
+/// duplicate) lets such a call through, because what it would see changed is this call's own
+/// effect: a client retrying a lost answer gets the replay, not a conflict. A call the store
+/// would run again (no record, a retryable failure, another call still holding the key) is not
+/// one; neither is a tool that is not exactly-once.
+pub(crate) struct EarlierAnswer {
+    effects: Arc<dyn EffectBackend>,
+    request: EffectRequest,
+}
+
+impl EarlierAnswer {
+    /// The question for `call`, when its tool is exactly-once and the gate has a store.
+    pub(crate) fn of(
+        effects: Option<&Arc<dyn EffectBackend>>,
+        call: &super::Call<'_>,
+    ) -> Option<Self> {
+        let settings = call.policy().idempotency(call.name)?;
+        Some(EarlierAnswer {
+            effects: Arc::clone(effects?),
+            request: request_for(
+                settings,
+                call.principal,
+                call.name,
+                call.arguments,
+                call.meta,
+                call.args_digest,
+                &call.tool.input_schema,
+            ),
+        })
+    }
+
+    /// Asks the store (blocking work). A store error answers `false`: the check then decides
+    /// from the object as it is, which can only refuse more.
+    pub(crate) fn exists(&self) -> bool {
+        let status = self.effects.lookup(&self.request.scope, &self.request.key);
+        match status {
+            Ok(Some(EffectStatus::Completed { fingerprint, .. }))
+            | Ok(Some(EffectStatus::Failed {
+                fingerprint,
+                retryable: false,
+                ..
+            })) => fingerprint == self.request.fingerprint,
+            _ => false,
+        }
+    }
+}
+
 /// The store's view of the policy's effect safety.
 pub(crate) fn kind(settings: &Idempotency) -> EffectKind {
     match settings.effect {
@@ -136,7 +208,8 @@ pub(crate) fn kind(settings: &Idempotency) -> EffectKind {
     }
 }
 
-/// What is stored for a completed call: the result exactly as first returned.
+/// What is stored for a completed call: the result exactly as the handler first returned it,
+/// before any check presented it (a replay is presented again, under the policy in force).
 pub(crate) fn stored(result: &CallToolResult) -> Value {
     serde_json::to_value(result).unwrap_or(Value::Null)
 }
@@ -145,12 +218,16 @@ pub(crate) fn stored(result: &CallToolResult) -> Value {
 /// first execution whatever the tool's output looks like.
 pub const REPLAYED_META: &str = "io.toolgate/replayed";
 
-/// The result of a replay: the stored first result, byte-identical apart from the replay markers:
-/// `_meta["io.toolgate/replayed"] = true` always, and the policy's `replay_marker` (if any) set in
-/// `structuredContent` (inserted when absent, as the last member of an existing object) and in a
-/// text block that carried the same JSON.
-pub(crate) fn replayed(stored: Value, marker: Option<&ReplayMarker>) -> Option<CallToolResult> {
-    let mut result: CallToolResult = serde_json::from_value(stored).ok()?;
+/// The stored first result of a call, as the handler returned it.
+pub(crate) fn restored(stored: Value) -> Option<CallToolResult> {
+    serde_json::from_value(stored).ok()
+}
+
+/// Marks `result` (a restored result, already presented) as a replay: identical to what the first
+/// call got apart from the replay markers: `_meta["io.toolgate/replayed"] = true` always, and the
+/// policy's `replay_marker` (if any) set in `structuredContent` (inserted when absent, as the last
+/// member of an existing object) and in a text block that carried the same JSON.
+pub(crate) fn mark_replay(result: &mut CallToolResult, marker: Option<&ReplayMarker>) {
     result
         .meta
         .get_or_insert_with(rmcp::model::MetaObject::new)
@@ -169,7 +246,6 @@ pub(crate) fn replayed(stored: Value, marker: Option<&ReplayMarker>) -> Option<C
             }
         }
     }
-    Some(result)
 }
 
 /// Sets the member at JSON `pointer` to `value`, inserting it when its parent is an object that
@@ -243,16 +319,27 @@ pub(crate) struct Answering {
     pub(crate) audit: Arc<dyn toolgate_audit::AuditSink>,
     /// The allow record, its outcome set once the answer is known.
     pub(crate) entry: toolgate_audit::AuditEntry,
+    /// The checks that present a replayed result, the state they present it under, and the tool.
+    pub(crate) checks: Arc<super::Checks>,
+    pub(crate) state: Arc<GateState>,
+    pub(crate) tool: String,
 }
 
 impl Answering {
     /// The answer to `begun`, with its allow record appended (blocking work), or the ticket to
-    /// execute with.
+    /// execute with. A replay is the stored result presented by every check (the record carries
+    /// what they noted) and then marked as a replay; the gate's own answers are not presented.
     fn settle(&self, begun: Result<Begin, EffectError>) -> EffectAnswer {
+        let mut entry = self.entry.clone();
         let (outcome, response) = match begun {
             Ok(Begin::Execute(ticket)) => return EffectAnswer::Execute(ticket),
-            Ok(Begin::Replay(stored)) => match replayed(stored, self.marker.as_ref()) {
-                Some(result) => (Outcome::Replay, Ok(result)),
+            Ok(Begin::Replay(stored)) => match restored(stored) {
+                Some(mut result) => {
+                    self.checks
+                        .present(&self.state, &self.tool, &mut result, &mut entry);
+                    mark_replay(&mut result, self.marker.as_ref());
+                    (Outcome::Replay, Ok(result))
+                }
                 None => (
                     Outcome::Error,
                     Err(McpError::internal_error(
@@ -292,7 +379,6 @@ impl Answering {
                 )),
             ),
         };
-        let mut entry = self.entry.clone();
         entry.outcome = outcome;
         let recorded = self
             .audit
@@ -522,13 +608,19 @@ mod tests {
         );
     }
 
+    fn replayed(stored: Value, marker: Option<&ReplayMarker>) -> CallToolResult {
+        let mut result = restored(stored).expect("replayable");
+        mark_replay(&mut result, marker);
+        result
+    }
+
     #[test]
     fn replays_differ_from_the_first_result_only_by_the_marker() {
         let first = CallToolResult::structured(json!({"request_id": "r", "status": "committed"}));
         let marker: ReplayMarker =
             serde_json::from_value(json!({"pointer": "/status", "value": "replay"}))
                 .expect("valid");
-        let replay = replayed(stored(&first), Some(&marker)).expect("replayable");
+        let replay = replayed(stored(&first), Some(&marker));
         assert_eq!(
             replay.structured_content,
             Some(json!({"request_id": "r", "status": "replay"}))
@@ -546,7 +638,7 @@ mod tests {
             replay.meta.as_ref().and_then(|m| m.0.get(REPLAYED_META)),
             Some(&json!(true))
         );
-        let mut unmarked = replayed(stored(&first), None).expect("replayable");
+        let mut unmarked = replayed(stored(&first), None);
         assert_eq!(
             unmarked.meta.take().map(|m| m.0),
             Some(
@@ -562,7 +654,7 @@ mod tests {
         );
         // A marker whose member is absent is inserted.
         let bare = CallToolResult::structured(json!({"booking": "b-1"}));
-        let replay = replayed(stored(&bare), Some(&marker)).expect("replayable");
+        let replay = replayed(stored(&bare), Some(&marker));
         assert_eq!(
             replay.structured_content,
             Some(json!({"booking": "b-1", "status": "replay"}))

@@ -1,17 +1,25 @@
 //! The gate as a sequence of checks: every governance feature is one module here that owns its
-//! runtime state and its check, and [`Checks::sequence`] is the one place that orders them.
+//! runtime state and its check, and `Checks::sequence` is the one place that orders them.
 //!
 //! A tools/call that names a tool the inner handler has is shown to each check in turn, and the
 //! first check that does not pass decides the call (and is audited with its rule); a call that
 //! passes them all runs under exactly-once (when the policy opts the tool in) with a
-//! [`crate::Permit`], and its result goes back through every check's [`Check::present`].
-//! tools/list asks every check's [`Check::lists`] and [`Check::describe`].
+//! [`crate::Permit`], and the handler's result (first run or replay) goes through every check's
+//! `Check::present` before its allow record is written, so a presenter can annotate the record.
+//! Results the gate produces itself (refusals, previews, exactly-once conflicts) are not
+//! presented. tools/list asks every check's `Check::lists` and `Check::describe`.
+//!
+//! Arguments a check owns (`Check::owned_arguments`, e.g. the duplicate guard's `separate` and
+//! `reason`) are taken out of the caller's arguments before the sequence runs, unless the tool's
+//! own input schema declares them: the checks read them from `Call::owned`, while the argument
+//! checks and the handler see the tool's arguments only. The audit digest, exactly-once
+//! fingerprints and a pending confirmation cover the arguments as the caller sent them.
 //!
 //! The policy sections these checks read are parsed by toolgate-policy (one file format, loaded
 //! and validated in one place); what a section *means* at run time is decided here.
 //!
-//! Adding a feature: a module with a type implementing [`Check`], a field of [`Checks`], and its
-//! place in [`Checks::sequence`].
+//! Adding a feature: a module with a type implementing `Check`, a field of `Checks`, and its
+//! place in `Checks::sequence`.
 //!
 //! The state that changes while the server runs is consulted again on every call, so that an
 //! operator's decision takes effect on the very next call without a restart:
@@ -25,6 +33,9 @@
 //!   call must present it with the preview's exact summary. In memory, per process.
 //! - [`paths`]: whether a path argument, with symbolic links followed, stays inside the allowed
 //!   roots.
+//! - `versions` and `duplicates`: the object as it is now, asked of the server's
+//!   [`crate::Preflight`] on every call (its current version; an existing object with the same
+//!   business key). Nothing is cached.
 //!
 //! File formats, caching rules and durability assumptions are in `docs/guard.md`.
 
@@ -33,7 +44,8 @@ use std::pin::Pin;
 
 use rmcp::ErrorData as McpError;
 use rmcp::model::{CallToolResult, JsonObject, RequestMetaObject, Tool};
-use toolgate_audit::{Decision as AuditDecision, Outcome};
+use serde_json::Value;
+use toolgate_audit::{AuditEntry, Decision as AuditDecision, Outcome};
 use toolgate_canon::Sha256Digest;
 use toolgate_policy::{Decision, Policy};
 
@@ -43,18 +55,22 @@ use crate::state::GateState;
 pub(crate) mod arguments;
 pub(crate) mod batch;
 pub mod confirmation;
+pub(crate) mod duplicates;
 mod error;
 pub(crate) mod exactly_once;
 pub mod kill_switch;
 pub mod paths;
 pub mod rates;
+pub(crate) mod results;
 pub mod rights;
 pub(crate) mod untrusted;
+pub(crate) mod versions;
 pub(crate) mod visibility;
 
 pub use confirmation::pending::{
     ConfirmError, ConfirmToken, Issued, PendingAction, PendingActions,
 };
+pub use duplicates::{MAX_SEPARATE_REASON_CHARS, REASON_ARGUMENT, SEPARATE_ARGUMENT};
 pub use error::GuardError;
 pub use kill_switch::{Halt, KillSwitch, Status};
 pub use paths::{PathError, resolve_within};
@@ -72,20 +88,34 @@ pub(crate) struct Call<'a> {
     pub(crate) tool: &'a Tool,
     /// Its input schema's top-level shape.
     pub(crate) input: &'a arguments::InputShape,
+    /// The tool's arguments: the caller's, without the ones a check owns (what the handler gets).
     pub(crate) arguments: Option<&'a JsonObject>,
+    /// The arguments checks own that the caller passed and the tool does not declare, taken out
+    /// of [`Call::arguments`] (see [`Check::owned_arguments`]).
+    pub(crate) owned: &'a JsonObject,
+    /// The arguments exactly as the caller sent them (what `args_digest` covers).
+    pub(crate) sent: Option<&'a JsonObject>,
     /// The request's `_meta`.
     pub(crate) meta: &'a RequestMetaObject,
     /// What the policy decided for this principal, tool and arguments.
     pub(crate) decision: &'a Decision,
-    /// The digest of the canonical arguments (absent = `{}`).
+    /// The digest of the canonical arguments as sent (absent = `{}`).
     pub(crate) args_digest: Sha256Digest,
     /// Set when the call comes back through `confirm_action`: the action the person confirmed.
     pub(crate) confirmed: Option<&'a PendingAction>,
 }
 
-impl Call<'_> {
+impl<'a> Call<'a> {
     pub(crate) fn policy(&self) -> &Policy {
         &self.state.policy
+    }
+
+    /// An argument a check owns: from [`Call::owned`], or from the tool's arguments when the
+    /// tool declares it itself (its value then serves both).
+    pub(crate) fn owned_argument(&self, name: &str) -> Option<&'a Value> {
+        self.owned
+            .get(name)
+            .or_else(|| self.arguments.and_then(|arguments| arguments.get(name)))
     }
 }
 
@@ -141,10 +171,32 @@ pub(crate) trait Check: Send + Sync {
         let _ = (state, tool);
     }
 
-    /// Rewrites the result of an executed call (or its replay) before it leaves the gate.
-    /// Default: unchanged.
-    fn present(&self, state: &GateState, name: &str, result: &mut CallToolResult) {
-        let _ = (state, name, result);
+    /// The arguments of `tool` that belong to this check rather than to the tool: the gate takes
+    /// them out of a call's arguments into [`Call::owned`] before the sequence runs (unless the
+    /// tool's input schema declares them), so neither the input-shape check nor the handler sees
+    /// them. A check that owns arguments lists them in [`Check::describe`]. Default: none.
+    fn owned_arguments(&self, policy: &Policy, tool: &str) -> &'static [&'static str] {
+        let _ = (policy, tool);
+        &[]
+    }
+
+    /// Adds what this check wants recorded to the allow records of `call`, which every check
+    /// passed. Default: nothing.
+    fn annotate(&self, call: &Call<'_>, entry: &mut AuditEntry) {
+        let _ = (call, entry);
+    }
+
+    /// Rewrites the result the handler returned for a call of `name` (a first execution, or its
+    /// replay from the effect store) before it leaves the gate, and may annotate `entry`, the
+    /// allow record that will be written for it. Default: unchanged.
+    fn present(
+        &self,
+        state: &GateState,
+        name: &str,
+        result: &mut CallToolResult,
+        entry: &mut AuditEntry,
+    ) {
+        let _ = (state, name, result, entry);
     }
 }
 
@@ -158,7 +210,10 @@ pub(crate) struct Checks {
     pub(crate) exactly_once: exactly_once::ExactlyOnce,
     pub(crate) batch: batch::BatchGuard,
     pub(crate) rates: rates::Rates,
+    pub(crate) versions: versions::VersionCheck,
+    pub(crate) duplicates: duplicates::DuplicateCheck,
     pub(crate) confirmation: confirmation::Confirmation,
+    pub(crate) results: results::ResultFilter,
     pub(crate) untrusted: untrusted::UntrustedOutput,
 }
 
@@ -171,11 +226,19 @@ impl Checks {
     ///    through symbolic links, then the idempotency key's limits: an `isError` refusal;
     /// 4. batch guard (explicit ids, or a filter whose match count equals `expected_count`);
     /// 5. rate limits (per tool, per principal);
-    /// 6. two-step confirmation: a preview, nothing executed.
+    /// 6. stale version: the version the call carries must be the object's current one (else a
+    ///    `conflict` with the current state);
+    /// 7. duplicate guard: no existing object with the call's business key, unless the caller
+    ///    passes `separate: true` with a `reason`;
+    /// 8. two-step confirmation: a preview, nothing executed. Versions and duplicates come first,
+    ///    so nothing stale or duplicate is previewed, and a confirmed call (which runs the whole
+    ///    sequence again) is checked against the object as it is at confirmation.
     ///
     /// Exactly-once then runs the call once per key (its key check is in step 3 so a bad key is
-    /// refused with the other arguments), and every check presents the result.
-    pub(crate) fn sequence(&self) -> [&dyn Check; 10] {
+    /// refused with the other arguments), and every check presents the handler's result in this
+    /// order: the result allow-list drops the fields the policy does not list, then untrusted
+    /// output wraps third-party text (in what remains).
+    pub(crate) fn sequence(&self) -> [&dyn Check; 13] {
         [
             &self.visibility,
             &self.rights,
@@ -185,7 +248,10 @@ impl Checks {
             &self.exactly_once,
             &self.batch,
             &self.rates,
+            &self.versions,
+            &self.duplicates,
             &self.confirmation,
+            &self.results,
             &self.untrusted,
         ]
     }
@@ -218,10 +284,36 @@ impl Checks {
         }
     }
 
-    /// An executed call's result as every check presents it.
-    pub(crate) fn present(&self, state: &GateState, name: &str, result: &mut CallToolResult) {
+    /// The arguments of `tool` that some check owns.
+    pub(crate) fn owned_arguments(&self, policy: &Policy, tool: &str) -> Vec<&'static str> {
+        let mut owned: Vec<&'static str> = self
+            .sequence()
+            .iter()
+            .flat_map(|check| check.owned_arguments(policy, tool).iter().copied())
+            .collect();
+        owned.sort_unstable();
+        owned.dedup();
+        owned
+    }
+
+    /// The allow record of an admitted call as every check annotates it.
+    pub(crate) fn annotate(&self, call: &Call<'_>, entry: &mut AuditEntry) {
         for check in self.sequence() {
-            check.present(state, name, result);
+            check.annotate(call, entry);
+        }
+    }
+
+    /// The handler's result (first run or replay) as every check presents it, with its allow
+    /// record annotated.
+    pub(crate) fn present(
+        &self,
+        state: &GateState,
+        name: &str,
+        result: &mut CallToolResult,
+        entry: &mut AuditEntry,
+    ) {
+        for check in self.sequence() {
+            check.present(state, name, result, entry);
         }
     }
 }

@@ -7,6 +7,7 @@ use std::sync::Arc;
 
 use rmcp::model::{CallToolResult, ContentBlock, Tool};
 use serde_json::Value;
+use toolgate_audit::AuditEntry;
 
 use super::{Call, Check, Verdict};
 use crate::state::GateState;
@@ -33,7 +34,13 @@ impl Check for UntrustedOutput {
         }
     }
 
-    fn present(&self, state: &GateState, name: &str, result: &mut CallToolResult) {
+    fn present(
+        &self,
+        state: &GateState,
+        name: &str,
+        result: &mut CallToolResult,
+        _entry: &mut AuditEntry,
+    ) {
         let Some(untrusted) = state.policy.untrusted_output(name) else {
             return;
         };

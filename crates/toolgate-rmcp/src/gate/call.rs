@@ -2,8 +2,9 @@
 //! source vouches for no caller, when the tool is unknown (the same -32602 as a hidden tool), or
 //! by the first check of the sequence (`crate::checks`) that does not pass; the gate's own
 //! `confirm_action` / `reject_action` are answered by the confirmation check's tools. A call that
-//! passes runs under exactly-once (when the policy opts the tool in) with a `Permit`, is audited
-//! once its effect is durable, and its result is presented by every check.
+//! passes runs under exactly-once (when the policy opts the tool in) with a `Permit`; the
+//! handler's result is stored as it is (for replays), presented by every check, and audited
+//! (with what the checks noted) once its effect is durable.
 
 use std::sync::Arc;
 
@@ -11,9 +12,8 @@ use rmcp::model::{CallToolRequestParams, CallToolResponse, ErrorCode, JsonObject
 use rmcp::service::RequestContext;
 use rmcp::{ErrorData as McpError, RoleServer, ServerHandler};
 use serde_json::json;
-use toolgate_audit::{Decision as AuditDecision, Outcome};
+use toolgate_audit::{AuditEntry, Decision as AuditDecision, Outcome};
 use toolgate_canon::Sha256Digest;
-use toolgate_commit::effect::{EffectRequest, Scope};
 use toolgate_policy::{Policy, ToolName};
 
 use super::{CallGuard, Gated, TOOL_NOT_FOUND};
@@ -33,8 +33,9 @@ pub(crate) struct Admitted {
     pub(crate) request_id: String,
     /// Who is calling (from the gate's principal source, for this request).
     pub(crate) principal: Arc<str>,
-    /// The rule recorded as the allow line's reason (`allow`, or `confirmed`).
-    pub(crate) rule: String,
+    /// The call's allow record as the checks annotated it, its reason the rule (`allow`, or
+    /// `confirmed`); each record written for the call is a copy with its outcome.
+    pub(crate) allow: AuditEntry,
     pub(crate) input: InputShape,
 }
 
@@ -46,6 +47,12 @@ fn recorded_tool_name(name: &str) -> String {
         Ok(_) => name.to_owned(),
         Err(_) => format!("sha256:{}", Sha256Digest::of(name.as_bytes())),
     }
+}
+
+/// `entry` recording `outcome`.
+fn with_outcome(mut entry: AuditEntry, outcome: Outcome) -> AuditEntry {
+    entry.outcome = outcome;
+    entry
 }
 
 impl<H: ServerHandler> Gated<H> {
@@ -112,10 +119,14 @@ impl<H: ServerHandler> Gated<H> {
         confirmed: Option<&PendingAction>,
     ) -> Result<CallToolResponse, McpError> {
         let name = request.name.to_string();
-        let arguments = request.arguments.as_ref();
-        let args_digest = Sha256Digest::of_json_object(arguments.unwrap_or(&JsonObject::new()));
-        let decision = state.policy.decide_for(&principal, &name, arguments);
+        let mut request = request;
+        let args_digest =
+            Sha256Digest::of_json_object(request.arguments.as_ref().unwrap_or(&JsonObject::new()));
         let input = InputShape::of_schema(&tool.input_schema);
+        let (sent, owned) =
+            self.take_owned_arguments(&state.policy, &name, &input, &mut request.arguments);
+        let arguments = request.arguments.as_ref();
+        let decision = state.policy.decide_for(&principal, &name, arguments);
         let call = Call {
             state: &state,
             principal: &principal,
@@ -123,6 +134,8 @@ impl<H: ServerHandler> Gated<H> {
             tool: &tool,
             input: &input,
             arguments,
+            owned: &owned,
+            sent: sent.as_ref().or(arguments),
             meta: &context.meta,
             decision: &decision,
             args_digest,
@@ -205,6 +218,19 @@ impl<H: ServerHandler> Gated<H> {
         } else {
             decision.rule()
         };
+        // The outcome is set on each copy written.
+        let mut allow = self
+            .entry(
+                &state,
+                &principal,
+                request_id.clone(),
+                &name,
+                AuditDecision::Allow,
+                Outcome::Error,
+                args_digest,
+            )
+            .with_reason(rule);
+        self.checks.annotate(&call, &mut allow);
         let admitted = Admitted {
             state: Arc::clone(&state),
             name,
@@ -212,10 +238,41 @@ impl<H: ServerHandler> Gated<H> {
             args_digest,
             request_id,
             principal: Arc::clone(&principal),
-            rule,
+            allow,
             input,
         };
         self.execute(admitted, request, context).await
+    }
+
+    /// Takes the arguments some check owns for `name` out of `arguments` (unless the tool's own
+    /// schema declares them, when they stay and serve both): returns the arguments as sent (only
+    /// when something was taken) and the owned ones.
+    fn take_owned_arguments(
+        &self,
+        policy: &Policy,
+        name: &str,
+        input: &InputShape,
+        arguments: &mut Option<JsonObject>,
+    ) -> (Option<JsonObject>, JsonObject) {
+        let mut owned = JsonObject::new();
+        let mut sent = None;
+        let Some(arguments) = arguments.as_mut() else {
+            return (sent, owned);
+        };
+        for field in self.checks.owned_arguments(policy, name) {
+            if input.allowed.iter().any(|declared| declared == field)
+                || !arguments.contains_key(field)
+            {
+                continue;
+            }
+            if sent.is_none() {
+                sent = Some(arguments.clone());
+            }
+            if let Some(value) = arguments.remove(field) {
+                owned.insert(field.to_owned(), value);
+            }
+        }
+        (sent, owned)
     }
 
     /// Whether `name` is one of the gate's own confirmation tools and the gate offers them (the
@@ -234,7 +291,7 @@ impl<H: ServerHandler> Gated<H> {
     }
 
     /// Runs an admitted call: exactly-once when the policy opts the tool in, then the handler
-    /// with a permit, then the audit record, and the untrusted-output wrapping.
+    /// with a permit, the checks' presentation of its result, and the audit record.
     pub(crate) async fn execute(
         &self,
         admitted: Admitted,
@@ -248,45 +305,37 @@ impl<H: ServerHandler> Gated<H> {
             args_digest,
             request_id,
             principal,
-            rule,
+            allow,
             input,
         } = admitted;
         let policy = Arc::clone(&state.policy);
-        let response = self
-            .execute_inner(
-                &state,
-                &policy,
-                &principal,
-                &name,
-                &tool,
-                args_digest,
-                request_id,
-                rule,
-                &input,
-                request,
-                &mut context,
-            )
-            .await;
-        match response {
-            Ok(CallToolResponse::Complete(mut result)) => {
-                self.checks.present(&state, &name, &mut result);
-                Ok(result.into())
-            }
-            other => other,
-        }
+        self.execute_inner(
+            &state,
+            &policy,
+            &principal,
+            &name,
+            &tool,
+            args_digest,
+            request_id,
+            allow,
+            &input,
+            request,
+            &mut context,
+        )
+        .await
     }
 
     #[allow(clippy::too_many_arguments)]
     async fn execute_inner(
         &self,
-        state: &GateState,
+        state: &Arc<GateState>,
         policy: &Policy,
         principal: &str,
         name: &str,
         tool: &Tool,
         args_digest: Sha256Digest,
         request_id: String,
-        rule: String,
+        allow: AuditEntry,
         input: &InputShape,
         request: CallToolRequestParams,
         context: &mut RequestContext<RoleServer>,
@@ -298,14 +347,15 @@ impl<H: ServerHandler> Gated<H> {
         let mut ticket = None;
         let effects = self.checks.exactly_once.effects.as_ref();
         if let (Some(settings), Some(effects)) = (policy.idempotency(&name), effects) {
-            let request = EffectRequest {
-                scope: Scope {
-                    principal: principal.to_owned(),
-                    tool: name.clone(),
-                },
-                key: exactly_once::key_for(settings, arguments, &context.meta, args_digest),
-                fingerprint: exactly_once::fingerprint(args_digest, &tool.input_schema),
-            };
+            let request = exactly_once::request_for(
+                settings,
+                principal,
+                &name,
+                arguments,
+                &context.meta,
+                args_digest,
+                &tool.input_schema,
+            );
             let kind = exactly_once::kind(settings);
             let probe = self
                 .checks
@@ -317,18 +367,8 @@ impl<H: ServerHandler> Gated<H> {
                     arguments: arguments.cloned(),
                 });
             // The allow record of an answer given without the handler, appended in the same
-            // blocking task that decided it (one hand-off per replay instead of two).
-            let entry = self
-                .entry(
-                    state,
-                    principal,
-                    request_id.clone(),
-                    &name,
-                    AuditDecision::Allow,
-                    Outcome::Error,
-                    args_digest,
-                )
-                .with_reason(rule.clone());
+            // blocking task that decided it (one hand-off per replay instead of two), where a
+            // replay is also presented.
             let decided = begin_effect(
                 Arc::clone(effects),
                 request,
@@ -337,7 +377,10 @@ impl<H: ServerHandler> Gated<H> {
                 Answering {
                     marker: settings.replay_marker.clone(),
                     audit: Arc::clone(&self.audit),
-                    entry,
+                    entry: allow.clone(),
+                    checks: Arc::clone(&self.checks),
+                    state: Arc::clone(state),
+                    tool: name.clone(),
                 },
             )
             .await;
@@ -363,17 +406,7 @@ impl<H: ServerHandler> Gated<H> {
         let mut guard = CallGuard {
             permit: permit.clone(),
             audit: Some(Arc::clone(&self.audit)),
-            entry: self
-                .entry(
-                    state,
-                    principal,
-                    request_id.clone(),
-                    &name,
-                    AuditDecision::Allow,
-                    Outcome::Cancelled,
-                    args_digest,
-                )
-                .with_reason(rule.clone()),
+            entry: with_outcome(allow.clone(), Outcome::Cancelled),
         };
         let response = self.inner.call_tool(request, context.clone()).await;
         guard.audit = None;
@@ -426,17 +459,7 @@ impl<H: ServerHandler> Gated<H> {
             Ok(_) => recorded.unwrap_or(Outcome::TaskCreated),
             Err(_) => recorded.unwrap_or(Outcome::Error),
         };
-        let entry = self
-            .entry(
-                state,
-                principal,
-                request_id,
-                &name,
-                AuditDecision::Allow,
-                outcome,
-                args_digest,
-            )
-            .with_reason(rule.clone());
+        let mut entry = with_outcome(allow, outcome);
         let audit_failed = |error: String| {
             tracing::error!(tool = %name, %error, "could not audit an allowed call");
             Err(McpError::internal_error(
@@ -444,16 +467,27 @@ impl<H: ServerHandler> Gated<H> {
                 None,
             ))
         };
-        if let (Some(ticket), Some(effects)) = (ticket, effects) {
-            // Store the result (or the failure) before the allow record, so that a retry after
-            // this point replays instead of running the effect again; both in one blocking task
-            // (one hand-off to the pool per call instead of two).
+        // What the effect store keeps is the handler's result as it is, so that a replay is
+        // presented again under the policy in force then.
+        let settle = ticket.map(|ticket| {
             let settle = match &response {
                 Ok(CallToolResponse::Complete(result)) if result.is_error != Some(true) => {
                     Ok(exactly_once::stored(result))
                 }
                 _ => Err(outcome),
             };
+            (ticket, settle)
+        });
+        // Presented before its record is written, so the checks can note what they did in it.
+        // A refusal the gate wrote (invalid arguments) is not the handler's result.
+        let mut response = response;
+        if !invalid_arguments && let Ok(CallToolResponse::Complete(result)) = &mut response {
+            self.checks.present(state, &name, result, &mut entry);
+        }
+        if let (Some((ticket, settle)), Some(effects)) = (settle, effects) {
+            // Store the result (or the failure) before the allow record, so that a retry after
+            // this point replays instead of running the effect again; both in one blocking task
+            // (one hand-off to the pool per call instead of two).
             let store = Arc::clone(effects);
             let audit = Arc::clone(&self.audit);
             let settled = crate::blocking::run(move || {

@@ -51,8 +51,18 @@ impl Check for Confirmation {
             return Verdict::Pass;
         }
         Verdict::Later(Box::pin(async move {
-            let arguments = call.arguments.cloned().unwrap_or_default();
-            let prepared = self.prepare(call.name, &arguments, call.args_digest).await;
+            // The pending action keeps the arguments as sent (those a check owns included), so
+            // the confirmed call goes through every check as the original did; the server
+            // prepares the tool's own arguments.
+            let arguments = call.sent.cloned().unwrap_or_default();
+            let prepared = self
+                .prepare(
+                    call.name,
+                    call.arguments.cloned().unwrap_or_default(),
+                    &arguments,
+                    call.args_digest,
+                )
+                .await;
             match (call.confirmed, prepared) {
                 (None, Ok(preparation)) => {
                     self.preview(call, arguments, preparation, "confirmation_required")
@@ -95,16 +105,17 @@ impl Check for Confirmation {
 }
 
 impl Confirmation {
-    /// Prepares `name` with `arguments` (through the preflight on the blocking pool, or a
-    /// generic description).
+    /// Prepares `name` with the tool's `arguments` (through the preflight on the blocking pool),
+    /// or describes it generically with the arguments as `sent`.
     async fn prepare(
         &self,
         name: &str,
-        arguments: &JsonObject,
+        arguments: JsonObject,
+        sent: &JsonObject,
         args_digest: Sha256Digest,
     ) -> Result<Preparation, String> {
         let Some(preflight) = self.preflight.clone() else {
-            let canonical = toolgate_canon::to_canonical_vec(&Value::Object(arguments.clone()))
+            let canonical = toolgate_canon::to_canonical_vec(&Value::Object(sent.clone()))
                 .map(|bytes| String::from_utf8_lossy(&bytes).into_owned())
                 .unwrap_or_default();
             let mut summary = format!("call {name} with {canonical}");
@@ -118,7 +129,6 @@ impl Confirmation {
             });
         };
         let tool = name.to_owned();
-        let arguments = arguments.clone();
         tokio::task::spawn_blocking(move || preflight.prepare(&tool, &arguments))
             .await
             .map_err(|_| "the preparation task failed".to_owned())?
