@@ -19,33 +19,18 @@
 // Exits 0 when every check passes, 1 with a message naming the failed check.
 
 import { execFile } from 'node:child_process';
-import { accessSync, constants, copyFileSync, mkdtempSync, readFileSync, rmSync } from 'node:fs';
-import { createRequire } from 'node:module';
+import { copyFileSync, mkdtempSync, readFileSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { isDeepStrictEqual, promisify } from 'node:util';
 
-import { Client } from '@modelcontextprotocol/sdk/client/index.js';
-import { StdioClientTransport } from '@modelcontextprotocol/sdk/client/stdio.js';
 import { ErrorCode, McpError } from '@modelcontextprotocol/sdk/types.js';
 
-const EXPECTED_SDK_VERSION = '1.32.2';
-const TIMEOUT_MS = 60_000;
+import { CheckFailed, TIMEOUT_MS, check, checkedSdkVersion, runClient, withSession } from './sdk_harness.mjs';
+
 const HALTED = -32001;
 const REPLAYED = 'io.toolgate/replayed';
 const ALLOWED = ['cancel_booking', 'create_booking', 'list_bookings', 'notify_guest'];
-
-class CheckFailed extends Error {}
-
-function check(condition, message) {
-  if (!condition) throw new CheckFailed(message);
-}
-
-function sdkVersion() {
-  const require = createRequire(import.meta.url);
-  const pkgPath = join(require.resolve('@modelcontextprotocol/sdk/client/index.js'), '..', '..', '..', '..', 'package.json');
-  return JSON.parse(readFileSync(pkgPath, 'utf8')).version;
-}
 
 const textOf = (result) => (result.content ?? []).map((block) => block.text ?? '').join('');
 
@@ -154,71 +139,30 @@ async function scenario(client, server, ledger, data) {
 }
 
 async function main(serverPath, policyPath) {
-  const installed = sdkVersion();
-  check(installed === EXPECTED_SDK_VERSION, `expected @modelcontextprotocol/sdk ${EXPECTED_SDK_VERSION}, found ${installed}`);
+  const installed = checkedSdkVersion();
   console.log(`typescript SDK ${installed} on Node ${process.versions.node}, bookings-mcp, initialize flow:`);
-
   const workdir = mkdtempSync(join(tmpdir(), 'toolgate-interop-bookings-ts-'));
   const ledger = join(workdir, 'ledger');
   const data = join(workdir, 'data');
-  const stderrLines = [];
-  const transport = new StdioClientTransport({
-    command: serverPath,
-    args: ['--policy', join(workdir, 'policy.json'), '--ledger', ledger],
-    env: { BOOKINGS_DATA: data },
-    cwd: workdir,
-    stderr: 'pipe',
-  });
-  transport.stderr?.on('data', (chunk) => stderrLines.push(...chunk.toString().split('\n').filter(Boolean)));
-  const client = new Client({ name: 'toolgate-interop-bookings-ts', version: '0.0.0' });
-  let timer;
   try {
     copyFileSync(policyPath, join(workdir, 'policy.json'));
-    const timeout = new Promise((_, reject) => {
-      timer = setTimeout(() => reject(new CheckFailed(`no answer within ${TIMEOUT_MS / 1000}s`)), TIMEOUT_MS);
-    });
-    await Promise.race([
-      (async () => {
-        await client.connect(transport);
-        await scenario(client, serverPath, ledger, data);
-        await client.close();
-        // 6. The chain the session wrote verifies.
-        const verified = await operator(serverPath, ledger, 'verify');
-        check(verified.startsWith('verify: intact:'), `verify: ${verified}`);
-        console.log(`  ${verified.trim()}`);
-      })(),
-      timeout,
-    ]);
-  } catch (error) {
-    const tail = stderrLines.slice(-20);
-    if (tail.length > 0) {
-      console.error(`  server stderr (last ${tail.length} lines):`);
-      for (const line of tail) console.error(`    ${line}`);
-    }
-    throw error;
+    await withSession(
+      {
+        command: serverPath,
+        args: ['--policy', join(workdir, 'policy.json'), '--ledger', ledger],
+        env: { BOOKINGS_DATA: data },
+        cwd: workdir,
+        clientName: 'toolgate-interop-bookings-ts',
+      },
+      (client) => scenario(client, serverPath, ledger, data),
+    );
+    // 6. The chain the session wrote verifies.
+    const verified = await operator(serverPath, ledger, 'verify');
+    check(verified.startsWith('verify: intact:'), `verify: ${verified}`);
+    console.log(`  ${verified.trim()}`);
   } finally {
-    clearTimeout(timer);
-    await client.close().catch(() => {});
     rmSync(workdir, { recursive: true, force: true });
   }
 }
 
-const [serverPath, policyPath] = process.argv.slice(2);
-if (!serverPath || !policyPath) {
-  console.error('usage: node bookings_client.mjs BOOKINGS_MCP_BINARY POLICY_JSON');
-  process.exit(2);
-}
-try {
-  accessSync(serverPath, constants.X_OK);
-} catch {
-  console.error(`bookings_client: server binary ${serverPath} is not executable`);
-  process.exit(2);
-}
-try {
-  await main(serverPath, policyPath);
-  console.log('typescript SDK client (bookings-mcp): all checks passed');
-} catch (error) {
-  const what = error instanceof CheckFailed ? error.message : `${error?.name}: ${error?.message}`;
-  console.error(`FAIL (typescript SDK client, bookings-mcp): ${what}`);
-  process.exit(1);
-}
+await runClient('typescript SDK client (bookings-mcp)', 'node bookings_client.mjs BOOKINGS_MCP_BINARY POLICY_JSON', main);

@@ -19,36 +19,16 @@ MCPError). Exits 0 when every check passes, 1 with a message naming the failed c
 
 from __future__ import annotations
 
-import os
 import shutil
-import sys
 import tempfile
 from importlib.metadata import version as dist_version
 from pathlib import Path
 from typing import Any
 
-import anyio
-from mcp import ClientSession, MCPError, StdioServerParameters, stdio_client
+from mcp import ClientSession, MCPError, StdioServerParameters
 from mcp.types import PaginatedRequestParams
 
-EXPECTED_SDK_VERSION = "2.1.1"
-INVALID_PARAMS = -32602
-SESSION_TIMEOUT_SECONDS = 60
-
-
-class CheckFailed(Exception):
-    pass
-
-
-def check(condition: bool, message: str) -> None:
-    if not condition:
-        raise CheckFailed(message)
-
-
-def first_leaf(error: BaseException) -> BaseException:
-    while isinstance(error, BaseExceptionGroup) and error.exceptions:
-        error = error.exceptions[0]
-    return error
+from sdk_harness import EXPECTED_SDK_VERSION, INVALID_PARAMS, CheckFailed, check, handshake, run_client, with_session
 
 
 async def list_tool_names(session: ClientSession) -> list[str]:
@@ -74,21 +54,7 @@ async def call_write_note(session: ClientSession, request_id: str, text: str) ->
 
 
 async def scenario(session: ClientSession, mode: str, workdir: Path) -> None:
-    if mode == "initialize":
-        init = await session.initialize()
-        check(
-            init.protocol_version == "2025-11-25",
-            f"initialize negotiated {init.protocol_version!r}, expected '2025-11-25'",
-        )
-        print(f"  initialize: protocol {init.protocol_version}, server {init.server_info.name} {init.server_info.version}")
-    else:
-        await session.discover()
-        check(
-            session.protocol_version == "2026-07-28",
-            f"server/discover adopted {session.protocol_version!r}, expected '2026-07-28'",
-        )
-        info = session.server_info
-        print(f"  server/discover: protocol {session.protocol_version}, server {info.name if info else '?'}")
+    await handshake(session, mode)
 
     names = await list_tool_names(session)
     check("write_note" in names, f"tools/list lacks write_note: {names}")
@@ -146,51 +112,10 @@ async def run_mode(server: str, policy: Path, mode: str) -> None:
             cwd=str(workdir),
         )
         print(f"python SDK {dist_version('mcp')}, {mode} flow:")
-        with errlog_path.open("w") as errlog:
-            try:
-                with anyio.fail_after(SESSION_TIMEOUT_SECONDS):
-                    async with stdio_client(params, errlog=errlog) as (read, write):
-                        async with ClientSession(read, write) as session:
-                            await scenario(session, mode, workdir)
-            except BaseException:
-                errlog.flush()
-                tail = errlog_path.read_text(errors="replace").splitlines()[-20:]
-                if tail:
-                    print(f"  server stderr (last {len(tail)} lines):", file=sys.stderr)
-                    for line in tail:
-                        print(f"    {line}", file=sys.stderr)
-                raise
+        await with_session(params, errlog_path, lambda session: scenario(session, mode, workdir))
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
 
 
-async def main(server: str, policy: Path) -> None:
-    installed = dist_version("mcp")
-    check(installed == EXPECTED_SDK_VERSION, f"expected mcp=={EXPECTED_SDK_VERSION}, found {installed}")
-    for mode in ("initialize", "discover"):
-        await run_mode(server, policy, mode)
-
-
 if __name__ == "__main__":
-    if len(sys.argv) != 3:
-        print(__doc__.splitlines()[2], file=sys.stderr)
-        sys.exit(2)
-    server_path, policy_path = sys.argv[1], Path(sys.argv[2])
-    if not os.access(server_path, os.X_OK):
-        print(f"python_client: server binary {server_path} is not executable", file=sys.stderr)
-        sys.exit(2)
-    try:
-        try:
-            anyio.run(main, server_path, policy_path)
-        except BaseExceptionGroup as group:  # task groups may wrap the one real failure
-            raise first_leaf(group) from group
-    except CheckFailed as failure:
-        print(f"FAIL (python SDK client): {failure}", file=sys.stderr)
-        sys.exit(1)
-    except TimeoutError:
-        print(f"FAIL (python SDK client): no answer within {SESSION_TIMEOUT_SECONDS}s", file=sys.stderr)
-        sys.exit(1)
-    except Exception as error:  # an SDK exception is an interop failure too: name it
-        print(f"FAIL (python SDK client): {type(error).__name__}: {error}", file=sys.stderr)
-        sys.exit(1)
-    print("python SDK client: all checks passed")
+    run_client("python SDK client", __doc__.splitlines()[2], run_mode)

@@ -17,30 +17,14 @@
 //      the gate leaves structuredContent off refusals of tools that declare an output schema.
 // Exits 0 when every check passes, 1 with a message naming the failed check.
 
-import { copyFileSync, mkdtempSync, readFileSync, rmSync, writeFileSync, accessSync, constants } from 'node:fs';
-import { createRequire } from 'node:module';
+import { copyFileSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { isDeepStrictEqual } from 'node:util';
 
-import { Client } from '@modelcontextprotocol/sdk/client/index.js';
-import { StdioClientTransport } from '@modelcontextprotocol/sdk/client/stdio.js';
 import { ErrorCode, McpError } from '@modelcontextprotocol/sdk/types.js';
 
-const EXPECTED_SDK_VERSION = '1.32.2';
-const TIMEOUT_MS = 60_000;
-
-class CheckFailed extends Error {}
-
-function check(condition, message) {
-  if (!condition) throw new CheckFailed(message);
-}
-
-function sdkVersion() {
-  const require = createRequire(import.meta.url);
-  const pkgPath = join(require.resolve('@modelcontextprotocol/sdk/client/index.js'), '..', '..', '..', '..', 'package.json');
-  return JSON.parse(readFileSync(pkgPath, 'utf8')).version;
-}
+import { CheckFailed, EXPECTED_SDK_VERSION, check, checkedSdkVersion, runClient, withSession } from './sdk_harness.mjs';
 
 async function listToolNames(client) {
   const names = [];
@@ -123,63 +107,23 @@ async function scenario(client, workdir) {
 }
 
 async function main(serverPath, policyPath) {
-  const installed = sdkVersion();
-  check(installed === EXPECTED_SDK_VERSION, `expected @modelcontextprotocol/sdk ${EXPECTED_SDK_VERSION}, found ${installed}`);
+  const installed = checkedSdkVersion();
   console.log(`typescript SDK ${installed} on Node ${process.versions.node}, initialize flow:`);
-
   const workdir = mkdtempSync(join(tmpdir(), 'toolgate-interop-ts-'));
-  const stderrLines = [];
-  const transport = new StdioClientTransport({
-    command: serverPath,
-    args: ['--policy', join(workdir, 'policy.json'), '--ledger', join(workdir, 'ledger')],
-    cwd: workdir,
-    stderr: 'pipe',
-  });
-  transport.stderr?.on('data', (chunk) => stderrLines.push(...chunk.toString().split('\n').filter(Boolean)));
-  const client = new Client({ name: 'toolgate-interop-ts', version: '0.0.0' });
-  let timer;
   try {
     copyFileSync(policyPath, join(workdir, 'policy.json'));
-    const timeout = new Promise((_, reject) => {
-      timer = setTimeout(() => reject(new CheckFailed(`no answer within ${TIMEOUT_MS / 1000}s`)), TIMEOUT_MS);
-    });
-    await Promise.race([
-      (async () => {
-        await client.connect(transport);
-        await scenario(client, workdir);
-      })(),
-      timeout,
-    ]);
-  } catch (error) {
-    const tail = stderrLines.slice(-20);
-    if (tail.length > 0) {
-      console.error(`  server stderr (last ${tail.length} lines):`);
-      for (const line of tail) console.error(`    ${line}`);
-    }
-    throw error;
+    await withSession(
+      {
+        command: serverPath,
+        args: ['--policy', join(workdir, 'policy.json'), '--ledger', join(workdir, 'ledger')],
+        cwd: workdir,
+        clientName: 'toolgate-interop-ts',
+      },
+      (client) => scenario(client, workdir),
+    );
   } finally {
-    clearTimeout(timer);
-    await client.close().catch(() => {});
     rmSync(workdir, { recursive: true, force: true });
   }
 }
 
-const [serverPath, policyPath] = process.argv.slice(2);
-if (!serverPath || !policyPath) {
-  console.error('usage: node typescript_client.mjs SERVER_BINARY POLICY_JSON');
-  process.exit(2);
-}
-try {
-  accessSync(serverPath, constants.X_OK);
-} catch {
-  console.error(`typescript_client: server binary ${serverPath} is not executable`);
-  process.exit(2);
-}
-try {
-  await main(serverPath, policyPath);
-  console.log('typescript SDK client: all checks passed');
-} catch (error) {
-  const what = error instanceof CheckFailed ? error.message : `${error?.name}: ${error?.message}`;
-  console.error(`FAIL (typescript SDK client): ${what}`);
-  process.exit(1);
-}
+await runClient('typescript SDK client', 'node typescript_client.mjs SERVER_BINARY POLICY_JSON', main);
