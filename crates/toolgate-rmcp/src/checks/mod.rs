@@ -200,6 +200,17 @@ pub(crate) trait Check: Send + Sync {
     }
 }
 
+/// Applies `rewrite` to `tool`'s output schema, if it has one (for [`Check::describe`]).
+pub(crate) fn rewrite_output_schema(tool: &mut Tool, rewrite: impl FnOnce(&mut serde_json::Value)) {
+    if let Some(schema) = tool.output_schema.as_mut() {
+        let mut rewritten = serde_json::Value::Object(schema.as_ref().clone());
+        rewrite(&mut rewritten);
+        if let serde_json::Value::Object(map) = rewritten {
+            *schema = std::sync::Arc::new(map);
+        }
+    }
+}
+
 /// Every check of one gate, with its state.
 pub(crate) struct Checks {
     pub(crate) visibility: visibility::Visibility,

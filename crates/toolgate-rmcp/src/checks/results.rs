@@ -34,15 +34,8 @@ impl Check for ResultFilter {
     /// The listed output schema describes the filtered results (a client that validates
     /// structured results, as the official SDKs do, would refuse them otherwise).
     fn describe(&self, state: &GateState, tool: &mut Tool) {
-        if let (Some(fields), Some(schema)) = (
-            state.policy.results(&tool.name),
-            tool.output_schema.as_mut(),
-        ) {
-            let mut rewritten = Value::Object(schema.as_ref().clone());
-            fields.rewrite_schema(&mut rewritten);
-            if let Value::Object(map) = rewritten {
-                *schema = std::sync::Arc::new(map);
-            }
+        if let Some(fields) = state.policy.results(&tool.name) {
+            super::rewrite_output_schema(tool, |schema| fields.rewrite_schema(schema));
         }
     }
 

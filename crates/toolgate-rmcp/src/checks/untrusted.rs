@@ -3,10 +3,7 @@
 //! content (regenerated from it, so the raw text cannot slip through a second copy), and the
 //! listed output schema describes the wrapped shape.
 
-use std::sync::Arc;
-
 use rmcp::model::{CallToolResult, ContentBlock, Tool};
-use serde_json::Value;
 use toolgate_audit::AuditEntry;
 
 use super::{Call, Check, Verdict};
@@ -22,15 +19,8 @@ impl Check for UntrustedOutput {
     }
 
     fn describe(&self, state: &GateState, tool: &mut Tool) {
-        if let (Some(untrusted), Some(schema)) = (
-            state.policy.untrusted_output(&tool.name),
-            tool.output_schema.as_mut(),
-        ) {
-            let mut rewritten = Value::Object(schema.as_ref().clone());
-            untrusted.rewrite_schema(&mut rewritten);
-            if let Value::Object(map) = rewritten {
-                *schema = Arc::new(map);
-            }
+        if let Some(untrusted) = state.policy.untrusted_output(&tool.name) {
+            super::rewrite_output_schema(tool, |schema| untrusted.rewrite_schema(schema));
         }
     }
 
