@@ -143,7 +143,6 @@ fuzz_target!(|data: &[u8]| {
     let fixture = fixture();
     let (tool, schema, validator) = &fixture.tools[usize::from(*tool_byte) % fixture.tools.len()];
     let principal = PRINCIPALS[usize::from(*principal_byte & 0x7f) % PRINCIPALS.len()];
-    let has_output_schema = *principal_byte & 0x80 != 0;
     let arguments: Option<Map<String, Value>> = if rest.is_empty() {
         None
     } else {
@@ -160,7 +159,6 @@ fuzz_target!(|data: &[u8]| {
         principal,
         tool,
         schema,
-        has_output_schema,
         arguments,
     );
     match &verdict {
@@ -180,19 +178,11 @@ fuzz_target!(|data: &[u8]| {
             let last = text.lines().last().unwrap_or_default();
             let details: Value = serde_json::from_str(last).expect("the last line is JSON");
             assert_eq!(details["rule"].as_str(), Some(rule.as_str()), "{text}");
-            let all = if has_output_schema {
-                assert_eq!(
-                    structured, &None,
-                    "a refusal of a tool with an output schema has no structuredContent"
-                );
-                text.clone()
-            } else {
-                let structured = structured
-                    .as_ref()
-                    .expect("a refusal of a tool without an output schema has structuredContent");
-                assert_eq!(&details, structured);
-                format!("{text}{structured}")
-            };
+            let structured = structured
+                .as_ref()
+                .expect("a refusal carries its details as structuredContent");
+            assert_eq!(&details, structured);
+            let all = format!("{text}{structured}");
             if let Some(c) = all.chars().find(|c| !c.is_ascii() && *c != '…') {
                 panic!("refusal echoes the caller's text ({c:?}): {all}");
             }
@@ -209,7 +199,6 @@ fuzz_target!(|data: &[u8]| {
         principal,
         tool,
         schema,
-        has_output_schema,
         arguments,
     );
     assert_eq!(again, verdict, "the verdict changed with a warm cache");

@@ -84,6 +84,14 @@ async function scenario(client, server, ledger, data) {
     check(!dumped.includes(token) && !dumped.includes('payment_token'), `the payment token left the server: ${dumped}`);
   }
   console.log('  results: payment_token dropped from create_booking and list_bookings');
+  // An argument refusal of a tool with an output schema: isError, its details as the text's last
+  // line and as structuredContent, which the SDK validates against the listed schema.
+  const malformed = await call('create_booking', { ...args, request_id: 'ts-initialize-bad1', date: 'soon' });
+  check(malformed.isError === true, `a malformed date was accepted: ${textOf(malformed)}`);
+  const details = JSON.parse(textOf(malformed).trim().split('\n').pop());
+  check(details.error === 'argument_rejected', `refusal details: ${JSON.stringify(details)}`);
+  check(isDeepStrictEqual(malformed.structuredContent, details), `refusal structuredContent: ${JSON.stringify(malformed.structuredContent)}`);
+  console.log(`  refusal: isError result, rule ${details.rule}, structuredContent = the details`);
 
   const refused = await rejection(call('purge_bookings', {}));
   check(refused instanceof McpError, `purge_bookings: expected McpError, got ${refused?.name}: ${refused?.message}`);
@@ -106,7 +114,8 @@ async function scenario(client, server, ledger, data) {
   check(preview?.status === 'preview', `cancel_booking preview: ${JSON.stringify(preview)}`);
   check(stored(data).bookings[0].status === 'confirmed', 'the preview cancelled the booking');
   const done = await call('confirm_action', { confirm_token: preview.confirm_token, confirm_summary: preview.confirm_summary });
-  check(!done.isError && textOf(done).startsWith('cancelled bk-1'), `confirm_action answered ${textOf(done)}`);
+  check(!done.isError && done.structuredContent?.id === 'bk-1' && done.structuredContent?.status === 'cancelled', `confirm_action answered ${textOf(done)}`);
+  check(!('payment_token' in (done.structuredContent ?? {})), `confirm_action leaked the payment token: ${textOf(done)}`);
   check(stored(data).bookings[0].status === 'cancelled', 'confirm_action did not cancel');
   console.log('  cancel_booking: preview, confirm_action -> cancelled');
 

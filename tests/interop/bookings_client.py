@@ -84,6 +84,14 @@ async def scenario(session: ClientSession, mode: str, server: str, ledger: Path,
         dumped = result.model_dump_json()
         check(token not in dumped and "payment_token" not in dumped, f"the payment token left the server: {dumped}")
     print("  results: payment_token dropped from create_booking and list_bookings")
+    # An argument refusal of a tool with an output schema: isError, its details as the text's last
+    # line and as structuredContent, which the SDK validates against the listed schema.
+    refused = await session.call_tool("create_booking", {**args, "request_id": f"py-{mode}-bad1", "date": "soon"})
+    check(refused.is_error is True, f"a malformed date was accepted: {text_of(refused)}")
+    details = json.loads(text_of(refused).strip().splitlines()[-1])
+    check(details.get("error") == "argument_rejected", f"refusal details: {details!r}")
+    check(refused.structured_content == details, f"refusal structuredContent: {refused.structured_content!r}")
+    print(f"  refusal: isError result, rule {details.get('rule')}, structuredContent = the details")
 
     try:
         result = await session.call_tool("purge_bookings", {})
@@ -112,7 +120,9 @@ async def scenario(session: ClientSession, mode: str, server: str, ledger: Path,
         "confirm_action", {"confirm_token": body["confirm_token"], "confirm_summary": body["confirm_summary"]}
     )
     check(not done.is_error, f"confirm_action failed: {text_of(done)}")
-    check(text_of(done).startswith("cancelled bk-1"), f"confirm_action answered {text_of(done)!r}")
+    cancelled = done.structured_content or {}
+    check(cancelled.get("id") == "bk-1" and cancelled.get("status") == "cancelled", f"confirm_action answered {text_of(done)!r}")
+    check("payment_token" not in cancelled, f"confirm_action leaked the payment token: {cancelled!r}")
     check(stored(data)["bookings"][0]["status"] == "cancelled", "confirm_action did not cancel")
     print("  cancel_booking: preview, confirm_action -> cancelled")
 

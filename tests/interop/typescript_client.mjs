@@ -12,9 +12,9 @@
 //      names still exists;
 //   4. read_ledger: exactly the one note written in step 2;
 //   5. an argument refusal (write_note with an undeclared argument) reaches the caller as an
-//      isError result whose text starts with "Error:" and ends with its JSON details. This SDK
-//      validates structuredContent against the tool's outputSchema even when isError is true, so
-//      the gate leaves structuredContent off refusals of tools that declare an output schema.
+//      isError result whose text starts with "Error:" and ends with its JSON details, repeated as
+//      structuredContent. This SDK validates structuredContent against the tool's outputSchema
+//      even when isError is true: the gate lists write_note's schema extended with its own shapes.
 // Exits 0 when every check passes, 1 with a message naming the failed check.
 
 import { copyFileSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
@@ -103,7 +103,8 @@ async function scenario(client, workdir) {
   const detailsLine = refusalText.trim().split('\n').pop();
   const details = JSON.parse(detailsLine);
   check(details.rule === 'input_schema.unknown_argument', `refusal details: ${detailsLine}`);
-  console.log(`  refusal: isError result, rule ${details.rule}`);
+  check(isDeepStrictEqual(refusal.structuredContent, details), `refusal structuredContent: ${JSON.stringify(refusal.structuredContent)}`);
+  console.log(`  refusal: isError result, rule ${details.rule}, structuredContent = the details`);
 }
 
 async function main(serverPath, policyPath) {

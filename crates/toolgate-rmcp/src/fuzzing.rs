@@ -4,9 +4,7 @@
 //! Building a [`crate::Gated`] needs an MCP session for every call, which is too slow to fuzz;
 //! [`ArgumentChecker`] runs the same code the gate runs on a call's arguments once the tool is
 //! known and allowed (step 3 of `Checks::sequence`: the argument, path and idempotency-key
-//! checks, in that order) and renders the
-//! refusal as the gate would (without `structuredContent` for a tool that declares an
-//! `outputSchema`, see `refusal.rs`).
+//! checks, in that order) and renders the refusal as the gate would (`refusal.rs`).
 
 use std::sync::Arc;
 
@@ -27,7 +25,7 @@ pub enum Verdict {
     /// looking at the arguments); the rule that decided.
     ToolRefused(String),
     /// The arguments are refused: the rule recorded in the audit line, and the `isError` tool
-    /// result's text and `structuredContent` (absent when the tool has an output schema).
+    /// result's text and `structuredContent`.
     ArgumentsRefused {
         /// The audit reason.
         rule: String,
@@ -52,15 +50,14 @@ impl ArgumentChecker {
         Self::default()
     }
 
-    /// Decides the arguments of a call of `tool` (whose input schema is `input_schema`, and which
-    /// declares an output schema when `has_output_schema`) by `principal` under `policy`.
+    /// Decides the arguments of a call of `tool` (whose input schema is `input_schema`) by
+    /// `principal` under `policy`.
     pub fn check(
         &self,
         policy: &Policy,
         principal: &str,
         tool: &str,
         input_schema: &Arc<JsonObject>,
-        has_output_schema: bool,
         arguments: Option<&Map<String, Value>>,
     ) -> Verdict {
         let decision = policy.decide_for(principal, tool, arguments);
@@ -100,7 +97,7 @@ impl ArgumentChecker {
             return Verdict::Admitted;
         };
         let rule = refusal.rule.clone();
-        let result = refusal.into_result(&contract_note(tool, &input, &[]), has_output_schema);
+        let result = refusal.into_result(&contract_note(tool, &input, &[]));
         let text = result
             .content
             .iter()

@@ -914,6 +914,8 @@ impl<H: ServerHandler> ServerHandler for Gated<H> {
         });
         for tool in &mut result.tools {
             self.checks.describe(&state, tool);
+            // The gate's own answers (refusals, previews) carry structured content too.
+            crate::refusal::admit_gate_results(tool);
         }
         if self.offers_confirmation(&state, &principal) {
             result

@@ -389,9 +389,11 @@ fn rate_limits_and_argument_validation_refuse_with_details() {
     let limited = server.call("read_ledger", json!({}));
     let result = result_of(&limited);
     assert_eq!(result["isError"], true);
-    // read_ledger declares an output schema: the details are the text's last line only.
-    assert!(result.get("structuredContent").is_none(), "{limited}");
+    // read_ledger declares an output schema; its listed one admits the gate's refusal shape, so
+    // the details are the text's last line and the structured content alike.
+    let structured = result["structuredContent"].clone();
     let limited = details(&limited);
+    assert_eq!(structured, limited);
     assert_eq!(limited["error"], "rate_limited");
     assert!(limited["retry_after_secs"].as_u64().unwrap() >= 1);
 

@@ -149,9 +149,6 @@ impl Bookings {
     }
 
     /// Cancel the booking `id`. The guest loses the booking; its record stays, cancelled.
-    //
-    // Plain text results (no outputSchema) for cancel_booking and notify_guest: a confirmation
-    // preview of a tool that declares an output schema is a known bug of the gate (issue 18).
     #[tool(annotations(
         title = "Cancel booking",
         read_only_hint = false,
@@ -162,12 +159,11 @@ impl Bookings {
     async fn cancel_booking(
         &self,
         Parameters(args): Parameters<CancelArgs>,
-    ) -> Result<String, String> {
-        let booking = self.store.cancel(&args.id).map_err(|e| e.to_string())?;
-        Ok(format!(
-            "cancelled {} ({}, {}, {} nights)",
-            booking.id, booking.guest, booking.date, booking.nights
-        ))
+    ) -> Result<Json<Booking>, String> {
+        self.store
+            .cancel(&args.id)
+            .map(Json)
+            .map_err(|e| e.to_string())
     }
 
     /// Send `message` to the guest of booking `id`.
@@ -181,12 +177,11 @@ impl Bookings {
     async fn notify_guest(
         &self,
         Parameters(args): Parameters<NotifyArgs>,
-    ) -> Result<String, String> {
-        let sent = self
-            .store
+    ) -> Result<Json<Message>, String> {
+        self.store
             .notify(&args.id, &args.message)
-            .map_err(|e| e.to_string())?;
-        Ok(format!("sent to {} about {}", sent.guest, sent.booking_id))
+            .map(Json)
+            .map_err(|e| e.to_string())
     }
 
     /// Delete every booking and message. For administrators.

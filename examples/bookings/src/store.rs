@@ -56,7 +56,7 @@ pub enum Status {
 }
 
 /// A message sent to a booking's guest.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Message {
     /// The booking it is about.

@@ -297,8 +297,13 @@ pub(crate) struct ProbeCall {
     pub(crate) arguments: Option<JsonObject>,
 }
 
-fn error_text(text: &str) -> CallToolResult {
-    CallToolResult::error(vec![ContentBlock::text(text)])
+/// An exactly-once refusal in the shape of every gate refusal: the message, then `details` as the
+/// last text line and as `structuredContent` (admitted by the tool's listed output schema).
+fn store_refusal(text: &str, details: Value) -> CallToolResult {
+    let line = serde_json::to_string(&details).unwrap_or_default();
+    let mut result = CallToolResult::error(vec![ContentBlock::text(format!("{text}\n{line}"))]);
+    result.structured_content = Some(details);
+    result
 }
 
 /// What the exactly-once step decided for a call.
@@ -350,25 +355,37 @@ impl Answering {
             },
             Ok(Begin::ReplayFailure(text)) => (
                 Outcome::Replay,
-                Ok(CallToolResult::error(vec![ContentBlock::text(text)])),
+                Ok(store_refusal(
+                    &text,
+                    json!({"error": "failed_before", "fix": "use a new key for a new attempt"}),
+                )),
             ),
             Err(EffectError::Conflict { .. }) => (
                 Outcome::Conflict,
-                Ok(error_text(
+                Ok(store_refusal(
                     "Error: this idempotency key was already used with different arguments; nothing was executed. Retry with the original arguments, or use a new key for a new effect",
+                    json!({"error": "conflict", "fix": "retry with the original arguments, or use a new key for a new effect"}),
                 )),
             ),
             Err(EffectError::InProgress { retry_after, .. }) => (
                 Outcome::InProgress,
-                Ok(error_text(&format!(
-                    "Error: a call with this idempotency key is still in progress; nothing was executed. Retry after {} s",
-                    retry_after.as_secs().max(1)
-                ))),
+                Ok(store_refusal(
+                    &format!(
+                        "Error: a call with this idempotency key is still in progress; nothing was executed. Retry after {} s",
+                        retry_after.as_secs().max(1)
+                    ),
+                    json!({
+                        "error": "in_progress",
+                        "retry_after_secs": retry_after.as_secs().max(1),
+                        "fix": "retry with the same key later",
+                    }),
+                )),
             ),
             Err(EffectError::Indeterminate { .. }) => (
                 Outcome::Indeterminate,
-                Ok(error_text(
+                Ok(store_refusal(
                     "Error: an earlier call with this idempotency key stopped mid-effect, so the effect may or may not have happened; it is not re-run automatically. An operator must inspect the target and resolve the key",
+                    json!({"error": "indeterminate", "fix": "an operator must inspect the target and resolve the key"}),
                 )),
             ),
             Err(error) => (

@@ -120,12 +120,11 @@ fn conflict<'a>(call: &Call<'_>, field: &str, rule: &str, current: Current) -> V
         }),
     };
     // A tool's output schema does not describe this answer; the confirmation tool has none.
-    let has_output_schema = call.confirmed.is_none() && call.tool.output_schema.is_some();
     Verdict::Answer(Answer {
         decision: AuditDecision::Deny,
         outcome: Outcome::Conflict,
         reason: rule.to_owned(),
-        result: refusal.into_result("", has_output_schema),
+        result: refusal.into_result(""),
         needs_record: false,
     })
 }

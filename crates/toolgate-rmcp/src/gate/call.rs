@@ -162,7 +162,6 @@ impl<H: ServerHandler> Gated<H> {
                 return Ok(crate::checks::confirmation::error_result(
                     "Error: the confirmed action is no longer allowed (policy or rights changed since the preview); nothing was executed",
                     json!({"error": "no_longer_allowed", "tool": name}),
-                    false,
                 ));
             }
             Verdict::Hide(reason) => {
@@ -182,9 +181,7 @@ impl<H: ServerHandler> Gated<H> {
                 self.record_or_log(deny(request_id, refusal.rule.clone()))
                     .await;
                 let note = self.contract_note(&name, &input);
-                return Ok(refusal
-                    .into_result(&note, tool.output_schema.is_some())
-                    .into());
+                return Ok(refusal.into_result(&note).into());
             }
             Verdict::Answer(answer) => {
                 let entry = self
@@ -429,10 +426,7 @@ impl<H: ServerHandler> Gated<H> {
                         "fix": fix,
                     }),
                 };
-                let result = refusal.into_result(
-                    &self.contract_note(&name, input),
-                    tool.output_schema.is_some(),
-                );
+                let result = refusal.into_result(&self.contract_note(&name, input));
                 (Ok(result.into()), true)
             }
             other => (other, false),

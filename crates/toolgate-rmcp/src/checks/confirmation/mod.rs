@@ -86,7 +86,6 @@ impl Check for Confirmation {
                             call.name
                         )
                     };
-                    let has_schema = confirmed.is_none() && call.tool.output_schema.is_some();
                     Verdict::Answer(Answer {
                         decision: AuditDecision::Deny,
                         outcome: Outcome::NotExecuted,
@@ -94,7 +93,6 @@ impl Check for Confirmation {
                         result: error_call_result(
                             &text,
                             json!({"error": "prepare_failed", "tool": call.name}),
-                            has_schema,
                         ),
                         needs_record: false,
                     })
@@ -161,7 +159,6 @@ impl Confirmation {
                     result: error_call_result(
                         &format!("Error: {error}"),
                         json!({"error": error.code(), "tool": name}),
-                        call.tool.output_schema.is_some(),
                     ),
                     needs_record: false,
                 });
@@ -182,11 +179,8 @@ impl Confirmation {
         });
         let text = serde_json::to_string(&preview).unwrap_or_default();
         let mut result = CallToolResult::success(vec![ContentBlock::text(text)]);
-        // A tool with an output schema promises that shape for its results; the preview is not
-        // that shape, so it travels in the text only.
-        if call.tool.output_schema.is_none() {
-            result.structured_content = Some(preview);
-        }
+        // The tool's listed output schema admits the preview (`refusal::admit_gate_results`).
+        result.structured_content = Some(preview);
         Verdict::Answer(Answer {
             decision: AuditDecision::Allow,
             outcome: Outcome::Preview,
@@ -207,22 +201,16 @@ impl Confirmation {
     }
 }
 
-/// An error result whose last text line is `details` (JSON); `structuredContent` repeats it
-/// unless the tool answered for has an output schema (see `refusal.rs`).
-fn error_call_result(text: &str, details: Value, has_output_schema: bool) -> CallToolResult {
+/// An error result whose last text line is `details` (JSON), repeated as `structuredContent`
+/// (see `refusal.rs`).
+fn error_call_result(text: &str, details: Value) -> CallToolResult {
     let line = serde_json::to_string(&details).unwrap_or_default();
     let mut result = CallToolResult::error(vec![ContentBlock::text(format!("{text}\n{line}"))]);
-    if !has_output_schema {
-        result.structured_content = Some(details);
-    }
+    result.structured_content = Some(details);
     result
 }
 
 /// [`error_call_result`] as a response.
-pub(crate) fn error_result(
-    text: &str,
-    details: Value,
-    has_output_schema: bool,
-) -> CallToolResponse {
-    error_call_result(text, details, has_output_schema).into()
+pub(crate) fn error_result(text: &str, details: Value) -> CallToolResponse {
+    error_call_result(text, details).into()
 }

@@ -58,7 +58,7 @@ impl<H: ServerHandler> Gated<H> {
                 .err()
         }) {
             self.record_or_log(refuse(refusal.rule.clone())).await;
-            return Ok(refusal.into_result("", false).into());
+            return Ok(refusal.into_result("").into());
         }
         let token = arguments
             .get("confirm_token")
@@ -95,7 +95,6 @@ impl<H: ServerHandler> Gated<H> {
                     Ok(error_result(
                         &format!("Error: {error}"),
                         json!({"error": error.code()}),
-                        false,
                     ))
                 }
             };
@@ -118,7 +117,6 @@ impl<H: ServerHandler> Gated<H> {
                 return Ok(error_result(
                     &format!("Error: {error}"),
                     json!({"error": error.code()}),
-                    false,
                 ));
             }
         };
@@ -130,7 +128,6 @@ impl<H: ServerHandler> Gated<H> {
             return Ok(error_result(
                 "Error: the confirmed action is no longer allowed (the tool is gone); nothing was executed",
                 json!({"error": "no_longer_allowed", "tool": action.tool}),
-                false,
             ));
         };
         let mut call = CallToolRequestParams::new(Cow::Owned(action.tool.clone()));
