@@ -6,7 +6,7 @@
 //! comparison does not understand falls back to a conservative rule, and a per-section safety net
 //! guarantees that two contracts with different digests never produce an empty diff.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 
 use serde_json::{Map, Value};
@@ -145,7 +145,10 @@ rules! {
     DESTRUCTIVE_CHANGED = "behavior.destructive_changed", Breaking, "destructiveHint changed (hosts ask for confirmation on it)";
     IDEMPOTENT_CHANGED = "behavior.idempotent_changed", Risky, "idempotentHint changed (retry behaviour)";
     OPEN_WORLD_CHANGED = "behavior.open_world_changed", Risky, "openWorldHint changed";
-    GATE_STAGES_CHANGED = "behavior.gate_stages_changed", Risky, "the gate stages (middleware chain) applying to the tool changed";
+    GATE_STAGE_REMOVED = "behavior.gate_stage_removed", Breaking, "a gate stage (a guarantee such as confirmation, exactly-once, the kill switch or a result allow-list) no longer applies to the tool";
+    GATE_STAGE_ADDED = "behavior.gate_stage_added", Safe, "a gate stage (a guarantee) now applies to the tool";
+    GATE_STAGE_CHANGED = "behavior.gate_stage_changed", Risky, "a gate stage's parameters changed (e.g. the confirmation class, the exactly-once effect kind or key, a rate)";
+    GATE_STAGES_CHANGED = "behavior.gate_stages_changed", Risky, "fallback: the gate stages (middleware chain) changed otherwise (their order)";
     POLICY_CHANGED = "behavior.policy_changed", Risky, "the policy rules for the tool changed";
     BEHAVIOR_CHANGED = "behavior.changed", Risky, "fallback: any other behavior difference";
     COLLECTION_UNBOUNDED = "economics.collection_unbounded", Risky, "an output collection lost its size bound";
@@ -232,6 +235,11 @@ struct Sink<'a> {
 impl Sink<'_> {
     fn push(&mut self, rule: &Rule, detail: String) {
         push(self.out, self.tool, rule, detail);
+    }
+
+    /// How many changes were found so far.
+    fn len(&self) -> usize {
+        self.out.len()
     }
 }
 
@@ -342,16 +350,7 @@ fn diff_behavior(old: &ToolContract, new: &ToolContract, sink: &mut Sink<'_>) {
             sink.push(rule, format!("{name} {was} -> {is}"));
         }
     }
-    if o.gate_stages() != n.gate_stages() {
-        sink.push(
-            &GATE_STAGES_CHANGED,
-            format!(
-                "gate stages [{}] -> [{}]",
-                o.gate_stages().join(", "),
-                n.gate_stages().join(", ")
-            ),
-        );
-    }
+    diff_gate_stages(o.gate_stages(), n.gate_stages(), sink);
     if o.policy_fingerprint() != n.policy_fingerprint() {
         sink.push(
             &POLICY_CHANGED,
@@ -360,6 +359,47 @@ fn diff_behavior(old: &ToolContract, new: &ToolContract, sink: &mut Sink<'_>) {
                 short(&o.policy_fingerprint().to_hex()),
                 short(&n.policy_fingerprint().to_hex())
             ),
+        );
+    }
+}
+
+/// Gate stages are `kind` or `kind:parameters`; each kind is one guarantee.
+fn diff_gate_stages(old: &[String], new: &[String], sink: &mut Sink<'_>) {
+    if old == new {
+        return;
+    }
+    let kinds = |stages: &[String]| -> BTreeMap<String, String> {
+        stages
+            .iter()
+            .map(|stage| match stage.split_once(':') {
+                Some((kind, _)) => (kind.to_owned(), stage.clone()),
+                None => (stage.clone(), stage.clone()),
+            })
+            .collect()
+    };
+    let (o, n) = (kinds(old), kinds(new));
+    let before = sink.len();
+    for (kind, stage) in &o {
+        match n.get(kind) {
+            None => sink.push(&GATE_STAGE_REMOVED, format!("gate stage `{stage}` removed")),
+            Some(now) if now != stage => {
+                sink.push(
+                    &GATE_STAGE_CHANGED,
+                    format!("gate stage `{stage}` -> `{now}`"),
+                );
+            }
+            Some(_) => {}
+        }
+    }
+    for (kind, stage) in &n {
+        if !o.contains_key(kind) {
+            sink.push(&GATE_STAGE_ADDED, format!("gate stage `{stage}` added"));
+        }
+    }
+    if sink.len() == before {
+        sink.push(
+            &GATE_STAGES_CHANGED,
+            format!("gate stages [{}] -> [{}]", old.join(", "), new.join(", ")),
         );
     }
 }

@@ -47,22 +47,61 @@ pub fn tool_definition(tool: &Tool) -> ToolDefinition {
     }
 }
 
-/// The gate stages a call of `tool` passes through, in order: its "middleware chain" as recorded
-/// in the contract. A change here changes what the server enforces for the tool.
+/// The gate stages a call of `tool` passes through, in the order of the check sequence: its
+/// "middleware chain" as recorded in the contract, each stage `kind` or `kind:parameters`. Every
+/// stage is a guarantee, so a stage that disappears is BREAKING (a lost confirmation, a lost
+/// exactly-once), a new one SAFE, and changed parameters RISKY (`docs/lockfile.md`).
 pub fn gate_stages(policy: &Policy, tool: &str) -> Vec<String> {
-    let mut stages = vec!["list_filter", "call_decide", "input_schema"];
+    let mut stages: Vec<String> = vec!["list_filter".into(), "call_decide".into()];
+    if !policy.halt_exempt(tool) {
+        stages.push("kill_switch".into());
+    }
+    stages.push("input_schema".into());
     if policy
         .arg_rules(tool)
         .is_some_and(|rules| !rules.is_empty())
     {
-        stages.push("arg_rules");
+        stages.push("arg_rules".into());
     }
-    if policy.idempotency(tool).is_some() {
-        stages.push("exactly_once");
+    if let Some(settings) = policy.idempotency(tool) {
+        let effect = match settings.effect {
+            toolgate_policy::EffectSafety::Idempotent => "idempotent",
+            toolgate_policy::EffectSafety::Unsafe => "unsafe",
+        };
+        let key = settings.key_argument.as_deref().unwrap_or("_meta");
+        stages.push(format!("exactly_once:{effect},key={key}"));
     }
-    stages.push("permit");
-    stages.push("audit");
-    stages.into_iter().map(str::to_owned).collect()
+    if policy.batch(tool).is_some() {
+        stages.push("batch".into());
+    }
+    if let Some(rate) = policy.tool_rate(tool) {
+        stages.push(format!("rate_limit:{}/{}", rate.burst, rate.per_minute));
+    }
+    if let Some(versioned) = policy.versions(tool) {
+        stages.push(format!("versions:{}", versioned.argument()));
+    }
+    if let Some(guard) = policy.duplicates(tool) {
+        stages.push(format!(
+            "duplicates:{},update={}",
+            guard.key().join("+"),
+            guard.update_tool()
+        ));
+    }
+    if let Some(class) = policy
+        .effect_class(tool)
+        .filter(|class| class.needs_confirmation())
+    {
+        stages.push(format!("confirmation:{class}"));
+    }
+    stages.push("permit".into());
+    if let Some(fields) = policy.results(tool) {
+        stages.push(format!("results:{}", fields.fields().join(",")));
+    }
+    if let Some(untrusted) = policy.untrusted_output(tool) {
+        stages.push(format!("untrusted_output:{}", untrusted.fields().join(",")));
+    }
+    stages.push("audit".into());
+    stages
 }
 
 /// The contract facts of `tool` under a gate with `policy`, completed with what the entitlement
@@ -98,7 +137,7 @@ pub fn server_contract(
     policy: &Policy,
     scans: &BTreeMap<String, ScannedHandler>,
 ) -> Result<ServerContract, ContractBuildError> {
-    let mut contracts = Vec::with_capacity(tools.len());
+    let mut contracts = Vec::with_capacity(tools.len() + 2);
     for tool in tools {
         let name = tool.name.to_string();
         let scan = scans
@@ -106,6 +145,35 @@ pub fn server_contract(
             .ok_or_else(|| ContractBuildError::Unscanned { tool: name.clone() })?;
         let facts = handler_facts(policy, &name, scan.entitlements, scan.evasion.clone());
         contracts.push(ToolContract::build(&tool_definition(tool), &facts)?);
+    }
+    // The gate's own tools, listed to clients whenever some tool needs confirmation: their
+    // handler is the gate (no entitlements of the server's code), their stages the gate's.
+    let confirms = policy
+        .effect_classes()
+        .any(|(tool, class)| class.needs_confirmation() && tools.iter().any(|t| t.name == tool));
+    for name in [crate::CONFIRM_ACTION, crate::REJECT_ACTION] {
+        if confirms && !tools.iter().any(|t| t.name == name) {
+            // A rejection works while calls are halted (it executes nothing).
+            let stages: &[&str] = if name == crate::CONFIRM_ACTION {
+                &[
+                    "list_filter",
+                    "call_decide",
+                    "kill_switch",
+                    "input_schema",
+                    "audit",
+                ]
+            } else {
+                &["list_filter", "call_decide", "input_schema", "audit"]
+            };
+            let facts = HandlerFacts {
+                gate_stages: stages.iter().map(|stage| (*stage).to_owned()).collect(),
+                policy_fingerprint: policy.fingerprint(name),
+                entitlements: Entitlements::default(),
+                evasion: Vec::new(),
+            };
+            let tool = crate::checks::confirmation::confirmation_tool(name);
+            contracts.push(ToolContract::build(&tool_definition(&tool), &facts)?);
+        }
     }
     Ok(ServerContract::new(server_name, contracts)?)
 }

@@ -377,3 +377,69 @@ fn live_lockfile_takes_entitlements_from_the_committed_file_and_the_policy_in_fo
         Err(LockError::Lockfile(_))
     ));
 }
+
+/// The gate's behaviour is in the lock: a tool that loses its confirmation (delete -> write) or
+/// its exactly-once guarantee is BREAKING, one that gains them SAFE, and the gate's own
+/// confirmation tools are locked while some tool needs them.
+#[test]
+fn gate_behaviour_changes_are_classified_and_the_gates_own_tools_are_locked() {
+    let contract = |policy: &str| {
+        let policy = Policy::from_json(policy).unwrap();
+        let scans = tools()
+            .iter()
+            .map(|t| (t.name.to_string(), Default::default()))
+            .collect();
+        toolgate_rmcp::contract::server_contract("rooms", &tools(), &policy, &scans).unwrap()
+    };
+    let guarded = contract(
+        r#"{"version":1,"allow":["list_rooms","book_room"],
+          "effects":{"list_rooms":"read","book_room":"delete"},
+          "idempotency":{"book_room":{"key_argument":"room","effect":"unsafe"}}}"#,
+    );
+    let weakened = contract(
+        r#"{"version":1,"allow":["list_rooms","book_room"],
+          "effects":{"list_rooms":"read","book_room":"write"}}"#,
+    );
+    let stages = &guarded.tools["book_room"].behavior;
+    assert!(
+        stages
+            .gate_stages()
+            .contains(&"confirmation:delete".to_owned())
+            && stages
+                .gate_stages()
+                .contains(&"exactly_once:unsafe,key=room".to_owned()),
+        "{:?}",
+        stages.gate_stages()
+    );
+    assert!(guarded.tools.contains_key(toolgate_rmcp::CONFIRM_ACTION));
+    assert!(guarded.tools.contains_key(toolgate_rmcp::REJECT_ACTION));
+    assert!(!weakened.tools.contains_key(toolgate_rmcp::CONFIRM_ACTION));
+
+    let lost = toolgate_contract::diff::diff(&guarded, &weakened);
+    let of = |tool: &str, rule: &str| {
+        lost.iter()
+            .find(|c| c.tool == tool && c.rule == rule)
+            .map(|c| (c.verdict, c.detail.clone()))
+    };
+    let removed: Vec<String> = lost
+        .iter()
+        .filter(|c| c.tool == "book_room" && c.rule == "behavior.gate_stage_removed")
+        .map(|c| {
+            assert_eq!(c.verdict, Verdict::Breaking);
+            c.detail.clone()
+        })
+        .collect();
+    assert!(
+        removed.iter().any(|d| d.contains("confirmation:delete"))
+            && removed.iter().any(|d| d.contains("exactly_once")),
+        "{lost:?}"
+    );
+    assert!(
+        of(toolgate_rmcp::CONFIRM_ACTION, "tool.removed").is_some(),
+        "{lost:?}"
+    );
+    let gained = toolgate_contract::diff::diff(&weakened, &guarded);
+    assert!(gained.iter().any(|c| c.tool == "book_room"
+        && c.rule == "behavior.gate_stage_added"
+        && c.verdict == Verdict::Safe));
+}
