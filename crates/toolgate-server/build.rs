@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
-use toolgate_contract::scan::{find_tool_handlers, scan_handlers};
+use toolgate_scan::{find_tool_handlers, scan_handlers};
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let manifest_dir = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR")?);

@@ -4,9 +4,8 @@
 //! This crate turns each tool into a [`contract::ToolContract`] of four sections (surface, behavior,
 //! token economics, entitlements), each canonical JSON hashed with SHA-256, writes them to
 //! `toolgate.lock` ([`lockfile`]), classifies every difference between two lockfiles as BREAKING,
-//! RISKY, SAFE or COSMETIC ([`diff`]), finds a handler's capabilities by reading its source
-//! ([`scan`]), signs the server digest ([`attest`]) and measures semantic drift with an injected
-//! judge ([`probe`]).
+//! RISKY, SAFE or COSMETIC ([`diff`]) and signs the server digest ([`attest`]). The entitlement
+//! scanner that reads a handler's source is `toolgate-scan`, so a running server links no parser.
 //!
 //! It knows nothing of MCP libraries: callers convert their tool definitions into
 //! [`model::ToolDefinition`].
@@ -23,7 +22,5 @@ pub mod contract;
 pub mod diff;
 pub mod lockfile;
 pub mod model;
-pub mod probe;
-pub mod scan;
 
 pub use model::{Annotations, EffectiveAnnotations, Entitlements, HandlerFacts, ToolDefinition};

@@ -6,21 +6,25 @@ use rmcp::ServerHandler;
 use rmcp::model::Tool;
 use serde_json::Value;
 use std::collections::BTreeMap;
-use std::path::PathBuf;
 
 use toolgate_contract::check::Violation;
 use toolgate_contract::contract::{ServerContract, ToolContract};
-use toolgate_contract::scan::{ScanError, check_claims, find_tool_handlers, scan_handlers};
 use toolgate_contract::{Annotations, Entitlements, HandlerFacts, ToolDefinition};
 use toolgate_policy::Policy;
+#[cfg(feature = "lock")]
+use toolgate_scan::{ScanError, check_claims, find_tool_handlers, scan_handlers};
 
 use crate::Gated;
 
+#[cfg(feature = "lock")]
 mod lock;
+#[cfg(feature = "lock")]
 pub use lock::{
     LockCheck, LockError, LockMode, LockOutcome, LockReport, UPDATE_LOCK_ENV, check_lock,
-    live_lockfile,
 };
+
+/// The toolgate version recorded in the lockfiles this crate writes (not part of any digest).
+const TOOLGATE_VERSION: &str = env!("CARGO_PKG_VERSION");
 
 /// `tool` as toolgate-contract sees it: name, description, schemas and the annotations as declared
 /// (absent hints stay absent; the contract applies the spec's defaults).
@@ -205,8 +209,9 @@ impl<H: ServerHandler> Gated<H> {
 /// Scans the handlers of `tools` in `source_roots` (every `#[tool]` fn) and returns their
 /// entitlements, plus a violation for every tool whose annotations claim `readOnlyHint: true`
 /// while its handler writes files, spawns a process or opens a connection.
+#[cfg(feature = "lock")]
 pub fn scan_sources(
-    source_roots: &[PathBuf],
+    source_roots: &[std::path::PathBuf],
     tools: &[Tool],
 ) -> Result<(BTreeMap<String, ScannedHandler>, Vec<Violation>), ScanError> {
     let handlers = find_tool_handlers(source_roots)?;
@@ -303,4 +308,60 @@ pub fn effect_class_violations(
         }
     }
     violations
+}
+
+/// The live lockfile of a server that runs without its sources: `tools` as compiled, the gate
+/// stages and policy fingerprints under `policy` (the policy in force, not the one the lockfile
+/// was written with), and for each tool the entitlements `committed` (the text of its
+/// `toolgate.lock`) records, which the server's lock check keeps equal to what its handlers do.
+/// The server name is the lockfile's. Give the result to `GatedBuilder::contract` to publish the
+/// digest; a tool missing from `committed` is an error (run the lock check in update mode).
+pub fn live_lockfile(
+    tools: &[Tool],
+    policy: &Policy,
+    committed: &str,
+) -> Result<toolgate_contract::lockfile::Lockfile, LiveContractError> {
+    let committed = toolgate_contract::lockfile::Lockfile::parse(committed)?;
+    let contract = committed.contract();
+    let scans: BTreeMap<String, ScannedHandler> = contract
+        .tools
+        .iter()
+        .map(|(name, tool)| {
+            let scan = ScannedHandler {
+                entitlements: tool.entitlements.families(),
+                evasion: tool.entitlements.evasion_signals().to_vec(),
+            };
+            (name.clone(), scan)
+        })
+        .collect();
+    if let Some(tool) = tools.iter().find(|t| !scans.contains_key(t.name.as_ref())) {
+        return Err(LiveContractError::NotLocked {
+            tool: tool.name.to_string(),
+        });
+    }
+    let live = server_contract(&contract.server_name, tools, policy, &scans)?;
+    Ok(toolgate_contract::lockfile::Lockfile::new(
+        live,
+        TOOLGATE_VERSION,
+    ))
+}
+
+/// Why [`live_lockfile`] could not compute the contract.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum LiveContractError {
+    /// The committed lockfile is invalid.
+    #[error("the committed lockfile is invalid: {0}")]
+    Lockfile(#[from] toolgate_contract::lockfile::LockfileError),
+    /// A tool the server registers is not in the committed lockfile.
+    #[error(
+        "tool `{tool}` is not in the committed lockfile, so its entitlements are unknown; run the lock check in update mode, review and commit the lockfile, and rebuild"
+    )]
+    NotLocked {
+        /// The tool.
+        tool: String,
+    },
+    /// The live contract could not be computed.
+    #[error(transparent)]
+    Contract(#[from] ContractBuildError),
 }

@@ -168,7 +168,7 @@ pub enum GateError {
     Audit(#[from] toolgate_audit::AuditError),
     /// The contract given to `GatedBuilder::locked_contract` could not be computed.
     #[error("cannot compute the server's contract from its toolgate.lock: {0}")]
-    Contract(#[from] crate::contract::LockError),
+    Contract(#[from] crate::contract::LiveContractError),
     /// The ledger's exactly-once store could not be opened.
     #[error("cannot open the ledger's effect store: {0}")]
     Effects(#[from] toolgate_commit::effect::EffectError),

@@ -13,7 +13,7 @@ use toolgate_contract::check::{CheckOutcome, DriftReason, ReportFormat};
 use toolgate_contract::diff::Verdict;
 use toolgate_policy::Policy;
 use toolgate_rmcp::contract::{
-    LockCheck, LockError, LockMode, LockOutcome, check_lock, live_lockfile,
+    LiveContractError, LockCheck, LockError, LockMode, LockOutcome, check_lock, live_lockfile,
 };
 
 /// The handlers: `list_rooms` reads nothing, `book_room` writes a file.
@@ -369,12 +369,12 @@ fn live_lockfile_takes_entitlements_from_the_committed_file_and_the_policy_in_fo
     more.push(tool("cancel_room", "Cancel.", false));
     let error = live_lockfile(&more, &policy, &committed).unwrap_err();
     assert!(
-        matches!(error, LockError::NotLocked { ref tool } if tool == "cancel_room"),
+        matches!(error, LiveContractError::NotLocked { ref tool } if tool == "cancel_room"),
         "{error}"
     );
     assert!(matches!(
         live_lockfile(&tools(), &policy, "{}"),
-        Err(LockError::Lockfile(_))
+        Err(LiveContractError::Lockfile(_))
     ));
 }
 

@@ -71,6 +71,54 @@ fn only_the_adapter_and_the_server_depend_on_rmcp() {
     );
 }
 
+/// The `[dependencies]` table of a manifest, as (name, the rest of the line).
+fn normal_dependencies(manifest: &str) -> Vec<(String, String)> {
+    let mut deps = Vec::new();
+    let mut in_deps = false;
+    for line in manifest.lines() {
+        let line = line.trim();
+        if line.starts_with('[') {
+            in_deps = line == "[dependencies]";
+            continue;
+        }
+        if in_deps && let Some((name, rest)) = line.split_once('=') {
+            let name = name.trim().split('.').next().unwrap_or_default().to_owned();
+            if !name.is_empty() && !name.starts_with('#') {
+                deps.push((name, rest.trim().to_owned()));
+            }
+        }
+    }
+    deps
+}
+
+/// The syn-based scanner runs in build scripts, xtask and tests, never in a serving binary: only
+/// toolgate-scan depends on syn, and the runtime crates reach it only through an optional
+/// dependency (feature `lock`).
+#[test]
+fn the_runtime_crates_link_no_source_parser() {
+    let crates = workspace_root().join("crates");
+    for name in [
+        "toolgate",
+        "toolgate-rmcp",
+        "toolgate-contract",
+        "toolgate-server",
+    ] {
+        let manifest = read(&crates.join(name).join("Cargo.toml"));
+        for (dep, spec) in normal_dependencies(&manifest) {
+            assert!(
+                dep != "syn" && dep != "proc-macro2",
+                "{name} depends on {dep}: the scanner belongs in toolgate-scan"
+            );
+            if dep == "toolgate-scan" {
+                assert!(
+                    spec.contains("optional = true"),
+                    "{name} depends on toolgate-scan unconditionally; make it optional (feature `lock`)"
+                );
+            }
+        }
+    }
+}
+
 #[test]
 fn every_crate_forbids_unsafe_and_uses_workspace_lints() {
     let crates = workspace_root().join("crates");

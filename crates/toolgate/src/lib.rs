@@ -53,6 +53,12 @@ pub mod guard {
 pub mod contract {
     pub use toolgate_contract::*;
     pub use toolgate_rmcp::contract::*;
+
+    /// The entitlement scanner (`toolgate-scan`, feature `lock`).
+    #[cfg(feature = "lock")]
+    pub mod scan {
+        pub use toolgate_scan::*;
+    }
 }
 
 /// The storage floor every store sits on (`toolgate-storage`).

@@ -16,11 +16,9 @@
 //! assert!(report.passed(), "{report}");
 //! ```
 //!
-//! A server that ships without its sources publishes its contract digest with [`live_lockfile`]:
-//! the tools as compiled and the policy in force, with the entitlements its committed lockfile
-//! records (which its lock check keeps equal to what the sources do).
+//! A server that ships without its sources publishes its contract digest with
+//! [`super::live_lockfile`] instead, which needs no scanner.
 
-use std::collections::BTreeMap;
 use std::fmt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -32,21 +30,18 @@ use toolgate_contract::check::{
     write_lockfile,
 };
 use toolgate_contract::diff::{Change, Verdict};
-use toolgate_contract::lockfile::{Lockfile, LockfileError};
-use toolgate_contract::scan::ScanError;
+use toolgate_contract::lockfile::Lockfile;
 use toolgate_policy::{Policy, PolicyError};
+use toolgate_scan::ScanError;
 use toolgate_storage::{FsStorage, Storage};
 
-use super::{
-    ContractBuildError, ScannedHandler, effect_class_violations, scan_sources, server_contract,
-};
+use super::{ContractBuildError, effect_class_violations, scan_sources, server_contract};
 
 /// The environment variable that puts [`LockMode::from_env`] in update mode: run the lock test
 /// with `TOOLGATE_UPDATE_LOCK=1` to rewrite the lockfile, review the diff, commit it.
 pub const UPDATE_LOCK_ENV: &str = "TOOLGATE_UPDATE_LOCK";
 
-/// The toolgate version recorded in the lockfiles this crate writes (not part of any digest).
-const TOOLGATE_VERSION: &str = env!("CARGO_PKG_VERSION");
+use super::TOOLGATE_VERSION;
 
 /// Whether [`check_lock`] compares or rewrites.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -220,17 +215,6 @@ pub enum LockError {
     /// The lockfile could not be read or written.
     #[error(transparent)]
     Io(#[from] CheckError),
-    /// The committed lockfile given to [`live_lockfile`] is invalid.
-    #[error("the committed lockfile is invalid: {0}")]
-    Lockfile(#[from] LockfileError),
-    /// A tool the server registers is not in the committed lockfile given to [`live_lockfile`].
-    #[error(
-        "tool `{tool}` is not in the committed lockfile, so its entitlements are unknown; run the lock check in update mode, review and commit the lockfile, and rebuild"
-    )]
-    NotLocked {
-        /// The tool.
-        tool: String,
-    },
 }
 
 /// What a lock check found or did.
@@ -422,37 +406,4 @@ pub fn check_lock(check: &LockCheck) -> Result<LockReport, LockError> {
         shown_as: check.shown_as.clone(),
         fix_hint: check.fix_hint.clone(),
     })
-}
-
-/// The live lockfile of a server that runs without its sources: `tools` as compiled, the gate
-/// stages and policy fingerprints under `policy` (the policy in force, not the one the lockfile
-/// was written with), and for each tool the entitlements `committed` (the text of its
-/// `toolgate.lock`) records, which the server's lock check keeps equal to what its handlers do.
-/// The server name is the lockfile's. Give the result to `GatedBuilder::contract` to publish the
-/// digest; a tool missing from `committed` is an error (run the lock check in update mode).
-pub fn live_lockfile(
-    tools: &[Tool],
-    policy: &Policy,
-    committed: &str,
-) -> Result<Lockfile, LockError> {
-    let committed = Lockfile::parse(committed)?;
-    let contract = committed.contract();
-    let scans: BTreeMap<String, ScannedHandler> = contract
-        .tools
-        .iter()
-        .map(|(name, tool)| {
-            let scan = ScannedHandler {
-                entitlements: tool.entitlements.families(),
-                evasion: tool.entitlements.evasion_signals().to_vec(),
-            };
-            (name.clone(), scan)
-        })
-        .collect();
-    if let Some(tool) = tools.iter().find(|t| !scans.contains_key(t.name.as_ref())) {
-        return Err(LockError::NotLocked {
-            tool: tool.name.to_string(),
-        });
-    }
-    let live = server_contract(&contract.server_name, tools, policy, &scans)?;
-    Ok(Lockfile::new(live, TOOLGATE_VERSION))
 }

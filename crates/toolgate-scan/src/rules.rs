@@ -3,7 +3,7 @@
 //! They are data so that the module docs of [`super`] and the code cannot drift apart silently:
 //! every row here has a line in the tables there.
 
-/// Family names, exactly as [`crate::Entitlements::families`] writes them.
+/// Family names, exactly as [`toolgate_contract::Entitlements::families`] writes them.
 pub(super) const FS_READ: &str = "filesystemRead";
 pub(super) const FS_WRITE: &str = "filesystemWrite";
 pub(super) const NETWORK: &str = "network";

@@ -5,11 +5,11 @@
 
 use std::path::{Path, PathBuf};
 
-use toolgate_contract::scan::{
+use toolgate_contract::{Annotations, ToolDefinition};
+use toolgate_scan::{
     HandlerRef, ScanError, ScanReport, check_claims, find_tool_handlers, scan_handlers,
     scan_handlers_with_stats,
 };
-use toolgate_contract::{Annotations, ToolDefinition};
 
 fn workspace() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")

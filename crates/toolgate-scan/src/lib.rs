@@ -93,13 +93,15 @@
 //! [`check_claims`]: a tool whose effective `readOnlyHint` is true (absent reads as false) while
 //! its handler writes files, spawns a process or opens a network connection is a violation.
 
+#![forbid(unsafe_code)]
+
 use std::collections::{BTreeMap, HashSet, VecDeque};
 use std::fmt;
 use std::path::PathBuf;
 
 use serde::Serialize;
 
-use crate::model::{Entitlements, ToolDefinition};
+use toolgate_contract::{Entitlements, ToolDefinition};
 
 mod evasion;
 mod index;
@@ -157,7 +159,7 @@ pub struct ScanReport {
 }
 
 impl ScanReport {
-    /// The evasion kinds found, sorted and deduplicated, as [`crate::HandlerFacts::evasion`]
+    /// The evasion kinds found, sorted and deduplicated, as [`toolgate_contract::HandlerFacts::evasion`]
     /// records them.
     pub fn evasion_kinds(&self) -> Vec<String> {
         let mut kinds: Vec<String> = self.evasion.iter().map(|e| e.kind.to_owned()).collect();

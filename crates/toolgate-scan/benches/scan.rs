@@ -6,7 +6,7 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use toolgate_contract::scan::{find_tool_handlers, scan_handlers_with_stats};
+use toolgate_scan::{find_tool_handlers, scan_handlers_with_stats};
 
 const ROUNDS: u32 = 20;
 
