@@ -54,7 +54,7 @@ pub enum KitError {
     },
     /// The server answered something the kit cannot use.
     #[error(
-        "the server under test answered {what} with {message}; the kit speaks MCP 2026-07-28 (server/discover, then requests carrying _meta) over JSON lines"
+        "the server under test answered {what} with {message}; the kit speaks MCP 2026-07-28 (server/discover, then requests carrying _meta), or 2025-11-25 (initialize) with a server that refuses server/discover, over JSON lines"
     )]
     Protocol {
         /// The request that got the unusable answer.

@@ -22,8 +22,11 @@ use tokio::time::Instant;
 
 use crate::error::KitError;
 
-/// The protocol revision the kit speaks: `server/discover`, then `_meta` on every request.
+/// The protocol revision the kit speaks first: `server/discover`, then `_meta` on every request.
 pub(crate) const PROTOCOL_VERSION: &str = "2026-07-28";
+/// The revision it falls back to when a server refuses `server/discover` (most servers today,
+/// the TypeScript SDK's among them): the `initialize` handshake, then plain requests.
+pub(crate) const LEGACY_PROTOCOL_VERSION: &str = "2025-11-25";
 
 /// In-process duplex buffer: large enough for any fixture or result line.
 const DUPLEX_BYTES: usize = 1 << 20;
@@ -93,8 +96,11 @@ enum End {
     Task(JoinHandle<()>),
 }
 
-/// One MCP connection to a fresh server, after `server/discover`.
+/// One MCP connection to a fresh server, after `server/discover` (or `initialize`).
 pub(crate) struct Connection {
+    /// Whether the server only speaks the `initialize` flow: requests then carry no 2026-07-28
+    /// `_meta` keys.
+    legacy: bool,
     writer: Option<Box<dyn AsyncWrite + Send + Unpin>>,
     lines: mpsc::UnboundedReceiver<String>,
     stash: HashMap<String, Value>,
@@ -174,6 +180,7 @@ impl Connection {
             }
         };
         let mut connection = Connection {
+            legacy: false,
             writer: Some(writer),
             lines,
             stash: HashMap::new(),
@@ -183,12 +190,30 @@ impl Connection {
             ids,
         };
         let (_, reply) = connection.request("server/discover", json!({})).await?;
+        if reply.get("result").is_some() {
+            return Ok(connection);
+        }
+        // Refused (method not found, or an unsupported version): the 2025-11-25 handshake.
+        connection.legacy = true;
+        let (_, reply) = connection
+            .request(
+                "initialize",
+                json!({
+                    "protocolVersion": LEGACY_PROTOCOL_VERSION,
+                    "capabilities": {},
+                    "clientInfo": {"name": "toolgate-kit", "version": env!("CARGO_PKG_VERSION")},
+                }),
+            )
+            .await?;
         if reply.get("result").is_none() {
             return Err(KitError::Protocol {
-                what: "server/discover".to_owned(),
-                message: format!("no result: {reply}"),
+                what: "server/discover and initialize".to_owned(),
+                message: format!("neither handshake succeeded; initialize answered {reply}"),
             });
         }
+        connection
+            .notify("notifications/initialized", json!({}))
+            .await?;
         Ok(connection)
     }
 
@@ -205,18 +230,33 @@ impl Connection {
             Value::Object(map) => map,
             _ => serde_json::Map::new(),
         };
-        params.insert(
-            "_meta".to_owned(),
-            json!({
-                "io.modelcontextprotocol/protocolVersion": PROTOCOL_VERSION,
-                "io.modelcontextprotocol/clientCapabilities": {}
-            }),
-        );
+        if !self.legacy {
+            params.insert(
+                "_meta".to_owned(),
+                json!({
+                    "io.modelcontextprotocol/protocolVersion": PROTOCOL_VERSION,
+                    "io.modelcontextprotocol/clientCapabilities": {}
+                }),
+            );
+        }
         let message = json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params});
+        self.write_line(&message, &format!("sending {method} (id {id})"))
+            .await?;
+        Ok(id)
+    }
+
+    /// Sends a notification (no id, no reply).
+    pub(crate) async fn notify(&mut self, method: &str, params: Value) -> Result<(), KitError> {
+        let message = json!({"jsonrpc": "2.0", "method": method, "params": params});
+        self.write_line(&message, &format!("sending {method}"))
+            .await
+    }
+
+    async fn write_line(&mut self, message: &Value, what: &str) -> Result<(), KitError> {
         let mut line = message.to_string().into_bytes();
         line.push(b'\n');
         let stderr = self.stderr();
-        let what = format!("sending {method} (id {id})");
+        let what = what.to_owned();
         let Some(writer) = self.writer.as_mut() else {
             return Err(KitError::Closed { what, stderr });
         };
@@ -228,8 +268,7 @@ impl Connection {
             what,
             source,
             stderr,
-        })?;
-        Ok(id)
+        })
     }
 
     /// The reply to `id` (other replies are kept for later; notifications and server requests
