@@ -45,6 +45,26 @@ pub struct VerifyReport {
 }
 
 impl VerifyReport {
+    /// The report as one JSON object, the form every `audit verify --format json` prints:
+    /// `status` (`intact` or `broken`), `records`, `head`, the checkpoint counts,
+    /// `records_after_checkpoint`, `problem` and `checkpoint_mismatch` (null or a problem
+    /// object), and `warnings`.
+    pub fn to_json(&self) -> serde_json::Value {
+        serde_json::json!({
+            "status": if self.problem.is_none() { "intact" } else { "broken" },
+            "records": self.records,
+            "head": self.head.to_hex(),
+            "checkpoints_verified": self.checkpoints_verified,
+            "checkpoints_unchecked": self.checkpoints_unchecked,
+            "records_after_checkpoint": self.records_after_checkpoint,
+            "problem": self.problem.as_ref().map(Problem::to_json),
+            "checkpoint_mismatch": self.checkpoint_mismatch.as_ref().map(Problem::to_json),
+            "warnings": self.warnings.iter()
+                .map(|w| serde_json::json!({"kind": w.kind.as_str(), "detail": w.detail}))
+                .collect::<Vec<_>>(),
+        })
+    }
+
     /// Whether the whole log verified without a problem.
     pub fn is_intact(&self) -> bool {
         self.problem.is_none()
@@ -146,6 +166,21 @@ pub struct Problem {
     /// The checkpoint file (or mirror) holding `line`, for
     /// [`ProblemKind::BadCheckpointSignature`] and [`ProblemKind::CheckpointMissing`].
     pub checkpoint_file: Option<PathBuf>,
+}
+
+impl Problem {
+    /// The problem as a JSON object: `line`, `seq`, `reason` (its kind), `detail`, `segment` and
+    /// `checkpoint_file` (null when not about one).
+    pub fn to_json(&self) -> serde_json::Value {
+        serde_json::json!({
+            "line": self.line,
+            "seq": self.seq,
+            "reason": self.kind.as_str(),
+            "detail": self.detail,
+            "segment": self.segment.as_ref().map(|s| s.display().to_string()),
+            "checkpoint_file": self.checkpoint_file.as_ref().map(|s| s.display().to_string()),
+        })
+    }
 }
 
 impl fmt::Display for Problem {

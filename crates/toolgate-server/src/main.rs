@@ -248,40 +248,14 @@ fn contract_command(command: &ContractCommand, options: &ServerOptions) -> anyho
     }
 }
 
-/// One problem of the verify report as JSON.
-fn problem_json(p: &toolgate::audit::Problem) -> serde_json::Value {
-    serde_json::json!({
-        "line": p.line,
-        "seq": p.seq,
-        "reason": p.kind.as_str(),
-        "detail": p.detail,
-        "segment": p.segment.as_ref().map(|s| s.display().to_string()),
-        "checkpoint_file": p.checkpoint_file.as_ref().map(|s| s.display().to_string()),
-    })
-}
-
-/// The verify report as one JSON object (`mirror`: the mirror compared, if any).
+/// The verify report as one JSON object, with the mirror compared (if any).
 fn verify_json(
     report: &toolgate::audit::VerifyReport,
     mirror: Option<&std::path::Path>,
 ) -> serde_json::Value {
-    let warnings: Vec<serde_json::Value> = report
-        .warnings
-        .iter()
-        .map(|w| serde_json::json!({"kind": w.kind.as_str(), "detail": w.detail}))
-        .collect();
-    serde_json::json!({
-        "status": if report.problem.is_none() { "intact" } else { "broken" },
-        "records": report.records,
-        "head": report.head.to_hex(),
-        "checkpoints_verified": report.checkpoints_verified,
-        "checkpoints_unchecked": report.checkpoints_unchecked,
-        "records_after_checkpoint": report.records_after_checkpoint,
-        "mirror": mirror.map(|m| m.display().to_string()),
-        "problem": report.problem.as_ref().map(problem_json),
-        "checkpoint_mismatch": report.checkpoint_mismatch.as_ref().map(problem_json),
-        "warnings": warnings,
-    })
+    let mut json = report.to_json();
+    json["mirror"] = serde_json::json!(mirror.map(|m| m.display().to_string()));
+    json
 }
 
 fn main() -> ExitCode {

@@ -26,8 +26,7 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::SystemTime;
 
-use serde_json::{Value, json};
-use toolgate_audit::{AuditConfig, FileAuditLog, VerifyOptions, VerifyReport};
+use toolgate_audit::{AuditConfig, FileAuditLog, VerifyOptions};
 use toolgate_commit::effect::{EffectConfig, EffectStore};
 use toolgate_rmcp::checks::KillSwitch;
 
@@ -409,7 +408,7 @@ fn run_command(
             }
             let report = toolgate_audit::verify(&options)?;
             match (format, &report.problem) {
-                (Format::Json, _) => writeln!(out, "{}", verify_json(&report))?,
+                (Format::Json, _) => writeln!(out, "{}", report.to_json())?,
                 (Format::Text, None) => writeln!(out, "verify: {report}")?,
                 (Format::Text, Some(_)) => writeln!(out, "verify: BROKEN: {report}")?,
             }
@@ -438,35 +437,10 @@ fn load_key(path: &Path) -> Result<toolgate_canon::HmacKey, CommandError> {
         .map_err(|error| format!("the key in {} is unusable: {error}", path.display()).into())
 }
 
-/// The verify report as one JSON object.
-fn verify_json(report: &VerifyReport) -> Value {
-    let problem = |p: &toolgate_audit::Problem| {
-        json!({
-            "line": p.line,
-            "seq": p.seq,
-            "reason": p.kind.as_str(),
-            "detail": p.detail,
-            "segment": p.segment.as_ref().map(|s| s.display().to_string()),
-            "checkpoint_file": p.checkpoint_file.as_ref().map(|s| s.display().to_string()),
-        })
-    };
-    json!({
-        "status": if report.problem.is_none() { "intact" } else { "broken" },
-        "records": report.records,
-        "head": report.head.to_hex(),
-        "checkpoints_verified": report.checkpoints_verified,
-        "checkpoints_unchecked": report.checkpoints_unchecked,
-        "records_after_checkpoint": report.records_after_checkpoint,
-        "problem": report.problem.as_ref().map(problem),
-        "warnings": report.warnings.iter()
-            .map(|w| json!({"kind": w.kind.as_str(), "detail": w.detail}))
-            .collect::<Vec<_>>(),
-    })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::Value;
 
     fn parse(args: &[&str]) -> Result<Cli, UsageError> {
         Cli::parse_with_env(args.iter().copied(), |name| match name {
