@@ -4,7 +4,7 @@
 # docs/BENCHMARKS.md says what each one measures and records the latest figures.
 #
 #   scripts/bench.sh            all benches
-#   scripts/bench.sh gate stdio only the named ones (audit commit canon policy contract gate stdio pipeline)
+#   scripts/bench.sh gate stdio only the named ones (audit commit canon policy scan gate calls stdio pipeline)
 #   REFERENCE_SERVER="/venv/bin/python /path/server.py" scripts/bench.sh reference
 #                               the stdio driver against another server with the same tools (the
 #                               reference article's Python server: see docs/BENCHMARKS.md); it is
@@ -19,7 +19,7 @@ mkdir -p "$target/bench"
 log="$target/bench/bench-$(date -u +%Y%m%dT%H%M%SZ).log"
 read -r -a extra <<<"${BENCH_ARGS:-}"
 
-all=(audit commit canon policy contract gate stdio pipeline)
+all=(audit commit canon policy scan gate calls stdio pipeline)
 selected=("$@")
 [ ${#selected[@]} -eq 0 ] && selected=("${all[@]}")
 
@@ -54,8 +54,9 @@ bench() {
             commit) run commit bench -p toolgate-commit --bench effect ;;
             canon) run canon bench -p toolgate-canon --bench digest -- "${extra[@]}" ;;
             policy) run policy bench -p toolgate-policy --bench decide -- "${extra[@]}" ;;
-            contract) run contract bench -p toolgate-contract --bench scan ;;
+            scan) run scan bench -p toolgate-scan --bench scan ;;
             gate) run gate bench -p toolgate-rmcp --bench gate_cost -- "${extra[@]}" ;;
+            calls) run calls bench -p toolgate-server --bench calls ;;
             stdio) run stdio bench -p toolgate-server --bench stdio ;;
             pipeline) run pipeline bench -p toolgate-server --bench pipeline ;;
             reference)
