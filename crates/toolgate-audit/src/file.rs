@@ -927,16 +927,31 @@ impl AuditSink for FileAuditLog {
         let _lock = self.lock_file.lock()?;
         self.refresh(&mut io)?;
         let mut records = 0;
+        let limit = max_line();
         for path in crate::segments::chain_files(&self.path)? {
             let mut reader = io::BufReader::new(open_read(&path)?);
             let mut line = Vec::new();
+            let mut line_no = 0u64;
             loop {
                 line.clear();
-                let read = reader
+                // Bounded: a line longer than any record could be (appends refuse those) is
+                // damage, reported, never read into memory whole.
+                let read = (&mut reader)
+                    .take(limit.saturating_add(1))
                     .read_until(b'\n', &mut line)
                     .map_err(io_err("read", &path))?;
-                if read == 0 || !line.ends_with(b"\n") {
-                    break;
+                line_no += 1;
+                if !line.ends_with(b"\n") {
+                    if u64::try_from(read).unwrap_or(u64::MAX) > limit {
+                        return Err(AuditError::BadRecord {
+                            path,
+                            line: line_no,
+                            detail: format!(
+                                "longer than {limit} bytes, the longest record the log accepts"
+                            ),
+                        });
+                    }
+                    break; // the end, or a torn tail
                 }
                 out.write_all(&line)
                     .map_err(|source| AuditError::Export { source })?;

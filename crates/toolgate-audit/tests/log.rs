@@ -742,3 +742,34 @@ fn a_log_without_seq_is_continued_with_consecutive_numbers() {
     let problem = report.problem.unwrap();
     assert_eq!((problem.line, problem.kind), (6, ProblemKind::Malformed));
 }
+
+/// `export` reads lines bounded by the longest record the log accepts: a longer line inside the
+/// chain is reported with its file and line, never read into memory whole.
+#[test]
+fn export_refuses_an_over_long_line_instead_of_reading_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("audit.jsonl");
+    {
+        let log = FileAuditLog::open(&path).unwrap();
+        log.append(&entry(0)).unwrap();
+    }
+    let record = fs::read(&path).unwrap();
+    let mut damaged = record.clone();
+    damaged.extend(std::iter::repeat_n(
+        b'x',
+        toolgate_audit::MAX_LINE_BYTES + 10,
+    ));
+    damaged.push(b'\n');
+    damaged.extend(&record);
+    fs::write(&path, &damaged).unwrap();
+
+    let log = FileAuditLog::open(&path).unwrap();
+    let mut out = Vec::new();
+    let error = log.export(&mut out).unwrap_err();
+    assert!(
+        matches!(&error, AuditError::BadRecord { line: 2, .. }),
+        "{error}"
+    );
+    assert!(error.to_string().contains("longer than"), "{error}");
+    assert_eq!(out, record, "the records before the damage were exported");
+}
