@@ -21,7 +21,7 @@ use toolgate_audit::AuditEntry;
 use toolgate_commit::effect::EffectBackend;
 use toolgate_policy::{DuplicateGuard, Policy};
 
-use super::exactly_once::EarlierAnswer;
+use super::exactly_once::{EarlierAnswer, Lookup, unless_answered};
 use super::{Call, Check, Verdict};
 use crate::Preflight;
 use crate::refusal::Refusal;
@@ -42,13 +42,6 @@ pub(crate) struct DuplicateCheck {
     pub(crate) preflight: Option<Arc<dyn Preflight>>,
     /// The exactly-once store, to let retries of answered calls through.
     pub(crate) effects: Option<Arc<dyn EffectBackend>>,
-}
-
-/// What the blocking step found.
-enum Found {
-    /// The call is a retry the effect store answers.
-    Answered,
-    Existing(Result<Option<String>, String>),
 }
 
 impl Check for DuplicateCheck {
@@ -92,20 +85,15 @@ impl Check for DuplicateCheck {
         let earlier = EarlierAnswer::of(self.effects.as_ref(), call);
         Verdict::Later(Box::pin(async move {
             let tool = name.to_owned();
-            let found = tokio::task::spawn_blocking(move || {
-                if earlier.is_some_and(|earlier| earlier.exists()) {
-                    return Found::Answered;
-                }
-                Found::Existing(preflight.find_existing(&tool, &key))
-            })
-            .await;
+            let found =
+                unless_answered(earlier, move || preflight.find_existing(&tool, &key)).await;
             match found {
-                Ok(Found::Answered | Found::Existing(Ok(None))) => Verdict::Pass,
-                Ok(Found::Existing(Ok(Some(existing)))) => {
+                Lookup::Answered | Lookup::Found(Ok(None)) => Verdict::Pass,
+                Lookup::Found(Ok(Some(existing))) => {
                     Verdict::Refuse(duplicate(name, guard, &existing))
                 }
-                Ok(Found::Existing(Err(why))) => Verdict::Refuse(unavailable(name, guard, &why)),
-                Err(_) => Verdict::Refuse(unavailable(
+                Lookup::Found(Err(why)) => Verdict::Refuse(unavailable(name, guard, &why)),
+                Lookup::Failed => Verdict::Refuse(unavailable(
                     name,
                     guard,
                     "the task that looks them up failed",

@@ -163,6 +163,32 @@ pub(crate) struct EarlierAnswer {
     request: EffectRequest,
 }
 
+/// What a check that looks at the world found, asked on the blocking pool unless the call is a
+/// retry the effect store already answered (see [`EarlierAnswer`]).
+pub(crate) enum Lookup<T> {
+    /// A retry of an answered call: the check lets it through to its replay.
+    Answered,
+    /// What the server's lookup said.
+    Found(Result<T, String>),
+    /// The blocking task did not complete.
+    Failed,
+}
+
+/// Runs `lookup` on the blocking pool, unless `earlier` says the store already answered the call.
+pub(crate) async fn unless_answered<T: Send + 'static>(
+    earlier: Option<EarlierAnswer>,
+    lookup: impl FnOnce() -> Result<T, String> + Send + 'static,
+) -> Lookup<T> {
+    let ran = tokio::task::spawn_blocking(move || {
+        if earlier.is_some_and(|earlier| earlier.exists()) {
+            return Lookup::Answered;
+        }
+        Lookup::Found(lookup())
+    })
+    .await;
+    ran.unwrap_or(Lookup::Failed)
+}
+
 impl EarlierAnswer {
     /// The question for `call`, when its tool is exactly-once and the gate has a store.
     pub(crate) fn of(

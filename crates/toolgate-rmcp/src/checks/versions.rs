@@ -15,7 +15,7 @@ use serde_json::{Value, json};
 use toolgate_audit::{Decision as AuditDecision, Outcome};
 use toolgate_commit::effect::EffectBackend;
 
-use super::exactly_once::EarlierAnswer;
+use super::exactly_once::{EarlierAnswer, Lookup, unless_answered};
 use super::{Answer, Call, Check, Verdict};
 use crate::refusal::Refusal;
 use crate::{Current, Preflight};
@@ -26,13 +26,6 @@ pub(crate) struct VersionCheck {
     pub(crate) preflight: Option<Arc<dyn Preflight>>,
     /// The exactly-once store, to let retries of answered calls through.
     pub(crate) effects: Option<Arc<dyn EffectBackend>>,
-}
-
-/// What the blocking step found.
-enum Found {
-    /// The call is a retry the effect store answers.
-    Answered,
-    Current(Result<Option<Current>, String>),
 }
 
 impl Check for VersionCheck {
@@ -78,19 +71,16 @@ impl Check for VersionCheck {
         let arguments = call.arguments.cloned().unwrap_or_default();
         Verdict::Later(Box::pin(async move {
             let tool = name.to_owned();
-            let found = tokio::task::spawn_blocking(move || {
-                if earlier.is_some_and(|earlier| earlier.exists()) {
-                    return Found::Answered;
-                }
-                Found::Current(preflight.current_version(&tool, &arguments))
+            let found = unless_answered(earlier, move || {
+                preflight.current_version(&tool, &arguments)
             })
             .await;
             match found {
-                Ok(Found::Answered | Found::Current(Ok(None))) => Verdict::Pass,
-                Ok(Found::Current(Ok(Some(current)))) if current.version == given => Verdict::Pass,
-                Ok(Found::Current(Ok(Some(current)))) => conflict(call, field, &rule, current),
-                Ok(Found::Current(Err(why))) => Verdict::Refuse(unavailable(name, &rule, &why)),
-                Err(_) => {
+                Lookup::Answered | Lookup::Found(Ok(None)) => Verdict::Pass,
+                Lookup::Found(Ok(Some(current))) if current.version == given => Verdict::Pass,
+                Lookup::Found(Ok(Some(current))) => conflict(call, field, &rule, current),
+                Lookup::Found(Err(why)) => Verdict::Refuse(unavailable(name, &rule, &why)),
+                Lookup::Failed => {
                     Verdict::Refuse(unavailable(name, &rule, "the task that reads it failed"))
                 }
             }
