@@ -6,6 +6,7 @@
 //! recomputes it and compares: exit 0 on a match, 1 on drift or a contract violation (with the diff
 //! grouped by verdict), 2 on usage or I/O errors. Both are `toolgate_rmcp::contract::check_lock`,
 //! the call any server's own test makes; this file only chooses the inputs and the fix hint.
+//! `cargo xtask scan ROOTS..` prints what the entitlement scanner finds in any Rust sources.
 
 #![forbid(unsafe_code)]
 #![allow(clippy::print_stdout)] // A CLI: its report is its output.
@@ -40,6 +41,16 @@ enum Command {
         /// The workspace root (default: the workspace this xtask was built from).
         #[arg(long)]
         workspace: Option<PathBuf>,
+    },
+    /// Scan any Rust sources for rmcp `#[tool]` handlers and print what each can do: the
+    /// entitlement families with their evidence, and the calls the scanner could not follow.
+    Scan {
+        /// Source roots (directories or `.rs` files), for example a server's `src/`.
+        #[arg(required = true)]
+        roots: Vec<PathBuf>,
+        /// Print the reports as one JSON object keyed by tool.
+        #[arg(long)]
+        json: bool,
     },
 }
 
@@ -92,6 +103,37 @@ fn lock(check: bool, format: Format, root: &Path) -> anyhow::Result<ExitCode> {
     })
 }
 
+fn scan(roots: &[PathBuf], json: bool) -> anyhow::Result<ExitCode> {
+    let handlers = toolgate_scan::find_tool_handlers(roots)?;
+    let reports = toolgate_scan::scan_handlers(roots, &handlers)?;
+    if json {
+        println!("{}", serde_json::to_string_pretty(&reports)?);
+        return Ok(ExitCode::SUCCESS);
+    }
+    for (tool, report) in &reports {
+        let families: Vec<&str> = report
+            .entitlements
+            .families()
+            .into_iter()
+            .filter(|(_, on)| *on)
+            .map(|(name, _)| name)
+            .collect();
+        println!("{tool}: {}", families.join(", "));
+        for e in &report.evidence {
+            let at = format!("{}:{}", e.file.display(), e.line);
+            println!("  {} {} at {at} via {}", e.family, e.what, e.via.join(" -> "));
+        }
+        for u in &report.unresolved {
+            let at = format!("{}:{}", u.file.display(), u.line);
+            println!("  unresolved {} at {at} via {}", u.call, u.via.join(" -> "));
+        }
+        for kind in report.evasion_kinds() {
+            println!("  evasion {kind}");
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
 fn main() -> ExitCode {
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
@@ -110,6 +152,7 @@ fn main() -> ExitCode {
             format,
             workspace,
         } => lock(check, format, &workspace.unwrap_or_else(default_workspace)),
+        Command::Scan { roots, json } => scan(&roots, json),
     };
     match result {
         Ok(code) => code,

@@ -278,6 +278,7 @@ impl TokenEconomics {
 pub struct EntitlementsSection {
     families: Entitlements,
     evasion_signals: Vec<String>,
+    unresolved: Vec<String>,
 }
 
 impl EntitlementsSection {
@@ -289,6 +290,10 @@ impl EntitlementsSection {
     pub fn evasion_signals(&self) -> &[String] {
         &self.evasion_signals
     }
+    /// The calls the scanner could not follow, sorted and deduplicated.
+    pub fn unresolved(&self) -> &[String] {
+        &self.unresolved
+    }
 
     pub(crate) fn to_json(&self) -> Value {
         let mut map = Map::new();
@@ -296,6 +301,11 @@ impl EntitlementsSection {
             map.insert(name.to_owned(), Value::Bool(value));
         }
         map.insert("evasionSignals".to_owned(), json!(self.evasion_signals));
+        // Absent when empty, so the sections of handlers with nothing unresolved keep the form
+        // (and the digests) they had before the scanner reported unresolved calls.
+        if !self.unresolved.is_empty() {
+            map.insert("unresolved".to_owned(), json!(self.unresolved));
+        }
         Value::Object(map)
     }
 }
@@ -399,6 +409,9 @@ impl ToolContract {
         let mut evasion_signals = facts.evasion.clone();
         evasion_signals.sort();
         evasion_signals.dedup();
+        let mut unresolved = facts.unresolved.clone();
+        unresolved.sort();
+        unresolved.dedup();
         Ok(ToolContract {
             surface: Surface {
                 name: def.name.clone(),
@@ -417,6 +430,7 @@ impl ToolContract {
             entitlements: EntitlementsSection {
                 families: facts.entitlements,
                 evasion_signals,
+                unresolved,
             },
         })
     }

@@ -161,6 +161,8 @@ rules! {
     ENTITLEMENT_LOST = "entitlements.lost", Safe, "the handler lost a capability family (smaller blast radius)";
     EVASION_GAINED = "entitlements.evasion_gained", Risky, "a new evasion signal: the scanner may be fooled, a human must look";
     EVASION_LOST = "entitlements.evasion_lost", Safe, "an evasion signal disappeared";
+    UNRESOLVED_GAINED = "entitlements.unresolved_gained", Risky, "a new call the scanner could not follow: what it does is unknown, a human must look";
+    UNRESOLVED_LOST = "entitlements.unresolved_lost", Safe, "a call the scanner could not follow is gone or now resolved";
     ENTITLEMENTS_CHANGED = "entitlements.changed", Risky, "fallback: any other entitlements difference";
 }
 
@@ -466,6 +468,19 @@ fn diff_entitlements(old: &ToolContract, new: &ToolContract, sink: &mut Sink<'_>
     }
     for signal in oe.difference(&ne) {
         sink.push(&EVASION_LOST, format!("evasion signal `{signal}` gone"));
+    }
+    let (ou, nu): (BTreeSet<&String>, BTreeSet<&String>) = (
+        o.unresolved().iter().collect(),
+        n.unresolved().iter().collect(),
+    );
+    for call in nu.difference(&ou) {
+        sink.push(
+            &UNRESOLVED_GAINED,
+            format!("`{call}` unresolved: the scanner cannot tell what it does"),
+        );
+    }
+    for call in ou.difference(&nu) {
+        sink.push(&UNRESOLVED_LOST, format!("`{call}` no longer unresolved"));
     }
 }
 

@@ -474,7 +474,12 @@ fn read_sections(entry: &Map<String, Value>, path: &str) -> Result<ReadTool, Loc
 
     let entitlements_path = format!("{path}.entitlements");
     let entitlements = object(field(entry, path, "entitlements")?, &entitlements_path)?;
-    check_keys(entitlements, &entitlements_path, ENTITLEMENT_KEYS)?;
+    check_keys_optional(
+        entitlements,
+        &entitlements_path,
+        ENTITLEMENT_KEYS,
+        &["unresolved"],
+    )?;
     let flag = |name: &'static str| boolean(entitlements, &entitlements_path, name);
     let families = Entitlements {
         filesystem_read: flag("filesystemRead")?,
@@ -486,6 +491,11 @@ fn read_sections(entry: &Map<String, Value>, path: &str) -> Result<ReadTool, Loc
         environment: flag("environment")?,
     };
     let evasion = strings(entitlements, &entitlements_path, "evasionSignals")?;
+    let unresolved = if entitlements.contains_key("unresolved") {
+        strings(entitlements, &entitlements_path, "unresolved")?
+    } else {
+        Vec::new()
+    };
 
     let def = ToolDefinition {
         name,
@@ -500,6 +510,7 @@ fn read_sections(entry: &Map<String, Value>, path: &str) -> Result<ReadTool, Loc
         policy_fingerprint,
         entitlements: families,
         evasion,
+        unresolved,
     };
     Ok(ReadTool {
         def,
@@ -539,11 +550,26 @@ fn check_keys(
     path: &str,
     allowed: &[&'static str],
 ) -> Result<(), LockfileError> {
-    if let Some(key) = map.keys().find(|k| !allowed.contains(&k.as_str())) {
+    check_keys_optional(map, path, allowed, &[])
+}
+
+/// Every key of `map` is in `required` or `optional`, and every `required` key is present.
+fn check_keys_optional(
+    map: &Map<String, Value>,
+    path: &str,
+    allowed: &[&'static str],
+    optional: &[&'static str],
+) -> Result<(), LockfileError> {
+    if let Some(key) = map
+        .keys()
+        .find(|k| !allowed.contains(&k.as_str()) && !optional.contains(&k.as_str()))
+    {
+        let mut names: Vec<&str> = allowed.iter().chain(optional).copied().collect();
+        names.sort_unstable();
         return Err(LockfileError::UnknownKey {
             path: path.to_owned(),
             key: key.clone(),
-            allowed: allowed.join(", "),
+            allowed: names.join(", "),
         });
     }
     if let Some(key) = allowed.iter().find(|k| !map.contains_key(**k)) {

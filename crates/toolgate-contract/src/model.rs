@@ -131,4 +131,8 @@ pub struct HandlerFacts {
     /// as `base64_blob`, `char_codes`, `escape_density`, `high_entropy_literal`). They are recorded
     /// in the entitlements section so that a new one is a reviewable change.
     pub evasion: Vec<String>,
+    /// Calls in the handler's reach that the scanner could not follow (`self.client.send`):
+    /// what they do is unknown, so they are recorded, never read as "no capability". Sorted and
+    /// deduplicated in the contract; a new one is a reviewable change.
+    pub unresolved: Vec<String>,
 }

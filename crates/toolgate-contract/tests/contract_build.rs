@@ -15,6 +15,7 @@ fn facts() -> HandlerFacts {
         policy_fingerprint: fingerprint("p"),
         entitlements: Default::default(),
         evasion: vec![],
+        unresolved: vec![],
     }
 }
 

@@ -113,14 +113,14 @@ pub fn gate_stages(policy: &Policy, tool: &str) -> Vec<String> {
 fn handler_facts(
     policy: &Policy,
     tool: &str,
-    entitlements: Entitlements,
-    evasion: Vec<String>,
+    scan: &ScannedHandler,
 ) -> HandlerFacts {
     HandlerFacts {
         gate_stages: gate_stages(policy, tool),
         policy_fingerprint: policy.fingerprint(tool),
-        entitlements,
-        evasion,
+        entitlements: scan.entitlements,
+        evasion: scan.evasion.clone(),
+        unresolved: scan.unresolved.clone(),
     }
 }
 
@@ -131,6 +131,9 @@ pub struct ScannedHandler {
     pub entitlements: Entitlements,
     /// The evasion signal kinds, sorted.
     pub evasion: Vec<String>,
+    /// The calls the scanner could not follow, sorted.
+    #[serde(default)]
+    pub unresolved: Vec<String>,
 }
 
 /// The contract of a server whose tools are `tools`, gated by `policy`: every tool needs a scan
@@ -147,7 +150,7 @@ pub fn server_contract(
         let scan = scans
             .get(&name)
             .ok_or_else(|| ContractBuildError::Unscanned { tool: name.clone() })?;
-        let facts = handler_facts(policy, &name, scan.entitlements, scan.evasion.clone());
+        let facts = handler_facts(policy, &name, scan);
         contracts.push(ToolContract::build(&tool_definition(tool), &facts)?);
     }
     // The gate's own tools, listed to clients whenever some tool needs confirmation: their
@@ -174,6 +177,7 @@ pub fn server_contract(
                 policy_fingerprint: policy.fingerprint(name),
                 entitlements: Entitlements::default(),
                 evasion: Vec::new(),
+                unresolved: Vec::new(),
             };
             let tool = crate::checks::confirmation::confirmation_tool(name);
             contracts.push(ToolContract::build(&tool_definition(&tool), &facts)?);
@@ -230,14 +234,12 @@ pub fn scan_sources(
     let scans = reports
         .into_iter()
         .map(|(tool, report)| {
-            let evasion = report.evasion_kinds();
-            (
-                tool,
-                ScannedHandler {
-                    entitlements: report.entitlements,
-                    evasion,
-                },
-            )
+            let scan = ScannedHandler {
+                entitlements: report.entitlements,
+                evasion: report.evasion_kinds(),
+                unresolved: report.unresolved_calls(),
+            };
+            (tool, scan)
         })
         .collect();
     Ok((scans, violations))
@@ -330,6 +332,7 @@ pub fn live_lockfile(
             let scan = ScannedHandler {
                 entitlements: tool.entitlements.families(),
                 evasion: tool.entitlements.evasion_signals().to_vec(),
+                unresolved: tool.entitlements.unresolved().to_vec(),
             };
             (name.clone(), scan)
         })

@@ -32,6 +32,7 @@ fn scan(write: bool) -> ScannedHandler {
             ..Entitlements::default()
         },
         evasion: Vec::new(),
+        unresolved: Vec::new(),
     }
 }
 

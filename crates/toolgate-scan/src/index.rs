@@ -7,8 +7,15 @@ use std::path::{Path, PathBuf};
 
 use syn::visit::Visit;
 
-use super::visit::{self as fnvisit, Aliases, CallRef, Findings, Site};
+use super::visit::{self as fnvisit, Aliases, Binding, CallRef, Findings, Recv, Site, TypePath};
 use super::{ScanError, ScanStats, rules};
+
+/// Generic parameters and the trait paths bounding them.
+type Bounds = HashMap<String, Vec<TypePath>>;
+
+/// How deep type inference follows bindings and chains before it gives up (a `let` bound to
+/// itself through a chain, or a very long chain).
+const MAX_DEPTH: usize = 12;
 
 /// Where a function lives, which decides which calls can reach it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -51,10 +58,21 @@ pub(super) struct Index {
     modules: HashSet<String>,
     /// Every crate name seen.
     crates: HashSet<String>,
-    /// For each struct (by ident), its named fields and the type idents each field's type
-    /// mentions (`Arc<BookingStore>`: `Arc`, `BookingStore`). Structs of the same name in
-    /// different modules are merged (over-approximation).
-    fields: HashMap<String, HashMap<String, Vec<String>>>,
+    /// For each struct (by ident), its fields (tuple fields by index) and the type paths each
+    /// field's type mentions (`Arc<BookingStore>`: `std::sync::Arc`, `BookingStore`). Structs
+    /// of the same name in different modules are merged (over-approximation).
+    fields: HashMap<String, HashMap<String, Vec<TypePath>>>,
+    /// For each struct, the generic parameters of its declaration and of every impl of it, with
+    /// their bounds (a field `store: S` of `struct Server<S: Store>` reaches `Store`'s impls).
+    struct_generics: HashMap<String, Bounds>,
+    /// Every struct, enum and union ident, and every impl's self type.
+    types: HashSet<String>,
+    /// Every trait ident.
+    traits: HashSet<String>,
+    /// For each type, the traits it implements in the scanned sources.
+    impls_of: HashMap<String, HashSet<String>>,
+    /// `type Name = ..;` aliases: the type paths the alias names.
+    type_aliases: HashMap<String, Vec<TypePath>>,
     pub(super) stats: ScanStats,
 }
 
@@ -130,10 +148,27 @@ impl Index {
                         .as_ref()
                         .and_then(|(_, path, _)| path.segments.last())
                         .map(|s| s.ident.to_string());
+                    let impl_generics = fnvisit::generic_bounds(aliases, &imp.generics);
+                    if let Some(ty) = &self_ty {
+                        self.types.insert(ty.clone());
+                        if let Some(tr) = &trait_name {
+                            self.impls_of
+                                .entry(ty.clone())
+                                .or_default()
+                                .insert(tr.clone());
+                        }
+                        merge_bounds(
+                            self.struct_generics.entry(ty.clone()).or_default(),
+                            &impl_generics,
+                        );
+                    }
                     for it in &imp.items {
                         if let syn::ImplItem::Fn(f) = it
                             && !fnvisit::is_cfg_test(&f.attrs)
                         {
+                            let mut findings =
+                                fnvisit::analyze_fn(aliases, &f.attrs, &f.sig, Some(&f.block));
+                            merge_bounds(&mut findings.generics, &impl_generics);
                             self.push(FnEntry {
                                 ident: f.sig.ident.to_string(),
                                 owner: Owner::Method {
@@ -142,26 +177,42 @@ impl Index {
                                 },
                                 file,
                                 tool: tool_name(&f.attrs, &f.sig.ident),
-                                findings: fnvisit::analyze_fn(
-                                    aliases,
-                                    &f.attrs,
-                                    &f.sig,
-                                    Some(&f.block),
-                                ),
+                                findings,
                             });
                         }
                     }
                 }
                 syn::Item::Struct(st) if !fnvisit::is_cfg_test(&st.attrs) => {
-                    let fields = self.fields.entry(st.ident.to_string()).or_default();
-                    for field in &st.fields {
-                        if let Some(name) = &field.ident {
-                            let types = fields.entry(name.to_string()).or_default();
-                            type_idents(&field.ty, types);
-                        }
+                    let ident = st.ident.to_string();
+                    self.types.insert(ident.clone());
+                    merge_bounds(
+                        self.struct_generics.entry(ident.clone()).or_default(),
+                        &fnvisit::generic_bounds(aliases, &st.generics),
+                    );
+                    let fields = self.fields.entry(ident).or_default();
+                    for (n, field) in st.fields.iter().enumerate() {
+                        let name = match &field.ident {
+                            Some(name) => name.to_string(),
+                            None => n.to_string(),
+                        };
+                        let types = fields.entry(name).or_default();
+                        types.extend(fnvisit::type_paths(aliases, &field.ty));
                     }
                 }
+                syn::Item::Enum(e) if !fnvisit::is_cfg_test(&e.attrs) => {
+                    self.types.insert(e.ident.to_string());
+                }
+                syn::Item::Union(u) if !fnvisit::is_cfg_test(&u.attrs) => {
+                    self.types.insert(u.ident.to_string());
+                }
+                syn::Item::Type(t) if !fnvisit::is_cfg_test(&t.attrs) => {
+                    self.type_aliases
+                        .entry(t.ident.to_string())
+                        .or_default()
+                        .extend(fnvisit::type_paths(aliases, &t.ty));
+                }
                 syn::Item::Trait(t) if !fnvisit::is_cfg_test(&t.attrs) => {
+                    self.traits.insert(t.ident.to_string());
                     for it in &t.items {
                         if let syn::TraitItem::Fn(f) = it
                             && let Some(block) = &f.default
@@ -246,9 +297,13 @@ impl Index {
     /// (std, external crates, closures held in variables) resolve to nothing.
     pub(super) fn resolve(&self, caller: &FnEntry, call: &CallRef) -> Vec<usize> {
         let (name, qualifier, root) = match call {
-            CallRef::SelfMethod(name) => (name.as_str(), Some("Self"), None),
-            CallRef::FieldMethod { field, method } => {
-                return self.resolve_field(caller, field, method);
+            CallRef::Method {
+                recv: Recv::SelfValue,
+                method,
+                ..
+            } => (method.as_str(), Some("Self"), None),
+            CallRef::Method { recv, method, .. } => {
+                return self.methods_of(&self.type_of(caller, recv, 0), method);
             }
             CallRef::Path(segs) => {
                 let Some(name) = segs.last() else {
@@ -322,61 +377,258 @@ impl Index {
     }
 }
 
+/// What a method call on a non-`self` receiver reaches, beyond the indexed functions.
+#[derive(Debug, Default)]
+pub(super) struct MethodTarget {
+    /// The indexed methods the call may reach.
+    pub(super) callees: Vec<usize>,
+    /// Families the receiver's declared type has by the path table (`reqwest::Client`:
+    /// `network`), with the type.
+    pub(super) families: Vec<(&'static str, String)>,
+    /// Whether the call is unresolved: no indexed method, no family, and the receiver's type
+    /// comes from a crate the scanner neither read nor knows to be inert.
+    pub(super) unresolved: bool,
+}
+
 impl Index {
-    /// `self.field.method(..)` in a method of `caller`'s type: the methods `method` of every type
-    /// the field's declared type mentions (so `store: Arc<BookingStore>` reaches
-    /// `BookingStore::method`). Nothing when the caller's struct or the field is not in the
-    /// scanned sources: the type is unknown, as for any other receiver.
-    fn resolve_field(&self, caller: &FnEntry, field: &str, method: &str) -> Vec<usize> {
-        let Owner::Method {
-            self_ty: Some(ty), ..
-        } = &caller.owner
-        else {
-            return Vec::new();
+    /// Resolves `recv.method(..)` where `recv` is not `self`: the receiver's types are inferred
+    /// from declarations (see [`Index::type_of`]).
+    pub(super) fn method_target(
+        &self,
+        caller: &FnEntry,
+        recv: &Recv,
+        method: &str,
+    ) -> MethodTarget {
+        let types = self.type_of(caller, recv, 0);
+        let callees = self.methods_of(&types, method);
+        // In a chain through methods that are not indexed (`client.get(..).send()`), the types
+        // pass through unchanged: the first call of the chain already reported them.
+        let reported = match recv {
+            Recv::Method(base, inner) => {
+                self.methods_of(&self.type_of(caller, base, 0), inner).is_empty()
+            }
+            _ => false,
         };
-        let Some(types) = self.fields.get(ty).and_then(|fields| fields.get(field)) else {
-            return Vec::new();
+        if reported {
+            return MethodTarget {
+                callees,
+                ..MethodTarget::default()
+            };
+        }
+        let mut families: Vec<(&'static str, String)> = Vec::new();
+        for ty in &types {
+            for rule in rules::PATH_RULES {
+                if rules::matches(rule, ty) && !families.iter().any(|(f, _)| *f == rule.family) {
+                    families.push((rule.family, ty.join("::")));
+                }
+            }
+        }
+        let unresolved =
+            callees.is_empty() && families.is_empty() && types.iter().any(|t| self.is_opaque(t));
+        MethodTarget {
+            callees,
+            families,
+            unresolved,
+        }
+    }
+
+    /// Whether a type path names a type from a crate that was not scanned and is not known to
+    /// be inert. Single-segment names that are neither local nor imported by name (std's
+    /// prelude, a glob import) are not judged: their origin is unknown.
+    fn is_opaque(&self, ty: &TypePath) -> bool {
+        let (Some(root), Some(last)) = (ty.first(), ty.last()) else {
+            return false;
         };
+        ty.len() >= 2
+            && !rules::INERT_ROOTS.contains(&root.as_str())
+            && !matches!(root.as_str(), "crate" | "self" | "super" | "Self")
+            && !self.crates.contains(root)
+            && !self.modules.contains(root)
+            && !self.types.contains(last)
+            && !self.traits.contains(last)
+    }
+
+    /// The methods named `method` of the types: methods of a local type (its impls, and the
+    /// default methods of the traits it implements), and methods of a local trait (every impl of
+    /// it and its defaults, which is how `dyn Trait` and a bound `S: Trait` are reached).
+    fn methods_of(&self, types: &[TypePath], method: &str) -> Vec<usize> {
         let Some(candidates) = self.by_name.get(method) else {
             return Vec::new();
         };
+        // Local types of the set, the traits they implement (whose default methods they
+        // inherit), and local traits of the set (`dyn Trait`, a bound), reached in every impl.
+        let mut names: HashSet<&str> = HashSet::new();
+        let mut inherited: HashSet<&str> = HashSet::new();
+        let mut traits: HashSet<&str> = HashSet::new();
+        for ty in types {
+            let Some(last) = ty.last() else { continue };
+            if self.types.contains(last) {
+                names.insert(last);
+                if let Some(implemented) = self.impls_of.get(last) {
+                    inherited.extend(implemented.iter().map(String::as_str));
+                }
+            }
+            if self.traits.contains(last) {
+                traits.insert(last);
+            }
+        }
         candidates
             .iter()
             .copied()
             .filter(|&i| match &self.fns[i].owner {
                 Owner::Method {
-                    self_ty: Some(t), ..
-                } => types.contains(t),
+                    self_ty: Some(t),
+                    trait_name,
+                } => {
+                    names.contains(t.as_str())
+                        || trait_name.as_deref().is_some_and(|tr| traits.contains(tr))
+                }
+                Owner::Method {
+                    self_ty: None,
+                    trait_name: Some(tr),
+                } => traits.contains(tr.as_str()) || inherited.contains(tr.as_str()),
                 _ => false,
             })
             .collect()
     }
-}
 
-/// Collects the last segment of every path in `ty`, generic arguments included.
-fn type_idents(ty: &syn::Type, out: &mut Vec<String>) {
-    match ty {
-        syn::Type::Path(p) => {
-            for segment in &p.path.segments {
-                if let syn::PathArguments::AngleBracketed(args) = &segment.arguments {
-                    for arg in &args.args {
-                        if let syn::GenericArgument::Type(inner) = arg {
-                            type_idents(inner, out);
+    /// The types a receiver may have, from declarations only: `self` is the caller's impl type,
+    /// a field has its declared type, a variable its declared type or its initialiser's, a call
+    /// of an indexed function or method its return type (`Self` read as the owner), a
+    /// constructor path `Type::new(..)` of a type that is not indexed that type. Other methods
+    /// (std's, external crates') are transparent: `self.state.lock().unwrap()` keeps the types
+    /// of `self.state` (`Arc`, `Mutex`, `Store`), which over-approximates. Generic parameters
+    /// are replaced by their bounds, aliases by what they name. Empty when unknown.
+    pub(super) fn type_of(&self, caller: &FnEntry, recv: &Recv, depth: usize) -> Vec<TypePath> {
+        if depth > MAX_DEPTH {
+            return Vec::new();
+        }
+        let self_ty = match &caller.owner {
+            Owner::Method {
+                self_ty: Some(ty), ..
+            } => Some(ty.as_str()),
+            Owner::Method {
+                self_ty: None,
+                trait_name: Some(tr),
+            } => Some(tr.as_str()),
+            _ => None,
+        };
+        let local = |paths: &[TypePath]| self.concrete(paths, &caller.findings.generics, self_ty);
+        let mut out = match recv {
+            Recv::SelfValue => self_ty
+                .map(|t| vec![vec![t.to_owned()]])
+                .unwrap_or_default(),
+            Recv::Var(name) => {
+                let mut out = Vec::new();
+                for binding in caller.findings.bindings.get(name).into_iter().flatten() {
+                    match binding {
+                        Binding::Typed(paths) => out.extend(local(paths)),
+                        Binding::Value(value) => {
+                            out.extend(self.type_of(caller, value, depth + 1));
                         }
                     }
                 }
+                out
             }
-            if let Some(last) = p.path.segments.last() {
-                out.push(last.ident.to_string());
+            Recv::Field(base, field) => {
+                let mut out = Vec::new();
+                for ty in self.type_of(caller, base, depth + 1) {
+                    let Some(last) = ty.last() else { continue };
+                    if let Some(paths) = self.fields.get(last).and_then(|f| f.get(field)) {
+                        let empty = Bounds::new();
+                        let bounds = self.struct_generics.get(last).unwrap_or(&empty);
+                        out.extend(self.concrete(paths, bounds, Some(last)));
+                    }
+                }
+                out
+            }
+            Recv::Method(base, method) => {
+                let base_types = self.type_of(caller, base, depth + 1);
+                let callees = self.methods_of(&base_types, method);
+                if callees.is_empty() {
+                    base_types
+                } else {
+                    self.returns(&callees)
+                }
+            }
+            Recv::Call(path) => {
+                let callees = self.resolve(caller, &CallRef::Path(path.clone()));
+                if !callees.is_empty() {
+                    self.returns(&callees)
+                } else if path.len() >= 2
+                    && path[path.len() - 2].starts_with(|c: char| c.is_ascii_uppercase())
+                {
+                    local(&[path[..path.len() - 1].to_vec()])
+                } else {
+                    Vec::new()
+                }
+            }
+            Recv::Literal(path) => local(std::slice::from_ref(path)),
+            Recv::Unknown => Vec::new(),
+        };
+        out.sort();
+        out.dedup();
+        out
+    }
+
+    /// The return types of the functions, each read in its own context.
+    fn returns(&self, fns: &[usize]) -> Vec<TypePath> {
+        let mut out = Vec::new();
+        for &i in fns {
+            let entry = &self.fns[i];
+            let owner = match &entry.owner {
+                Owner::Method {
+                    self_ty,
+                    trait_name,
+                } => self_ty.as_deref().or(trait_name.as_deref()),
+                Owner::Free { .. } => None,
+            };
+            out.extend(self.concrete(&entry.findings.returns, &entry.findings.generics, owner));
+        }
+        out
+    }
+
+    /// Replaces `Self` by the owner, a generic parameter by its bounds and a local type alias by
+    /// the types it names.
+    fn concrete(
+        &self,
+        paths: &[TypePath],
+        generics: &Bounds,
+        owner: Option<&str>,
+    ) -> Vec<TypePath> {
+        let mut out = Vec::new();
+        let mut pending: Vec<(TypePath, usize)> = paths.iter().map(|p| (p.clone(), 0)).collect();
+        while let Some((path, depth)) = pending.pop() {
+            let single = (path.len() == 1).then(|| path[0].as_str());
+            match single {
+                Some("Self") => {
+                    if let Some(owner) = owner {
+                        out.push(vec![owner.to_owned()]);
+                    }
+                }
+                Some(name) if generics.contains_key(name) => {
+                    out.extend(generics[name].iter().cloned());
+                }
+                _ => match path.last().and_then(|last| self.type_aliases.get(last)) {
+                    Some(named) if depth < MAX_DEPTH => {
+                        pending.extend(named.iter().map(|p| (p.clone(), depth + 1)));
+                    }
+                    _ => out.push(path),
+                },
             }
         }
-        syn::Type::Reference(r) => type_idents(&r.elem, out),
-        syn::Type::Paren(p) => type_idents(&p.elem, out),
-        syn::Type::Group(g) => type_idents(&g.elem, out),
-        syn::Type::Array(a) => type_idents(&a.elem, out),
-        syn::Type::Slice(s) => type_idents(&s.elem, out),
-        syn::Type::Tuple(t) => t.elems.iter().for_each(|e| type_idents(e, out)),
-        _ => {}
+        out
+    }
+}
+
+fn merge_bounds(into: &mut Bounds, from: &Bounds) {
+    for (name, bounds) in from {
+        let slot = into.entry(name.clone()).or_default();
+        for bound in bounds {
+            if !slot.contains(bound) {
+                slot.push(bound.clone());
+            }
+        }
     }
 }
 

@@ -109,6 +109,7 @@ mod rules;
 mod visit;
 
 use index::Index;
+use visit::{CallRef, Recv};
 
 /// A tool and the function that handles it.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
@@ -147,6 +148,21 @@ pub struct EvasionFinding {
     pub decoded: Option<String>,
 }
 
+/// A method call the scanner could not follow: the receiver's declared type comes from a crate
+/// it did not read and does not know (`self.client.send` on an `aws_sdk_s3::Client`). What that
+/// call can do is unknown, so it is recorded rather than read as "no capability".
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Unresolved {
+    /// The receiver as written and the method: `self.client.send`, `pool.acquire(..).execute`.
+    pub call: String,
+    /// The file of the call.
+    pub file: PathBuf,
+    /// The 1-based line of the method name.
+    pub line: usize,
+    /// The call chain from the handler to the function of the call, both included.
+    pub via: Vec<String>,
+}
+
 /// What one tool's handler can do.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
 pub struct ScanReport {
@@ -156,6 +172,8 @@ pub struct ScanReport {
     pub evidence: Vec<Evidence>,
     /// The evasion signals found in the handler's reach.
     pub evasion: Vec<EvasionFinding>,
+    /// The calls in the handler's reach that could not be followed.
+    pub unresolved: Vec<Unresolved>,
 }
 
 impl ScanReport {
@@ -168,6 +186,15 @@ impl ScanReport {
         kinds
     }
 
+    /// The unresolved calls, sorted and deduplicated, as
+    /// [`toolgate_contract::HandlerFacts::unresolved`] records them.
+    pub fn unresolved_calls(&self) -> Vec<String> {
+        let mut calls: Vec<String> = self.unresolved.iter().map(|u| u.call.clone()).collect();
+        calls.sort();
+        calls.dedup();
+        calls
+    }
+
     fn merge(&mut self, other: ScanReport) {
         self.entitlements = self.entitlements.union(other.entitlements);
         for e in other.evidence {
@@ -178,6 +205,11 @@ impl ScanReport {
         for e in other.evasion {
             if !self.evasion.contains(&e) {
                 self.evasion.push(e);
+            }
+        }
+        for u in other.unresolved {
+            if !self.unresolved.contains(&u) {
+                self.unresolved.push(u);
             }
         }
     }
@@ -351,7 +383,36 @@ fn reach(index: &Index, starts: &[usize]) -> ScanReport {
             });
         }
         for call in &entry.findings.calls {
-            for callee in index.resolve(entry, call) {
+            let callees = match call {
+                CallRef::Method { recv, method, line } if *recv != Recv::SelfValue => {
+                    let target = index.method_target(entry, recv, method);
+                    let own: HashSet<&str> =
+                        entry.findings.sites.iter().map(|s| s.family).collect();
+                    for (family, ty) in &target.families {
+                        if !own.contains(family) {
+                            set_family(&mut report.entitlements, family);
+                            report.evidence.push(Evidence {
+                                family,
+                                file: file.clone(),
+                                line: *line,
+                                what: format!("{}.{method}(..) on {ty}", recv.render()),
+                                via: via.clone(),
+                            });
+                        }
+                    }
+                    if target.unresolved {
+                        report.unresolved.push(Unresolved {
+                            call: format!("{}.{method}", recv.render()),
+                            file: file.clone(),
+                            line: *line,
+                            via: via.clone(),
+                        });
+                    }
+                    target.callees
+                }
+                _ => index.resolve(entry, call),
+            };
+            for callee in callees {
                 if visited.insert(callee) {
                     let mut next = via.clone();
                     next.push(index.fns[callee].ident.clone());

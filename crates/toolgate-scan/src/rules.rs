@@ -106,6 +106,13 @@ pub(super) const PATH_RULES: &[PathRule] = &[
     root("curl", NETWORK),
     root("tungstenite", NETWORK),
     root("tokio_tungstenite", NETWORK),
+    // Database clients talk to a server over a socket.
+    root("sqlx", NETWORK),
+    root("tokio_postgres", NETWORK),
+    root("postgres", NETWORK),
+    root("deadpool_postgres", NETWORK),
+    root("redis", NETWORK),
+    root("mongodb", NETWORK),
     // subprocess: std::process and tokio::process commands. `process::exit` is not a process.
     seq(&["process", "Command"], SUBPROCESS),
     PathRule {
@@ -167,6 +174,48 @@ pub(super) const PATH_RULES: &[PathRule] = &[
     root("dotenv", ENVIRONMENT),
     root("dotenvy", ENVIRONMENT),
     root("envy", ENVIRONMENT),
+];
+
+/// Crates whose values the scanner trusts to have no capability beyond what the path table
+/// already says (std's `fs` and `process` paths, tokio's `fs`, `net` and `process`): a method
+/// call on a value of one of their types is not reported as unresolved.
+pub(super) const INERT_ROOTS: &[&str] = &[
+    "std",
+    "core",
+    "alloc",
+    "serde",
+    "serde_json",
+    "rmcp",
+    "tokio",
+    "futures",
+    "futures_util",
+    "async_trait",
+    "chrono",
+    "time",
+    "uuid",
+    "tracing",
+    "log",
+    "anyhow",
+    "thiserror",
+    "schemars",
+    "regex",
+    "bytes",
+    "parking_lot",
+    "dashmap",
+    "once_cell",
+    "indexmap",
+    "url",
+    // toolgate's own crates: their writers are in the tables (`TempFile`, `replace_file`,
+    // `.commit(..)`, `FileAuditLog`); the rest a handler calls is the gate's bookkeeping
+    // (`permit.record_outcome(..)` sets what the gate records after the handler).
+    "toolgate",
+    "toolgate_rmcp",
+    "toolgate_audit",
+    "toolgate_commit",
+    "toolgate_storage",
+    "toolgate_policy",
+    "toolgate_contract",
+    "toolgate_canon",
 ];
 
 /// Whether `rule` matches the (alias-expanded) path `segs`.

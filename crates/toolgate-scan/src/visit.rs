@@ -30,20 +30,71 @@ pub(super) struct EvasionSite {
     pub(super) decoded: Option<String>,
 }
 
+/// A type as the scanner knows it: the segments of a path after `use` aliases were expanded
+/// (`["reqwest", "Client"]`, `["BookingStore"]`, `["Self"]`).
+pub(super) type TypePath = Vec<String>;
+
+/// A method call's receiver, as far as syntax tells. `&`, `*`, `(..)`, `?` and `.await` are
+/// transparent: they do not change which methods can be reached.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub(super) enum Recv {
+    /// `self`.
+    SelfValue,
+    /// A local variable or parameter.
+    Var(String),
+    /// `base.field` (tuple fields by index: `self.0`).
+    Field(Box<Recv>, String),
+    /// `base.method(..)`.
+    Method(Box<Recv>, String),
+    /// `path(..)`: a function or constructor call, the path expanded.
+    Call(Vec<String>),
+    /// `Type { .. }`: a struct literal.
+    Literal(TypePath),
+    /// Anything else (a block, a closure's result, a macro): the type is unknown.
+    Unknown,
+}
+
+impl Recv {
+    /// The receiver as it reads in the source, for reports: `self.client`,
+    /// `self.pool.acquire(..)`, `store`.
+    pub(super) fn render(&self) -> String {
+        match self {
+            Recv::SelfValue => "self".to_owned(),
+            Recv::Var(name) => name.clone(),
+            Recv::Field(base, field) => format!("{}.{field}", base.render()),
+            Recv::Method(base, method) => format!("{}.{method}(..)", base.render()),
+            Recv::Call(path) => format!("{}(..)", path.join("::")),
+            Recv::Literal(path) => format!("{} {{ .. }}", path.join("::")),
+            Recv::Unknown => "(..)".to_owned(),
+        }
+    }
+}
+
+/// What a local name is bound to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) enum Binding {
+    /// A declared type (`let s: Store`, a typed parameter).
+    Typed(Vec<TypePath>),
+    /// The value of an expression (`let s = Store::new(..)`, `if let Ok(g) = self.state.lock()`).
+    /// Patterns are transparent: `Some(x)`, `Ok(x)`, `(a, b)` bind to the whole value's types,
+    /// which over-approximates (the element types are among its generic arguments).
+    Value(Recv),
+}
+
 /// A call (or function reference) to resolve against the index.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub(super) enum CallRef {
     /// `foo(..)`, `path::foo(..)`, `Type::foo(..)`, `Self::foo(..)`, `.map(foo)`: the path
     /// after `use` aliases were expanded.
     Path(Vec<String>),
-    /// `self.foo(..)`.
-    SelfMethod(String),
-    /// `self.field.foo(..)`: a method of the field's type, when the caller's struct declares it.
-    FieldMethod {
-        /// The field of `self`.
-        field: String,
+    /// `receiver.method(..)`, resolved through the receiver's type (see [`Recv`]).
+    Method {
+        /// The receiver.
+        recv: Recv,
         /// The method called on it.
         method: String,
+        /// The 1-based line of the method name.
+        line: usize,
     },
 }
 
@@ -53,6 +104,14 @@ pub(super) struct Findings {
     pub(super) sites: Vec<Site>,
     pub(super) evasion: Vec<EvasionSite>,
     pub(super) calls: Vec<CallRef>,
+    /// Every local name (parameters, `let`, `if let`, `for`, `match` arms, typed closure
+    /// parameters) and what it is bound to. Scopes are flattened: a name bound twice has both
+    /// bindings (over-approximation).
+    pub(super) bindings: HashMap<String, Vec<Binding>>,
+    /// The function's own generic parameters and the trait paths that bound them.
+    pub(super) generics: HashMap<String, Vec<TypePath>>,
+    /// The types the function's return type names (`Self` included as written).
+    pub(super) returns: Vec<TypePath>,
 }
 
 /// Analyses a function: its attributes, signature and body (closures, async blocks, nested
@@ -77,10 +136,113 @@ pub(super) fn analyze_fn(
         }
     }
     v.visit_signature(sig);
+    v.out.generics = generic_bounds(aliases, &sig.generics);
+    v.out.returns = match &sig.output {
+        syn::ReturnType::Type(_, ty) => type_paths(aliases, ty),
+        syn::ReturnType::Default => Vec::new(),
+    };
+    for input in &sig.inputs {
+        if let syn::FnArg::Typed(arg) = input {
+            let types = type_paths(aliases, &arg.ty);
+            v.bind(&arg.pat, &Binding::Typed(types));
+        }
+    }
     if let Some(block) = block {
         v.visit_block(block);
     }
     v.finish()
+}
+
+/// Expands a leading `use` alias of a path.
+fn expand_with(aliases: &Aliases, segs: Vec<String>) -> Vec<String> {
+    match segs.first().and_then(|first| aliases.get(first)) {
+        Some(full) => full.iter().chain(&segs[1..]).cloned().collect(),
+        None => segs,
+    }
+}
+
+/// Every type path a type mentions, outer first, generic arguments, `dyn`/`impl` bounds and
+/// reference, slice, array and tuple elements included: `Arc<Mutex<Store>>` names `Arc`,
+/// `Mutex` and `Store`; `Box<dyn Backend + Send>` names `Box`, `Backend` and `Send`.
+pub(super) fn type_paths(aliases: &Aliases, ty: &syn::Type) -> Vec<TypePath> {
+    let mut out = Vec::new();
+    collect_type_paths(aliases, ty, &mut out);
+    out
+}
+
+fn collect_type_paths(aliases: &Aliases, ty: &syn::Type, out: &mut Vec<TypePath>) {
+    match ty {
+        syn::Type::Path(p) => {
+            if let Some(qself) = &p.qself {
+                collect_type_paths(aliases, &qself.ty, out);
+            }
+            out.push(expand_with(aliases, segments(&p.path)));
+            path_arguments(aliases, &p.path, out);
+        }
+        syn::Type::Reference(r) => collect_type_paths(aliases, &r.elem, out),
+        syn::Type::Ptr(r) => collect_type_paths(aliases, &r.elem, out),
+        syn::Type::Paren(p) => collect_type_paths(aliases, &p.elem, out),
+        syn::Type::Group(g) => collect_type_paths(aliases, &g.elem, out),
+        syn::Type::Array(a) => collect_type_paths(aliases, &a.elem, out),
+        syn::Type::Slice(s) => collect_type_paths(aliases, &s.elem, out),
+        syn::Type::Tuple(t) => t
+            .elems
+            .iter()
+            .for_each(|e| collect_type_paths(aliases, e, out)),
+        syn::Type::TraitObject(t) => bound_paths(aliases, &t.bounds, out),
+        syn::Type::ImplTrait(t) => bound_paths(aliases, &t.bounds, out),
+        _ => {}
+    }
+}
+
+fn path_arguments(aliases: &Aliases, path: &syn::Path, out: &mut Vec<TypePath>) {
+    for segment in &path.segments {
+        if let syn::PathArguments::AngleBracketed(args) = &segment.arguments {
+            for arg in &args.args {
+                if let syn::GenericArgument::Type(inner) = arg {
+                    collect_type_paths(aliases, inner, out);
+                }
+            }
+        }
+    }
+}
+
+fn bound_paths(
+    aliases: &Aliases,
+    bounds: &Punctuated<syn::TypeParamBound, Token![+]>,
+    out: &mut Vec<TypePath>,
+) {
+    for bound in bounds {
+        if let syn::TypeParamBound::Trait(t) = bound {
+            out.push(expand_with(aliases, segments(&t.path)));
+            path_arguments(aliases, &t.path, out);
+        }
+    }
+}
+
+/// The generic type parameters of an item and the trait paths bounding each, from the
+/// parameter list and the `where` clause (`<S: Store>`, `where S: Store + Send`).
+pub(super) fn generic_bounds(
+    aliases: &Aliases,
+    generics: &syn::Generics,
+) -> HashMap<String, Vec<TypePath>> {
+    let mut out: HashMap<String, Vec<TypePath>> = HashMap::new();
+    for param in generics.type_params() {
+        let bounds = out.entry(param.ident.to_string()).or_default();
+        bound_paths(aliases, &param.bounds, bounds);
+    }
+    if let Some(clause) = &generics.where_clause {
+        for predicate in &clause.predicates {
+            if let syn::WherePredicate::Type(p) = predicate
+                && let syn::Type::Path(ty) = &p.bounded_ty
+                && let Some(ident) = ty.path.get_ident()
+            {
+                let bounds = out.entry(ident.to_string()).or_default();
+                bound_paths(aliases, &p.bounds, bounds);
+            }
+        }
+    }
+    out
 }
 
 /// Whether an item carries `#[cfg(test)]`: test code is not part of what a handler can reach
@@ -110,10 +272,6 @@ fn path_line(path: &syn::Path) -> usize {
 
 fn segments(path: &syn::Path) -> Vec<String> {
     path.segments.iter().map(|s| s.ident.to_string()).collect()
-}
-
-fn is_self(expr: &Expr) -> bool {
-    matches!(expr, Expr::Path(p) if p.path.is_ident("self"))
 }
 
 /// The name a receiver goes by: the variable, the field, or the method that produced it.
@@ -189,9 +347,66 @@ impl<'a> FnVisitor<'a> {
 
     /// Replaces a leading `use` alias by the path it stands for.
     fn expand(&self, segs: Vec<String>) -> Vec<String> {
-        match segs.first().and_then(|first| self.aliases.get(first)) {
-            Some(full) => full.iter().chain(&segs[1..]).cloned().collect(),
-            None => segs,
+        expand_with(self.aliases, segs)
+    }
+
+    /// The receiver an expression stands for (see [`Recv`]).
+    fn recv(&self, expr: &Expr) -> Recv {
+        match expr {
+            Expr::Path(p) if p.path.is_ident("self") => Recv::SelfValue,
+            Expr::Path(p) if p.qself.is_none() => match p.path.get_ident() {
+                Some(ident) => Recv::Var(ident.to_string()),
+                None => Recv::Unknown,
+            },
+            Expr::Field(f) => {
+                let name = match &f.member {
+                    Member::Named(ident) => ident.to_string(),
+                    Member::Unnamed(index) => index.index.to_string(),
+                };
+                Recv::Field(Box::new(self.recv(&f.base)), name)
+            }
+            Expr::MethodCall(m) => {
+                Recv::Method(Box::new(self.recv(&m.receiver)), m.method.to_string())
+            }
+            Expr::Call(c) => match &*c.func {
+                Expr::Path(p) if p.qself.is_none() => Recv::Call(self.expand(segments(&p.path))),
+                _ => Recv::Unknown,
+            },
+            Expr::Struct(s) if s.qself.is_none() => Recv::Literal(self.expand(segments(&s.path))),
+            Expr::Reference(r) => self.recv(&r.expr),
+            Expr::Paren(p) => self.recv(&p.expr),
+            Expr::Group(g) => self.recv(&g.expr),
+            Expr::Try(t) => self.recv(&t.expr),
+            Expr::Await(a) => self.recv(&a.base),
+            Expr::Index(i) => self.recv(&i.expr),
+            Expr::Unary(u) if matches!(u.op, syn::UnOp::Deref(_)) => self.recv(&u.expr),
+            _ => Recv::Unknown,
+        }
+    }
+
+    /// Binds every name a pattern introduces to `value` (see [`Binding`]).
+    fn bind(&mut self, pat: &syn::Pat, value: &Binding) {
+        match pat {
+            syn::Pat::Ident(p) => {
+                let slot = self.out.bindings.entry(p.ident.to_string()).or_default();
+                if !slot.contains(value) {
+                    slot.push(value.clone());
+                }
+                if let Some((_, sub)) = &p.subpat {
+                    self.bind(sub, value);
+                }
+            }
+            syn::Pat::Type(t) => {
+                let declared = Binding::Typed(type_paths(self.aliases, &t.ty));
+                self.bind(&t.pat, &declared);
+            }
+            syn::Pat::Reference(r) => self.bind(&r.pat, value),
+            syn::Pat::Paren(p) => self.bind(&p.pat, value),
+            syn::Pat::TupleStruct(t) => t.elems.iter().for_each(|e| self.bind(e, value)),
+            syn::Pat::Tuple(t) => t.elems.iter().for_each(|e| self.bind(e, value)),
+            syn::Pat::Slice(t) => t.elems.iter().for_each(|e| self.bind(e, value)),
+            syn::Pat::Or(o) => o.cases.iter().for_each(|c| self.bind(c, value)),
+            _ => {}
         }
     }
 
@@ -309,7 +524,11 @@ impl<'a> FnVisitor<'a> {
                         && dot.as_char() == '.'
                         && is_paren(toks.get(j + 2))
                     {
-                        self.call(CallRef::SelfMethod(method.to_string()));
+                        self.call(CallRef::Method {
+                            recv: Recv::SelfValue,
+                            method: method.to_string(),
+                            line: method.span().start().line,
+                        });
                     }
                     i = j;
                     continue;
@@ -430,16 +649,12 @@ impl<'ast> Visit<'ast> for FnVisitor<'_> {
     fn visit_expr_method_call(&mut self, call: &'ast syn::ExprMethodCall) {
         let method = call.method.to_string();
         let line = line(call.method.span());
-        if is_self(&call.receiver) {
-            self.call(CallRef::SelfMethod(method.clone()));
-        }
-        if let Expr::Field(field) = &*call.receiver
-            && is_self(&field.base)
-            && let Member::Named(name) = &field.member
-        {
-            self.call(CallRef::FieldMethod {
-                field: name.to_string(),
+        let recv = self.recv(&call.receiver);
+        if recv != Recv::Unknown {
+            self.call(CallRef::Method {
+                recv,
                 method: method.clone(),
+                line,
             });
         }
         for &(name, family) in ANY_RECEIVER_METHODS {
@@ -460,6 +675,45 @@ impl<'ast> Visit<'ast> for FnVisitor<'_> {
         }
         self.fn_reference_args(&call.args);
         visit::visit_expr_method_call(self, call);
+    }
+
+    fn visit_local(&mut self, local: &'ast syn::Local) {
+        let value = match &local.init {
+            Some(init) => Binding::Value(self.recv(&init.expr)),
+            None => Binding::Typed(Vec::new()),
+        };
+        self.bind(&local.pat, &value);
+        visit::visit_local(self, local);
+    }
+
+    fn visit_expr_let(&mut self, expr: &'ast syn::ExprLet) {
+        let value = Binding::Value(self.recv(&expr.expr));
+        self.bind(&expr.pat, &value);
+        visit::visit_expr_let(self, expr);
+    }
+
+    fn visit_expr_for_loop(&mut self, expr: &'ast syn::ExprForLoop) {
+        let value = Binding::Value(self.recv(&expr.expr));
+        self.bind(&expr.pat, &value);
+        visit::visit_expr_for_loop(self, expr);
+    }
+
+    fn visit_expr_match(&mut self, expr: &'ast syn::ExprMatch) {
+        let value = Binding::Value(self.recv(&expr.expr));
+        for arm in &expr.arms {
+            self.bind(&arm.pat, &value);
+        }
+        visit::visit_expr_match(self, expr);
+    }
+
+    fn visit_expr_closure(&mut self, expr: &'ast syn::ExprClosure) {
+        // Only typed closure parameters say what they hold; `|s| ..` stays unknown.
+        for input in &expr.inputs {
+            if let syn::Pat::Type(_) = input {
+                self.bind(input, &Binding::Typed(Vec::new()));
+            }
+        }
+        visit::visit_expr_closure(self, expr);
     }
 
     fn visit_expr_unsafe(&mut self, expr: &'ast syn::ExprUnsafe) {

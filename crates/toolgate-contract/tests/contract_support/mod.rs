@@ -22,7 +22,7 @@ pub fn fingerprint(policy: &str) -> Sha256Digest {
 /// Definition and facts from a compact JSON spec (the format of `fixtures/contract/diff/cases.json`):
 /// `name`, `description`, `inputSchema`, `outputSchema`, `annotations` (camelCase hints, each
 /// optional), `gateStages`, `policy` (text hashed into the fingerprint), `entitlements` (family
-/// names as in the lockfile), `evasion`.
+/// names as in the lockfile), `evasion`, `unresolved`.
 pub fn parts_from_spec(spec: &Value) -> (ToolDefinition, HandlerFacts) {
     let hint = |name: &str| spec["annotations"].get(name).and_then(Value::as_bool);
     let def = ToolDefinition {
@@ -69,6 +69,7 @@ pub fn parts_from_spec(spec: &Value) -> (ToolDefinition, HandlerFacts) {
             environment: has("environment"),
         },
         evasion: strings("evasion"),
+        unresolved: strings("unresolved"),
     };
     (def, facts)
 }
