@@ -222,6 +222,9 @@ const BEYOND: &[Row] = &[
     // jokemanfire/mcp-containerd: `let lock = self.runtime.lock().await;
     // if let Some(client) = &*lock { client.version() }` over `Mutex<Option<RuntimeClient>>`.
     row("ctr_cli", "runtime_status", &[NET], &[]),
+    // jokemanfire/mcp-containerd: the field's type through a `type` alias
+    // (`standby: SharedRuntime`, `type SharedRuntime = Arc<Mutex<Option<RuntimeClient>>>`).
+    row("ctr_cli", "standby_version", &[NET], &[]),
     // mehdig-dev/mcp-github style: `self.s3_client()?.list_buckets()` where our
     // `fn s3_client(&self) -> Result<&aws_sdk_s3::Client, ErrorData>`.
     row(
@@ -357,7 +360,7 @@ fn idioms() {
 
 #[test]
 #[ignore = "beyond field, binding, parameter, trait and generic resolution: return types, \
-            `if let Some(x) = &*guard`, and `.commit()` on a transaction"]
+            `if let Some(x) = &*guard`, `type` aliases, and `.commit()` on a transaction"]
 fn idioms_beyond_resolution() {
     let diffs = differences(BEYOND);
     assert!(
