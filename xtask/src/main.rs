@@ -121,7 +121,12 @@ fn scan(roots: &[PathBuf], json: bool) -> anyhow::Result<ExitCode> {
         println!("{tool}: {}", families.join(", "));
         for e in &report.evidence {
             let at = format!("{}:{}", e.file.display(), e.line);
-            println!("  {} {} at {at} via {}", e.family, e.what, e.via.join(" -> "));
+            println!(
+                "  {} {} at {at} via {}",
+                e.family,
+                e.what,
+                e.via.join(" -> ")
+            );
         }
         for u in &report.unresolved {
             let at = format!("{}:{}", u.file.display(), u.line);

@@ -110,11 +110,7 @@ pub fn gate_stages(policy: &Policy, tool: &str) -> Vec<String> {
 
 /// The contract facts of `tool` under a gate with `policy`, completed with what the entitlement
 /// scanner found in its handler.
-fn handler_facts(
-    policy: &Policy,
-    tool: &str,
-    scan: &ScannedHandler,
-) -> HandlerFacts {
+fn handler_facts(policy: &Policy, tool: &str, scan: &ScannedHandler) -> HandlerFacts {
     HandlerFacts {
         gate_stages: gate_stages(policy, tool),
         policy_fingerprint: policy.fingerprint(tool),

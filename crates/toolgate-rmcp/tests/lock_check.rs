@@ -443,3 +443,67 @@ fn gate_behaviour_changes_are_classified_and_the_gates_own_tools_are_locked() {
         && c.rule == "behavior.gate_stage_added"
         && c.verdict == Verdict::Safe));
 }
+
+/// A handler that starts calling a client of a crate the scanner did not read: the lock records
+/// the call as unresolved (never a silent "no capability"), and the check shows a RISKY change
+/// naming it until the lock is updated.
+#[test]
+fn a_new_unresolved_call_is_risky_drift_naming_it() {
+    let fx = Fixture::new();
+    assert!(
+        check_lock(&fx.check(tools(), LockMode::Update))
+            .unwrap()
+            .passed()
+    );
+    let with_client = SOURCE
+        .replace(
+            "pub struct Rooms;",
+            "pub struct Rooms {\n    calendar: Arc<calendar_sdk::Client>,\n}",
+        )
+        .replace(
+            "        String::new()\n",
+            "        self.calendar.lock_room(\"all\");\n        String::new()\n",
+        );
+    std::fs::write(fx.dir.path().join("src/lib.rs"), with_client).unwrap();
+
+    let report = check_lock(&fx.check(tools(), LockMode::Check)).unwrap();
+    assert!(!report.passed());
+    let LockOutcome::Checked(CheckOutcome::Drift { changes, .. }) = &report.outcome else {
+        panic!("expected drift: {report}");
+    };
+    assert_eq!(changes.len(), 1, "{report}");
+    assert_eq!(
+        (
+            changes[0].tool.as_str(),
+            changes[0].rule,
+            changes[0].verdict
+        ),
+        (
+            "list_rooms",
+            "entitlements.unresolved_gained",
+            Verdict::Risky
+        ),
+        "{report}"
+    );
+    assert!(
+        changes[0].detail.contains("self.calendar.lock_room"),
+        "{report}"
+    );
+
+    assert!(
+        check_lock(&fx.check(tools(), LockMode::Update))
+            .unwrap()
+            .passed()
+    );
+    let lock: Value = serde_json::from_str(&lock_text(&fx.lockfile())).unwrap();
+    assert_eq!(
+        lock["tools"]["list_rooms"]["entitlements"]["unresolved"],
+        json!(["self.calendar.lock_room"])
+    );
+    assert!(
+        lock["tools"]["book_room"]["entitlements"]
+            .get("unresolved")
+            .is_none(),
+        "absent when empty"
+    );
+}

@@ -355,13 +355,22 @@ impl Index {
             Some("crate" | "super" | "self") => pick(&|o| matches!(o, Owner::Free { .. })),
             // `module::foo(..)`: free functions of a module of that name (or the root of a crate
             // of that name).
-            Some(q) if self.modules.contains(q) || self.crates.contains(q) => pick(&|o| match o {
-                Owner::Free { krate, module } => match module.last() {
-                    Some(m) => m == q,
-                    None => krate == q,
-                },
-                Owner::Method { .. } => false,
-            }),
+            // A `pub use` re-export moves the function out of that module's files: when the
+            // module has none of that name, any free function of ours may be it.
+            Some(q) if self.modules.contains(q) || self.crates.contains(q) => {
+                let in_module = pick(&|o| match o {
+                    Owner::Free { krate, module } => match module.last() {
+                        Some(m) => m == q,
+                        None => krate == q,
+                    },
+                    Owner::Method { .. } => false,
+                });
+                if in_module.is_empty() {
+                    pick(&|o| matches!(o, Owner::Free { .. }))
+                } else {
+                    in_module
+                }
+            }
             // A path into one of our crates through a module we could not place (`#[path]`):
             // any free function of that name.
             Some(_)
@@ -401,15 +410,13 @@ impl Index {
     ) -> MethodTarget {
         let types = self.type_of(caller, recv, 0);
         let callees = self.methods_of(&types, method);
-        // In a chain through methods that are not indexed (`client.get(..).send()`), the types
-        // pass through unchanged: the first call of the chain already reported them.
-        let reported = match recv {
-            Recv::Method(base, inner) => {
-                self.methods_of(&self.type_of(caller, base, 0), inner).is_empty()
-            }
-            _ => false,
-        };
-        if reported {
+        // A lock, an unwrap or a clone of std's passes its value through (`self.client.lock()`
+        // holds the client): the call on what it yields is the one to judge. And in a chain of
+        // methods that are not indexed (`client.get(..).send()`), the types pass through
+        // unchanged: the first call of the chain was judged already.
+        if (callees.is_empty() && self.is_pass_through(&types, method))
+            || self.judged(caller, recv, 0)
+        {
             return MethodTarget {
                 callees,
                 ..MethodTarget::default()
@@ -430,6 +437,58 @@ impl Index {
             families,
             unresolved,
         }
+    }
+
+    /// Whether a `.commit(..)` on `recv` may be toolgate's commit store: yes unless every type
+    /// the receiver is declared with comes from another crate than toolgate's and ours.
+    pub(super) fn may_be_own_commit(&self, caller: &FnEntry, recv: &Recv) -> bool {
+        let types = self.type_of(caller, recv, 0);
+        types.is_empty()
+            || types.iter().any(|t| {
+                let root = t.first().map(String::as_str).unwrap_or_default();
+                root.starts_with("toolgate")
+                    || t.len() == 1
+                    || !self.is_opaque(t) && !rules::INERT_ROOTS.contains(&root)
+            })
+    }
+
+    /// Whether `recv` is the result of a method call already judged by [`Index::method_target`]:
+    /// a method that is not indexed and not a pass-through, directly or through the variable
+    /// it was bound to (`let request = client.get(..); request.send()`).
+    fn judged(&self, caller: &FnEntry, recv: &Recv, depth: usize) -> bool {
+        if depth > MAX_DEPTH {
+            return false;
+        }
+        match recv {
+            Recv::Method(base, inner) => {
+                let types = self.type_of(caller, base, 0);
+                self.methods_of(&types, inner).is_empty() && !self.is_pass_through(&types, inner)
+                    || self.judged(caller, base, depth + 1)
+            }
+            Recv::Await(base) | Recv::Try(base) => self.judged(caller, base, depth + 1),
+            Recv::Var(name) => {
+                let bindings = caller.findings.bindings.get(name);
+                bindings.is_some_and(|all| {
+                    !all.is_empty()
+                        && all.iter().all(|b| match b {
+                            Binding::Value(value) => self.judged(caller, value, depth + 1),
+                            Binding::Typed(_) => false,
+                        })
+                })
+            }
+            _ => false,
+        }
+    }
+
+    /// Whether `method` on these types is a std wrapper handing out what it wraps (a lock, an
+    /// `Option`'s unwrap, an `Arc`'s clone).
+    fn is_pass_through(&self, types: &[TypePath], method: &str) -> bool {
+        rules::PASS_THROUGH_METHODS.contains(&method)
+            && types.iter().any(|t| match t.as_slice() {
+                [one] => rules::PRELUDE_WRAPPERS.contains(&one.as_str()),
+                [root, ..] => rules::INERT_ROOTS.contains(&root.as_str()),
+                [] => false,
+            })
     }
 
     /// Whether a type path names a type from a crate that was not scanned and is not known to
@@ -564,6 +623,7 @@ impl Index {
                 }
             }
             Recv::Literal(path) => local(std::slice::from_ref(path)),
+            Recv::Await(base) | Recv::Try(base) => self.type_of(caller, base, depth + 1),
             Recv::Unknown => Vec::new(),
         };
         out.sort();

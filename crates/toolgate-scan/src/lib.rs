@@ -8,19 +8,45 @@
 //!
 //! # Call resolution
 //!
-//! There are no types, so resolution is by name and deliberately conservative: when in doubt a
-//! call reaches more functions, never fewer, within the scanned sources.
+//! There is no type checker, so resolution reads declarations and is deliberately conservative:
+//! when in doubt a call reaches more functions, never fewer, within the scanned sources.
 //!
 //! | call | reaches |
 //! |------|---------|
 //! | `foo(..)`, `.map(foo)` | every free function named `foo` |
 //! | `self.foo(..)`, `Self::foo(..)` | methods `foo` of the caller's impl type (any impl block, trait impls included) and trait default methods `foo` |
 //! | `Type::foo(..)`, `Trait::foo(..)`, `<T as Trait>::foo` | methods `foo` in impls of `Type`, impls of `Trait` and `Trait`'s default |
-//! | `module::foo(..)`, `crate_name::foo(..)` | free functions `foo` of modules named `module` (or the crate root) |
+//! | `module::foo(..)`, `crate_name::foo(..)` | free functions `foo` of modules named `module` (or the crate root); any free function `foo` when that module has none (a `pub use` re-export) |
 //! | `crate::`/`super::`/`self::` paths | every free function `foo` |
-//! | `self.field.foo(..)` | methods `foo` of every type the field's declared type names, when the caller's struct is in the scanned sources (`store: Arc<BookingStore>` reaches `BookingStore::foo`) |
-//! | `value.foo(..)` | nothing (the type is unknown); only the method tables below apply |
+//! | `value.foo(..)` | methods `foo` of the value's types (below): a local type's impls and the default methods of the traits it implements; a local trait's impls and default (`dyn Trait`, a bound `S: Trait`) |
 //! | std and external crates | nothing; the path tables below apply |
+//!
+//! A value's types come from declarations, read syntactically:
+//!
+//! | value | types |
+//! |-------|-------|
+//! | `self` | the caller's impl type |
+//! | `base.field`, `base.0` | every type the field's declared type names, generic arguments included (`store: Arc<Mutex<Store>>`: `Arc`, `Mutex`, `Store`), of every struct among `base`'s types |
+//! | a variable | its declared type (`let s: Store`, a parameter `store: &Store`, a typed closure parameter), or its initialiser's types (`let s = Store::open(..)`, `let g = self.state.lock()`, `if let Some(c) = &*guard`, `for b in ..`, `match` arms); patterns pass the whole value's types through |
+//! | `base.method(..)` | the declared return types of the indexed methods it reaches; when none, `base`'s types (std and external methods pass their receiver's types through: `self.state.lock().await.unwrap()` keeps `Store`) |
+//! | `path(..)` | the return types of the indexed functions it reaches; else, for `Type::new(..)`, `Type` |
+//! | `Type { .. }` | `Type` |
+//! | `.await`, `?`, `&`, `*`, `(..)` | the inner value's types |
+//!
+//! Throughout, `Self` is the owner, a generic parameter is its bounds (from the item, its impl
+//! blocks and `where` clauses), and a local `type` alias is what it names. Scopes are flattened:
+//! a name bound twice has both bindings' types.
+//!
+//! A method call on a value whose types match the path table gets that family at the call
+//! (`self.http.get(..)` with `http: reqwest::Client` is `network`). A call that reaches no
+//! indexed method, matches no rule, and whose receiver's declared type comes from a crate that
+//! was not scanned and is not known inert (std, tokio, serde, rmcp, toolgate's crates, ... see
+//! `rules::INERT_ROOTS`) is **unresolved**: [`ScanReport::unresolved`] names it as written
+//! (`self.github.issues`, `client.put_object`, `self.session.lock(..).await.current`), and the
+//! lockfile records it, so what the scanner could not see is never a silent `false`. Lock and
+//! unwrap calls of std's wrappers are looked through, and a chain is judged once, at its first
+//! call on the foreign value. Values whose type is unknown (closure parameters, results of
+//! external functions, names from glob imports) are not judged.
 //!
 //! A leading `use` alias is expanded first (`use std::fs::write; write(..)` is `std::fs::write`).
 //! Closures, async blocks, nested items and the arguments of macros are part of the enclosing
@@ -40,7 +66,7 @@
 //! |--------|-------|-------------------------|
 //! | `filesystemRead` | `fs::{read, read_to_string, read_dir, read_link, metadata, symlink_metadata, canonicalize, exists, try_exists}` (std and tokio), `File::open`, `File::open_buffered`, `OpenOptions` | `.read_dir()`, `.read_link()`, `.canonicalize()`, `.symlink_metadata()`, `.try_exists()`, `.exists()`, `.is_file()`, `.is_dir()` |
 //! | `filesystemWrite` | `fs::{write, create_dir, create_dir_all, remove_file, remove_dir, remove_dir_all, rename, copy, hard_link, soft_link, symlink, symlink_file, symlink_dir, set_permissions}` (std and tokio), `File::create`, `File::create_new` | `OpenOptions` in a function that calls `.write(`/`.append(`/`.create(`/`.create_new(`/`.truncate(` |
-//! | `network` | `TcpStream`, `TcpListener`, `UdpSocket`, `UnixStream`, `UnixListener`, `UnixDatagram`, `net::ToSocketAddrs`, `tokio::net`, `reqwest::*`, `hyper::*`, `hyper_util::*`, `ureq::*`, `surf::*`, `isahc::*`, `attohttpc::*`, `curl::*`, `tungstenite::*`, `tokio_tungstenite::*` | |
+//! | `network` | `TcpStream`, `TcpListener`, `UdpSocket`, `UnixStream`, `UnixListener`, `UnixDatagram`, `net::ToSocketAddrs`, `tokio::net`, `reqwest::*`, `hyper::*`, `hyper_util::*`, `ureq::*`, `surf::*`, `isahc::*`, `attohttpc::*`, `curl::*`, `tungstenite::*`, `tokio_tungstenite::*`, `tonic::*`, `sqlx::*`, `tokio_postgres::*`, `postgres::*`, `deadpool_postgres::*`, `redis::*`, `mongodb::*` | |
 //! | `subprocess` | `process::Command`, `Command::new` (not under `clap::`), `unistd::{fork, execv, execve, execvp}`, `libc::{fork, system}`, `duct::*`, `subprocess::*` | |
 //! | `crypto` | `sha2::*`, `sha1::*`, `sha3::*`, `md5::*`, `md_5::*`, `hmac::*`, `ring::*`, `aes::*`, `aes_gcm::*`, `chacha20::*`, `chacha20poly1305::*`, `ed25519::*`, `ed25519_dalek::*`, `x25519_dalek::*`, `rsa::*`, `openssl::*`, `blake2::*`, `blake3::*`, `p256::*`, `k256::*`, `ecdsa::*`, `Sha256`, `Sha384`, `Sha512`, `Sha1`, `Md5`, `Hmac`, `Aes256Gcm`, `ChaCha20Poly1305`, `Sha256Digest` | |
 //! | `unsafeFfi` | `libloading::*`, `dlopen`, `dlsym` | `unsafe` blocks, `unsafe fn`, `extern` fns and blocks, calls to functions of `extern` blocks (`#[link]` noted), `#[no_mangle]`/`#[export_name]`/`#[unsafe(..)]` |
@@ -53,7 +79,7 @@
 //!
 //! | API | family |
 //! |-----|--------|
-//! | `.commit(..)` on any receiver | `filesystemWrite` |
+//! | `.commit(..)` on any receiver, unless its declared type is known and foreign (`tx.commit()` on an `sqlx::Transaction`) | `filesystemWrite` |
 //! | `TempFile`, `replace_file` (the storage floor's writers, any mention) | `filesystemWrite` |
 //! | `.write(..)` / `.list()` on a receiver named `*notes*` | `filesystemWrite` / `filesystemRead` |
 //! | `FileAuditLog` (any mention), `AuditSink::append`, `.append(..)` on a receiver named `*audit*` | `filesystemWrite` |
@@ -91,7 +117,9 @@
 //! # Claims
 //!
 //! [`check_claims`]: a tool whose effective `readOnlyHint` is true (absent reads as false) while
-//! its handler writes files, spawns a process or opens a network connection is a violation.
+//! its handler writes files, spawns a process or opens a network connection, through any chain
+//! of the calls above, is a violation. Unresolved calls are not violations (what they do is
+//! unknown); the lockfile shows them, and a new one is a RISKY change.
 
 #![forbid(unsafe_code)]
 
@@ -364,7 +392,13 @@ fn reach(index: &Index, starts: &[usize]) -> ScanReport {
     while let Some((at, via)) = queue.pop_front() {
         let entry = &index.fns[at];
         let file = &index.files[entry.file];
-        for site in &entry.findings.sites {
+        let commits = entry
+            .findings
+            .commits
+            .iter()
+            .filter(|(_, recv)| index.may_be_own_commit(entry, recv))
+            .map(|(site, _)| site);
+        for site in entry.findings.sites.iter().chain(commits) {
             set_family(&mut report.entitlements, site.family);
             report.evidence.push(Evidence {
                 family: site.family,

@@ -106,7 +106,8 @@ pub(super) const PATH_RULES: &[PathRule] = &[
     root("curl", NETWORK),
     root("tungstenite", NETWORK),
     root("tokio_tungstenite", NETWORK),
-    // Database clients talk to a server over a socket.
+    // gRPC clients and database clients talk to a server over a socket.
+    root("tonic", NETWORK),
     root("sqlx", NETWORK),
     root("tokio_postgres", NETWORK),
     root("postgres", NETWORK),
@@ -218,6 +219,40 @@ pub(super) const INERT_ROOTS: &[&str] = &[
     "toolgate_canon",
 ];
 
+/// Methods of std's (and tokio's, parking_lot's...) wrappers that hand out the value they wrap:
+/// the scanner looks through them to the call on that value (`self.client.lock().await.send()`).
+pub(super) const PASS_THROUGH_METHODS: &[&str] = &[
+    "lock",
+    "read",
+    "write",
+    "try_lock",
+    "try_read",
+    "try_write",
+    "blocking_lock",
+    "blocking_read",
+    "blocking_write",
+    "lock_owned",
+    "read_owned",
+    "write_owned",
+    "unwrap",
+    "expect",
+    "clone",
+    "as_ref",
+    "as_mut",
+    "as_deref",
+    "borrow",
+    "borrow_mut",
+    "deref",
+    "deref_mut",
+    "get_mut",
+    "load",
+    "load_full",
+    "into_inner",
+];
+
+/// Wrapper types of the prelude, written without a path.
+pub(super) const PRELUDE_WRAPPERS: &[&str] = &["Option", "Result", "Box", "Vec"];
+
 /// Whether `rule` matches the (alias-expanded) path `segs`.
 pub(super) fn matches(rule: &PathRule, segs: &[String]) -> bool {
     let Some(first) = segs.first() else {
@@ -233,6 +268,11 @@ pub(super) fn matches(rule: &PathRule, segs: &[String]) -> bool {
             .any(|w| w.iter().zip(want).all(|(a, b)| a == b)),
     }
 }
+
+/// The method of toolgate's commit store (`permit.commit(..)`), which [`ANY_RECEIVER_METHODS`]
+/// lists; it is dropped when the receiver's declared type is known and comes from another crate
+/// (`tx.commit()` on an `sqlx::Transaction`).
+pub(super) const OWN_COMMIT: &str = "commit";
 
 /// Method calls that mean a capability whatever the receiver's type, because the scanner has no
 /// types: these names are specific enough (or, for `.commit(`, conservative by design).

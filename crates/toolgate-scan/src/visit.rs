@@ -34,8 +34,8 @@ pub(super) struct EvasionSite {
 /// (`["reqwest", "Client"]`, `["BookingStore"]`, `["Self"]`).
 pub(super) type TypePath = Vec<String>;
 
-/// A method call's receiver, as far as syntax tells. `&`, `*`, `(..)`, `?` and `.await` are
-/// transparent: they do not change which methods can be reached.
+/// A method call's receiver, as far as syntax tells. `&`, `*` and `(..)` are dropped; `?` and
+/// `.await` are kept for reports but do not change which methods can be reached.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub(super) enum Recv {
     /// `self`.
@@ -50,6 +50,10 @@ pub(super) enum Recv {
     Call(Vec<String>),
     /// `Type { .. }`: a struct literal.
     Literal(TypePath),
+    /// `base.await`.
+    Await(Box<Recv>),
+    /// `base?`.
+    Try(Box<Recv>),
     /// Anything else (a block, a closure's result, a macro): the type is unknown.
     Unknown,
 }
@@ -65,6 +69,8 @@ impl Recv {
             Recv::Method(base, method) => format!("{}.{method}(..)", base.render()),
             Recv::Call(path) => format!("{}(..)", path.join("::")),
             Recv::Literal(path) => format!("{} {{ .. }}", path.join("::")),
+            Recv::Await(base) => format!("{}.await", base.render()),
+            Recv::Try(base) => format!("{}?", base.render()),
             Recv::Unknown => "(..)".to_owned(),
         }
     }
@@ -112,6 +118,9 @@ pub(super) struct Findings {
     pub(super) generics: HashMap<String, Vec<TypePath>>,
     /// The types the function's return type names (`Self` included as written).
     pub(super) returns: Vec<TypePath>,
+    /// `.commit(..)` sites and their receivers: a site unless the receiver's declared type is
+    /// known and foreign (a database transaction's commit is not toolgate's commit store).
+    pub(super) commits: Vec<(Site, Recv)>,
 }
 
 /// Analyses a function: its attributes, signature and body (closures, async blocks, nested
@@ -376,8 +385,8 @@ impl<'a> FnVisitor<'a> {
             Expr::Reference(r) => self.recv(&r.expr),
             Expr::Paren(p) => self.recv(&p.expr),
             Expr::Group(g) => self.recv(&g.expr),
-            Expr::Try(t) => self.recv(&t.expr),
-            Expr::Await(a) => self.recv(&a.base),
+            Expr::Try(t) => Recv::Try(Box::new(self.recv(&t.expr))),
+            Expr::Await(a) => Recv::Await(Box::new(self.recv(&a.base))),
             Expr::Index(i) => self.recv(&i.expr),
             Expr::Unary(u) if matches!(u.op, syn::UnOp::Deref(_)) => self.recv(&u.expr),
             _ => Recv::Unknown,
@@ -658,7 +667,17 @@ impl<'ast> Visit<'ast> for FnVisitor<'_> {
             });
         }
         for &(name, family) in ANY_RECEIVER_METHODS {
-            if method == name {
+            if method == name && name == rules::OWN_COMMIT {
+                let recv = self.recv(&call.receiver);
+                self.out.commits.push((
+                    Site {
+                        family,
+                        line,
+                        what: format!(".{method}(..)"),
+                    },
+                    recv,
+                ));
+            } else if method == name {
                 self.site(family, line, format!(".{method}(..)"));
             }
         }

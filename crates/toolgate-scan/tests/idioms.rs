@@ -208,13 +208,8 @@ const ROWS: &[Row] = &[
     row("fetch_client", "check_robots", &[NET], &[]),
     // `self.service.user_agent().to_string()`.
     row("fetch_client", "user_agent", &[], &[]),
-];
-
-/// Idioms of the same servers that need more than field, binding, parameter, trait and generic
-/// resolution: kept apart so that [`idioms`] can pass first.
-const BEYOND: &[Row] = &[
     // tyrchen/postgres-mcp style with a transaction: `tx.commit()` on a sqlx transaction is not
-    // the storage floor's `.commit(..)` (today any receiver's `.commit(..)` is filesystemWrite).
+    // the storage floor's `.commit(..)` (its receiver's declared type is sqlx's).
     row("pg_conns", "drop_table", &[NET], &[]),
     // jokemanfire/mcp-containerd: `let ctr = self.create_ctr_cmd(ns); ctr.image_pull(..)`, the
     // local typed by the declared return type of one of our methods.
@@ -358,24 +353,10 @@ fn idioms() {
     );
 }
 
-#[test]
-#[ignore = "beyond field, binding, parameter, trait and generic resolution: return types, \
-            `if let Some(x) = &*guard`, `type` aliases, and `.commit()` on a transaction"]
-fn idioms_beyond_resolution() {
-    let diffs = differences(BEYOND);
-    assert!(
-        diffs.is_empty(),
-        "{} differences over {} rows:\n{}",
-        diffs.len(),
-        BEYOND.len(),
-        diffs.join("\n")
-    );
-}
-
 /// The tables and the fixtures name the same tools: a tool added to a fixture needs a row.
 #[test]
 fn every_fixture_tool_has_a_row() {
-    let mut fixtures: Vec<&str> = ROWS.iter().chain(BEYOND).map(|r| r.fixture).collect();
+    let mut fixtures: Vec<&str> = ROWS.iter().map(|r| r.fixture).collect();
     fixtures.sort_unstable();
     fixtures.dedup();
     let mut on_disk: Vec<String> = std::fs::read_dir(fixture_root(""))
@@ -393,7 +374,6 @@ fn every_fixture_tool_has_a_row() {
         tools.sort_unstable();
         let mut rows: Vec<&str> = ROWS
             .iter()
-            .chain(BEYOND)
             .filter(|r| r.fixture == fixture)
             .map(|r| r.tool)
             .collect();

@@ -162,6 +162,7 @@ pub fn sample_specs() -> Vec<Value> {
             "gateStages": STAGES,
             "policy": "deny rm_rf",
             "entitlements": [],
+            "unresolved": ["self.client.send", "self.backup.remove"],
             "evasion": ["char_codes", "base64_blob", "char_codes"]
         }),
     ]
