@@ -22,6 +22,16 @@ pub enum AuditError {
         source: io::Error,
     },
 
+    /// The database behind the chain failed (unreachable, a transaction failed, a schema it does
+    /// not know); nothing of the failed append was recorded.
+    #[error(
+        "the audit chain's database failed: {cause}; nothing was appended; retry once the database is reachable"
+    )]
+    Backend {
+        /// What failed, naming the database without credentials.
+        cause: String,
+    },
+
     /// Writing an exported chain to its destination failed.
     #[error(
         "could not write the exported audit log: {source}; check the destination (a full disk, a closed pipe) and retry"
@@ -175,6 +185,9 @@ impl AuditError {
                 ),
             },
             AuditError::WriterPanicked => AuditError::WriterPanicked,
+            AuditError::Backend { cause } => AuditError::Backend {
+                cause: cause.clone(),
+            },
         }
     }
 }

@@ -16,6 +16,8 @@ mod error;
 mod file;
 mod memory;
 mod outcome;
+#[cfg(feature = "postgres")]
+mod postgres;
 mod record;
 mod segments;
 pub mod stats;
@@ -31,6 +33,8 @@ pub use file::FaultHook;
 pub use file::{AuditConfig, AuditStats, FileAuditLog, Recovery};
 pub use memory::MemoryAuditLog;
 pub use outcome::Outcome;
+#[cfg(feature = "postgres")]
+pub use postgres::PgAuditLog;
 pub use record::{MAX_LINE_BYTES, MAX_REASON_BYTES, MAX_TEXT_FIELD_BYTES};
 pub use segments::read_records;
 pub use toolgate_canon::{HmacKey, KeyError};

@@ -105,6 +105,8 @@
 //! its number cannot be reused by a new file while they compare.
 
 mod memory;
+#[cfg(feature = "postgres")]
+mod postgres;
 mod record;
 
 use std::collections::hash_map::Entry;
@@ -119,6 +121,8 @@ use serde_json::Value;
 use toolgate_canon::Sha256Digest;
 
 pub use memory::MemoryEffects;
+#[cfg(feature = "postgres")]
+pub use postgres::PgEffects;
 use record::{
     Liveness, Owner, Record, State, StoredResult, encode_line, liveness, now_ns, parse_line,
 };
@@ -255,12 +259,13 @@ pub enum EffectStatus {
 }
 
 impl EffectStatus {
-    fn of(record: &Record, now: u64, path: &Path) -> Result<Self, EffectError> {
+    /// The status of `record`, whose owner (when in progress) is `live`.
+    fn of(record: &Record, live: Liveness, path: &Path) -> Result<Self, EffectError> {
         let fingerprint = record.fingerprint;
         Ok(match &record.state {
             State::InProgress => EffectStatus::InProgress {
                 fingerprint,
-                live: liveness(&record.owner, record.lease_until_ns, now) == Liveness::Live,
+                live: live == Liveness::Live,
             },
             State::Completed(stored) => EffectStatus::Completed {
                 fingerprint,
@@ -668,6 +673,16 @@ pub enum EffectError {
         len: u64,
         /// The limit, [`MAX_LINE_BYTES`].
         max: u64,
+    },
+
+    /// The database behind the store failed (unreachable, a transaction failed, a schema it
+    /// does not know): the call fails closed.
+    #[error(
+        "the effect store's database failed: {cause}; nothing was executed by this call; retry          the same call once the database is reachable (a retry never executes an effect twice;          it may report Indeterminate if an outcome is unknown)"
+    )]
+    Backend {
+        /// What failed, naming the database without credentials.
+        cause: String,
     },
 
     /// The key (or scope) is not acceptable.
@@ -1159,6 +1174,9 @@ fn dup(e: &EffectError) -> EffectError {
         EffectError::InvalidKey { reason } => EffectError::InvalidKey {
             reason: reason.clone(),
         },
+        EffectError::Backend { cause } => EffectError::Backend {
+            cause: cause.clone(),
+        },
     }
 }
 
@@ -1266,7 +1284,10 @@ impl EffectStore {
         journal
             .records
             .record(&name)
-            .map(|record| EffectStatus::of(record, now, &self.journal_path))
+            .map(|record| {
+                let live = liveness(&record.owner, record.lease_until_ns, now);
+                EffectStatus::of(record, live, &self.journal_path)
+            })
             .transpose()
     }
 
@@ -1597,7 +1618,10 @@ impl EffectStore {
                 let relies_on_undurable = journal.records.relies_on_undurable(&name, batch.durable);
                 let decision = match journal.records.record(&name) {
                     None => Decision::Take,
-                    Some(record) => decide(record, &self.journal_path, &req, kind, now)?,
+                    Some(record) => {
+                        let live = liveness(&record.owner, record.lease_until_ns, now);
+                        decide(record, &self.journal_path, &req, kind, now, live)?
+                    }
                 };
                 if !matches!(decision, Decision::Take) {
                     // An idempotent call may be answered from a written line: should a power loss
@@ -1657,7 +1681,9 @@ impl EffectStore {
             }
             Job::Resolve { name, result } => {
                 batch.needs_sync = true;
-                let record = resolvable(journal.records.record(&name), name, now)?;
+                let record = journal.records.record(&name);
+                let live = record.map(|r| liveness(&r.owner, r.lease_until_ns, now));
+                let record = resolvable(record, name, live)?;
                 let (line, record) = match result {
                     None => (encode_line(&name, None)?, None),
                     Some(result) => {
@@ -2049,12 +2075,15 @@ impl EffectStore {
 }
 
 /// What a stored record means for `req`.
+/// What `begin` does with the latest record of the key (shared by every backend); `live` is what
+/// the backend knows of the record's owner (only read for an `in_progress` record).
 fn decide(
     record: &Record,
     path: &Path,
     req: &EffectRequest,
     kind: EffectKind,
     now: u64,
+    live: Liveness,
 ) -> Result<Decision, EffectError> {
     if *record.principal != *req.scope.principal || *record.tool != *req.scope.tool {
         return Err(EffectError::Corrupt {
@@ -2074,7 +2103,7 @@ fn decide(
         State::Failed {
             retryable: true, ..
         } => Decision::Take,
-        State::InProgress => match liveness(&record.owner, record.lease_until_ns, now) {
+        State::InProgress => match live {
             Liveness::Live => {
                 let remaining = Duration::from_nanos(record.lease_until_ns.saturating_sub(now));
                 Decision::Busy(remaining.max(MIN_RETRY_AFTER))
@@ -2115,7 +2144,7 @@ fn in_progress(
 fn resolvable(
     record: Option<&Record>,
     name: Sha256Digest,
-    now: u64,
+    live: Option<Liveness>,
 ) -> Result<&Record, EffectError> {
     let not = |state| EffectError::NotIndeterminate {
         key_digest: name,
@@ -2127,7 +2156,7 @@ fn resolvable(
         State::Failed { .. } => return Err(not("failed")),
         State::InProgress => {}
     }
-    if liveness(&record.owner, record.lease_until_ns, now) == Liveness::Live {
+    if live != Some(Liveness::Dead) && live != Some(Liveness::NeverStarted) {
         return Err(not("in_progress (owner alive)"));
     }
     Ok(record)

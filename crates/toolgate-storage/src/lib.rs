@@ -33,6 +33,8 @@ mod group;
 mod journal;
 mod lock;
 mod open;
+#[cfg(feature = "postgres")]
+pub mod postgres;
 
 pub use backend::{FaultyStorage, FsStorage, Op, Storage};
 pub use durable::{

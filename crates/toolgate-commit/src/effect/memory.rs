@@ -13,7 +13,7 @@ use std::time::{Duration, SystemTime};
 use serde_json::Value;
 use toolgate_canon::Sha256Digest;
 
-use super::record::{Record, State, StoredResult, now_ns};
+use super::record::{Record, State, StoredResult, liveness, now_ns};
 use super::{
     Attempt, Begin, CounterTable, Counters, Decision, EffectBackend, EffectConfig, EffectError,
     EffectKind, EffectRequest, EffectStatus, InProgressWait, Resolution, Scope, Ticket, answer,
@@ -104,7 +104,10 @@ impl EffectBackend for MemoryEffects {
         let mut records = self.records();
         let decision = match records.get(&name) {
             None => Decision::Take,
-            Some(record) => decide(record, Path::new(NAME), req, kind, now)?,
+            Some(record) => {
+                let live = liveness(&record.owner, record.lease_until_ns, now);
+                decide(record, Path::new(NAME), req, kind, now, live)?
+            }
         };
         if !matches!(decision, Decision::Take) {
             drop(records);
@@ -154,7 +157,10 @@ impl EffectBackend for MemoryEffects {
         let now = now_ns(SystemTime::now());
         self.records()
             .get(&name)
-            .map(|record| EffectStatus::of(record, now, Path::new(NAME)))
+            .map(|record| {
+                let live = liveness(&record.owner, record.lease_until_ns, now);
+                EffectStatus::of(record, live, Path::new(NAME))
+            })
             .transpose()
     }
 
@@ -162,7 +168,9 @@ impl EffectBackend for MemoryEffects {
         let name = record_name(scope, key)?;
         let now = now_ns(SystemTime::now());
         let mut records = self.records();
-        let record = resolvable(records.get(&name), name, now)?;
+        let record = records.get(&name);
+        let live = record.map(|r| liveness(&r.owner, r.lease_until_ns, now));
+        let record = resolvable(record, name, live)?;
         match resolution {
             Resolution::Forget => {
                 records.remove(&name);

@@ -1,0 +1,254 @@
+//! The audit chain on PostgreSQL (feature `postgres`): one chain shared by every replica.
+//!
+//! Tables (component `audit`, schema version 1): `toolgate_audit (seq, sha256, line)`, one row
+//! per record holding its canonical line (the exact bytes of the file format, without the
+//! newline), and `toolgate_audit_head`, one row with the chain's last `seq` and `sha256`.
+//!
+//! **One sequencer**: an append transaction locks the head row (`SELECT .. FOR UPDATE`), seals
+//! its records onto it exactly as [`crate::FileAuditLog`] does (same fields, same RFC 8785 line,
+//! same `prev_sha256`), inserts them and moves the head, then commits. Appenders of every replica
+//! queue on that row lock, so `seq` runs 1, 2, 3... without gaps or forks, and a failed
+//! transaction changes nothing. **Group commit**: the concurrent appenders of one process share a
+//! transaction (the storage floor's [`toolgate_storage::GroupCommit`]): the first becomes the
+//! leader, seals every queued entry in order and commits once for all. An append returns after
+//! its transaction committed with `synchronous_commit` as configured (`on` by default): durable.
+//! [`AuditSink::export`] writes the lines in `seq` order, one per line: the bytes of an
+//! `audit.jsonl` that `audit verify` and any independent verifier accept.
+
+use toolgate_canon::Sha256Digest;
+use toolgate_storage::GroupCommit;
+use toolgate_storage::postgres::{PgError, PgStore, cause, get};
+
+use crate::file::now_ns;
+use crate::record::{MAX_LINE_BYTES, seal};
+use crate::{AppendReceipt, AuditEntry, AuditError, AuditSink, ChainHead};
+
+/// The schema of component `audit`, one entry per version.
+const MIGRATIONS: &[&str] = &["CREATE TABLE toolgate_audit (
+        seq bigint PRIMARY KEY,
+        sha256 text NOT NULL,
+        line text NOT NULL
+    );
+    CREATE TABLE toolgate_audit_head (
+        id integer PRIMARY KEY CHECK (id = 1),
+        seq bigint NOT NULL,
+        sha256 text NOT NULL
+    );
+    INSERT INTO toolgate_audit_head (id, seq, sha256)
+        VALUES (1, 0, '0000000000000000000000000000000000000000000000000000000000000000');"];
+
+/// How many rows an export reads per round trip.
+const EXPORT_PAGE: i64 = 1000;
+
+type Answer = Result<AppendReceipt, AuditError>;
+
+/// A hash-chained audit log in a PostgreSQL database, shared by every replica that opens it.
+pub struct PgAuditLog {
+    store: PgStore,
+    group: GroupCommit<AuditEntry, Answer>,
+}
+
+impl std::fmt::Debug for PgAuditLog {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PgAuditLog")
+            .field("database", &self.store.database())
+            .finish_non_exhaustive()
+    }
+}
+
+impl PgAuditLog {
+    /// Opens the chain of the database `store` connects to, creating or migrating its tables.
+    pub fn open(store: PgStore) -> Result<Self, AuditError> {
+        store.migrate("audit", MIGRATIONS).map_err(backend)?;
+        Ok(PgAuditLog {
+            store,
+            group: GroupCommit::new(|| {
+                Err(AuditError::Backend {
+                    cause: "the append batch this record was part of was abandoned (its leader \
+                            panicked); nothing of it was committed"
+                        .to_owned(),
+                })
+            }),
+        })
+    }
+
+    /// Seals and commits one batch of entries in one transaction; answers every caller.
+    fn commit_batch(&self, jobs: Vec<(AuditEntry, toolgate_storage::Caller<Answer>)>) {
+        let entries: Vec<AuditEntry> = jobs.iter().map(|(entry, _)| entry.clone()).collect();
+        let outcome = self
+            .store
+            .run(move |pool, database| async move {
+                let query = |what: &'static str| {
+                    let database = database.clone();
+                    move |e: tokio_postgres::Error| PgError::Query {
+                        database,
+                        what,
+                        cause: cause(&e),
+                    }
+                };
+                let mut client = get(&pool, &database).await?;
+                let tx = client
+                    .transaction()
+                    .await
+                    .map_err(query("append audit records"))?;
+                let head = tx
+                    .query_one(
+                        "SELECT seq, sha256 FROM toolgate_audit_head WHERE id = 1 FOR UPDATE",
+                        &[],
+                    )
+                    .await
+                    .map_err(query("lock the audit chain's head"))?;
+                let mut seq = u64::try_from(head.get::<_, i64>(0)).unwrap_or(0);
+                let head_hex: String = head.get(1);
+                let Some(mut prev) = head_hex.parse::<Sha256Digest>().ok() else {
+                    return Ok(Err(AuditError::Backend {
+                        cause: format!(
+                            "the audit chain's head row holds {head_hex:?}, not a SHA-256; the \
+                             table was changed outside toolgate: verify it with `audit verify`"
+                        ),
+                    }));
+                };
+                let mut answers: Vec<Answer> = Vec::with_capacity(entries.len());
+                let insert = tx
+                    .prepare("INSERT INTO toolgate_audit (seq, sha256, line) VALUES ($1, $2, $3)")
+                    .await
+                    .map_err(query("append audit records"))?;
+                for entry in &entries {
+                    let ts = now_ns();
+                    let sealed = seal(entry, Vec::new(), ts, seq + 1, prev);
+                    if sealed.line.len() > MAX_LINE_BYTES {
+                        answers.push(Err(AuditError::RecordTooLarge {
+                            len: sealed.line.len(),
+                            max: MAX_LINE_BYTES,
+                        }));
+                        continue;
+                    }
+                    let line = String::from_utf8_lossy(
+                        sealed.line.strip_suffix(b"\n").unwrap_or(&sealed.line),
+                    )
+                    .into_owned();
+                    seq += 1;
+                    let seq_param = i64::try_from(seq).unwrap_or(i64::MAX);
+                    tx.execute(&insert, &[&seq_param, &sealed.sha256.to_hex(), &line])
+                        .await
+                        .map_err(query("append audit records"))?;
+                    prev = sealed.sha256;
+                    answers.push(Ok(AppendReceipt {
+                        seq,
+                        sha256: sealed.sha256,
+                        ts,
+                    }));
+                }
+                let seq_param = i64::try_from(seq).unwrap_or(i64::MAX);
+                tx.execute(
+                    "UPDATE toolgate_audit_head SET seq = $1, sha256 = $2 WHERE id = 1",
+                    &[&seq_param, &prev.to_hex()],
+                )
+                .await
+                .map_err(query("move the audit chain's head"))?;
+                tx.commit().await.map_err(query("commit audit records"))?;
+                Ok::<_, PgError>(Ok(answers))
+            })
+            .and_then(|r| r);
+        match outcome {
+            Ok(Ok(answers)) => {
+                for ((_, caller), answer) in jobs.into_iter().zip(answers) {
+                    caller.answer(answer);
+                }
+            }
+            Ok(Err(e)) => {
+                for (_, caller) in jobs {
+                    caller.answer(Err(e.duplicate()));
+                }
+            }
+            Err(e) => {
+                let e = backend(e);
+                for (_, caller) in jobs {
+                    caller.answer(Err(e.duplicate()));
+                }
+            }
+        }
+    }
+}
+
+impl AuditSink for PgAuditLog {
+    fn append(&self, entry: &AuditEntry) -> Result<AppendReceipt, AuditError> {
+        self.group
+            .submit(entry.clone(), |jobs, _handoff| self.commit_batch(jobs))
+    }
+
+    fn head(&self) -> Result<ChainHead, AuditError> {
+        let (seq, hex) = self
+            .store
+            .run(|pool, database| async move {
+                let client = get(&pool, &database).await?;
+                let row = client
+                    .query_one(
+                        "SELECT seq, sha256 FROM toolgate_audit_head WHERE id = 1",
+                        &[],
+                    )
+                    .await
+                    .map_err(|e| PgError::Query {
+                        database,
+                        what: "read the audit chain's head",
+                        cause: cause(&e),
+                    })?;
+                Ok::<_, PgError>((row.get::<_, i64>(0), row.get::<_, String>(1)))
+            })
+            .and_then(|r| r)
+            .map_err(backend)?;
+        let sha256 = hex
+            .parse::<Sha256Digest>()
+            .ok()
+            .ok_or_else(|| AuditError::Backend {
+                cause: format!("the audit chain's head row holds {hex:?}, not a SHA-256"),
+            })?;
+        Ok(ChainHead {
+            seq: u64::try_from(seq).unwrap_or(0),
+            sha256,
+        })
+    }
+
+    fn export(&self, out: &mut dyn std::io::Write) -> Result<u64, AuditError> {
+        let mut after: i64 = 0;
+        let mut count = 0u64;
+        loop {
+            let page: Vec<(i64, String)> = self
+                .store
+                .run(move |pool, database| async move {
+                    let client = get(&pool, &database).await?;
+                    let rows = client
+                        .query(
+                            "SELECT seq, line FROM toolgate_audit WHERE seq > $1 ORDER BY seq \
+                             LIMIT $2",
+                            &[&after, &EXPORT_PAGE],
+                        )
+                        .await
+                        .map_err(|e| PgError::Query {
+                            database,
+                            what: "read the audit chain",
+                            cause: cause(&e),
+                        })?;
+                    Ok::<_, PgError>(rows.iter().map(|r| (r.get(0), r.get(1))).collect())
+                })
+                .and_then(|r| r)
+                .map_err(backend)?;
+            let Some(&(last, _)) = page.last() else {
+                return Ok(count);
+            };
+            for (_, line) in &page {
+                out.write_all(line.as_bytes())
+                    .and_then(|()| out.write_all(b"\n"))
+                    .map_err(|source| AuditError::Export { source })?;
+                count += 1;
+            }
+            after = last;
+        }
+    }
+}
+
+fn backend(e: PgError) -> AuditError {
+    AuditError::Backend {
+        cause: e.to_string(),
+    }
+}
