@@ -57,6 +57,7 @@ struct Tool {
     fingerprint: [u8; 32],
     entitlements: [bool; 7],
     evasion: Vec<String>,
+    unresolved: Vec<String>,
 }
 
 #[derive(Arbitrary, Debug)]
@@ -106,6 +107,7 @@ fuzz_target!(|input: Input| {
                 environment,
             },
             evasion: tool.evasion.clone(),
+            unresolved: tool.unresolved.clone(),
         };
         let Ok(contract) = ToolContract::build(&def, &facts) else {
             return;
