@@ -1,5 +1,6 @@
-//! One conformance suite for every audit sink: the same cases against the file log and the
-//! in-memory one; a new sink (PostgreSQL) joins by adding itself to `sinks`.
+//! One conformance suite for every audit sink: the same cases against the file log, the
+//! in-memory one and, with the feature `postgres`, the PostgreSQL one (a fresh database of a real
+//! PostgreSQL cluster this test process starts).
 //!
 //! What every sink must do: chain records with consecutive `seq` from 1, report the head it
 //! stores, and export the chain as `audit.jsonl` bytes that the verifier (and so any independent
@@ -34,6 +35,19 @@ fn sinks() -> Vec<Subject> {
         Subject {
             name: "memory",
             sink: Arc::new(MemoryAuditLog::new()),
+            _dir: None,
+        },
+        #[cfg(feature = "postgres")]
+        Subject {
+            name: "postgres",
+            sink: {
+                let url = toolgate_pgtest::PgCluster::shared()
+                    .unwrap()
+                    .create_database("audit")
+                    .unwrap();
+                let store = toolgate_storage::postgres::PgStore::connect(&url).unwrap();
+                Arc::new(toolgate_audit::PgAuditLog::open(store).unwrap())
+            },
             _dir: None,
         },
     ]

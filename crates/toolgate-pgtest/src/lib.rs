@@ -1,0 +1,405 @@
+//! A real PostgreSQL cluster for tests and benchmarks, started from the machine's own binaries.
+//!
+//! [`PgCluster::start`] runs `initdb` into a fresh temporary directory and starts the server on a
+//! free loopback port (and a Unix socket in that directory), with `fsync` and
+//! `synchronous_commit` on, as a deployment would. Dropping the cluster stops it and removes the
+//! directory. [`PgCluster::shared`] is one cluster per test process, for suites that only need a
+//! fresh database per case ([`PgCluster::create_database`]); a small reaper process stops it when
+//! the test process ends, however it ends (a failed test, SIGKILL), so no cluster outlives a run.
+//!
+//! PostgreSQL refuses to run as root. When the tests run as root (CI does), the server runs as
+//! the `postgres` system user (`runuser -u postgres --`), which owns the temporary directory.
+//!
+//! The binaries are found through `TOOLGATE_PG_BIN` (a directory holding `initdb`, `pg_ctl` and
+//! `psql`), then `PATH`, then the newest `/usr/lib/postgresql/*/bin` (Debian's layout). Without
+//! them every call returns [`PgTestError::Binaries`], which names the fix: a test needing a
+//! database fails, it is never skipped.
+//!
+//! ```no_run
+//! let cluster = toolgate_pgtest::PgCluster::shared().unwrap();
+//! let url = cluster.create_database("effects").unwrap();
+//! assert!(url.starts_with("postgres://postgres@127.0.0.1:"));
+//! ```
+
+#![forbid(unsafe_code)]
+
+use std::io::Write as _;
+use std::net::TcpListener;
+use std::os::unix::fs::MetadataExt as _;
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdin, Command, Output, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Mutex, OnceLock};
+
+/// Why a cluster could not be started or driven.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum PgTestError {
+    /// The PostgreSQL server binaries are not on this machine.
+    #[error(
+        "PostgreSQL's binaries (initdb, pg_ctl, psql) were not found in $TOOLGATE_PG_BIN, on PATH or under /usr/lib/postgresql/*/bin; install PostgreSQL 15 or later (apt-get install postgresql) or point TOOLGATE_PG_BIN at its bin directory"
+    )]
+    Binaries,
+    /// A command of the cluster's life cycle failed.
+    #[error("{what} failed: {detail}")]
+    Command {
+        /// The step (`initdb`, `pg_ctl start`, `psql ...`).
+        what: String,
+        /// Its exit status and output, or why it could not run.
+        detail: String,
+    },
+    /// The temporary directory could not be prepared.
+    #[error("preparing the cluster's directory {path}: {detail}")]
+    Directory {
+        /// The directory.
+        path: PathBuf,
+        /// The cause.
+        detail: String,
+    },
+}
+
+/// A running PostgreSQL cluster in a temporary directory; stopped and removed on drop.
+#[derive(Debug)]
+pub struct PgCluster {
+    dir: tempfile::TempDir,
+    bin: PathBuf,
+    /// Run the server's commands as the `postgres` user (this process is root).
+    as_postgres: bool,
+    port: u16,
+    /// The reaper of the shared cluster: it stops the server when this pipe closes.
+    reaper: Mutex<Option<(Child, ChildStdin)>>,
+}
+
+/// Every database name handed out by this process is new: `PREFIX_PID_N`.
+static DATABASES: AtomicU32 = AtomicU32::new(0);
+
+impl PgCluster {
+    /// Initializes and starts a new cluster of its own.
+    pub fn start() -> Result<Self, PgTestError> {
+        let bin = locate()?;
+        let as_postgres = std::fs::metadata("/proc/self")
+            .map(|m| m.uid() == 0)
+            .unwrap_or(false);
+        let dir = tempfile::Builder::new()
+            .prefix("toolgate-pg-")
+            .tempdir()
+            .map_err(|e| PgTestError::Directory {
+                path: std::env::temp_dir(),
+                detail: e.to_string(),
+            })?;
+        if as_postgres {
+            let status = Command::new("chown")
+                .arg("postgres:")
+                .arg(dir.path())
+                .status();
+            if !matches!(status, Ok(s) if s.success()) {
+                return Err(PgTestError::Directory {
+                    path: dir.path().to_owned(),
+                    detail: format!(
+                        "chown to the postgres user failed ({status:?}); PostgreSQL refuses to run as root and needs a `postgres` system user"
+                    ),
+                });
+            }
+        }
+        let mut cluster = PgCluster {
+            dir,
+            bin,
+            as_postgres,
+            port: 0,
+            reaper: Mutex::new(None),
+        };
+        let data = cluster.data_dir();
+        cluster.run(
+            "initdb",
+            cluster.server_command("initdb").arg("-D").arg(&data).args([
+                "-A",
+                "trust",
+                "-U",
+                "postgres",
+                "--no-sync",
+            ]),
+        )?;
+        // A free port can be taken between asking and binding: try a few.
+        let mut last = None;
+        for _ in 0..5 {
+            cluster.port = free_port()?;
+            match cluster.start_server() {
+                Ok(()) => return Ok(cluster),
+                Err(e) => last = Some(e),
+            }
+        }
+        Err(last.unwrap_or(PgTestError::Binaries))
+    }
+
+    /// The cluster this test process shares, started on first use.
+    pub fn shared() -> Result<&'static PgCluster, PgTestError> {
+        static SHARED: OnceLock<Result<PgCluster, PgTestError>> = OnceLock::new();
+        SHARED
+            .get_or_init(|| {
+                let cluster = PgCluster::start()?;
+                cluster.arm_reaper()?;
+                Ok(cluster)
+            })
+            .as_ref()
+            .map_err(Clone::clone)
+    }
+
+    /// The loopback port the server listens on.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// The directory that holds the cluster (its data directory, log and Unix socket).
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// The connection URL of database `db` (user `postgres`, no password, loopback).
+    pub fn url(&self, db: &str) -> String {
+        format!("postgres://postgres@127.0.0.1:{}/{db}", self.port)
+    }
+
+    /// Creates a new, empty database named after `prefix` (made unique in this process) and
+    /// returns its URL.
+    pub fn create_database(&self, prefix: &str) -> Result<String, PgTestError> {
+        let n = DATABASES.fetch_add(1, Ordering::Relaxed);
+        let name = format!("{prefix}_{}_{n}", std::process::id());
+        self.psql("postgres", &format!("CREATE DATABASE \"{name}\""))?;
+        Ok(self.url(&name))
+    }
+
+    /// Runs SQL in database `db` with psql (stopping at the first error) and returns what it
+    /// printed: unaligned rows, no headers.
+    pub fn psql(&self, db: &str, sql: &str) -> Result<String, PgTestError> {
+        let output = self.run(
+            &format!("psql {sql:?}"),
+            Command::new(self.bin.join("psql"))
+                .args(["-X", "-q", "-A", "-t", "-v", "ON_ERROR_STOP=1"])
+                .args(["-h", "127.0.0.1", "-U", "postgres", "-p"])
+                .arg(self.port.to_string())
+                .args(["-d", db, "-c", sql]),
+        )?;
+        Ok(String::from_utf8_lossy(&output.stdout).trim().to_owned())
+    }
+
+    /// Crashes the server: `pg_ctl stop -m immediate` (no checkpoint, no clean shutdown; the
+    /// next start runs crash recovery). Connections break at once.
+    pub fn stop_immediate(&self) -> Result<(), PgTestError> {
+        self.pg_ctl(&["stop", "-m", "immediate", "-w"]).map(drop)
+    }
+
+    /// Starts the server again after [`PgCluster::stop_immediate`], on the same port.
+    pub fn start_again(&self) -> Result<(), PgTestError> {
+        self.start_server()
+    }
+
+    /// Ends every session connected to database `db` (what a dropped connection looks like to
+    /// its client), returning how many there were.
+    pub fn terminate_backends(&self, db: &str) -> Result<usize, PgTestError> {
+        let out = self.psql(
+            "postgres",
+            &format!(
+                "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE datname = '{}' AND pid <> pg_backend_pid()",
+                db.replace('\'', "''")
+            ),
+        )?;
+        Ok(out.parse().unwrap_or(0))
+    }
+
+    /// The server's log so far (for a failing test's message).
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("log")).unwrap_or_default()
+    }
+
+    fn data_dir(&self) -> PathBuf {
+        self.dir.path().join("data")
+    }
+
+    fn start_server(&self) -> Result<(), PgTestError> {
+        let options = format!(
+            "-k {} -p {} -c listen_addresses=127.0.0.1 -c fsync=on -c synchronous_commit=on -c max_connections=400",
+            self.dir.path().display(),
+            self.port
+        );
+        let log = self.dir.path().join("log");
+        let log = log.to_string_lossy();
+        self.pg_ctl(&["start", "-w", "-t", "120", "-l", &log, "-o", &options])
+            .map(drop)
+            .map_err(|e| match e {
+                PgTestError::Command { what, detail } => PgTestError::Command {
+                    what,
+                    detail: format!("{detail}\nserver log:\n{}", self.log()),
+                },
+                other => other,
+            })
+    }
+
+    fn pg_ctl(&self, args: &[&str]) -> Result<Output, PgTestError> {
+        let data = self.data_dir();
+        self.run(
+            &format!("pg_ctl {}", args[0]),
+            self.server_command("pg_ctl")
+                .arg("-D")
+                .arg(&data)
+                .args(args),
+        )
+    }
+
+    /// A command of the server's binaries, as the `postgres` user when this process is root.
+    fn server_command(&self, name: &str) -> Command {
+        let program = self.bin.join(name);
+        if self.as_postgres {
+            let mut command = Command::new("runuser");
+            command.args(["-u", "postgres", "--"]).arg(program);
+            command
+        } else {
+            Command::new(program)
+        }
+    }
+
+    fn run(&self, what: &str, command: &mut Command) -> Result<Output, PgTestError> {
+        let output = command
+            .stdin(Stdio::null())
+            .output()
+            .map_err(|e| PgTestError::Command {
+                what: what.to_owned(),
+                detail: e.to_string(),
+            })?;
+        if output.status.success() {
+            Ok(output)
+        } else {
+            Err(PgTestError::Command {
+                what: what.to_owned(),
+                detail: format!(
+                    "{}: {}{}",
+                    output.status,
+                    String::from_utf8_lossy(&output.stderr).trim(),
+                    String::from_utf8_lossy(&output.stdout).trim()
+                ),
+            })
+        }
+    }
+
+    /// Starts a process that waits for its stdin to close (this process ended: the pipe's only
+    /// writer is here) and then stops the server and removes the directory.
+    fn arm_reaper(&self) -> Result<(), PgTestError> {
+        let mut stop = self.server_command("pg_ctl");
+        stop.arg("-D")
+            .arg(self.data_dir())
+            .args(["stop", "-m", "immediate", "-w"]);
+        let script = format!(
+            "cat >/dev/null; {} >/dev/null 2>&1; rm -rf '{}'",
+            shell_line(&stop),
+            self.dir.path().display()
+        );
+        let mut child = Command::new("sh")
+            .args(["-c", &script])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .map_err(|e| PgTestError::Command {
+                what: "the shared cluster's reaper".to_owned(),
+                detail: e.to_string(),
+            })?;
+        let Some(mut stdin) = child.stdin.take() else {
+            return Err(PgTestError::Command {
+                what: "the shared cluster's reaper".to_owned(),
+                detail: "no stdin pipe".to_owned(),
+            });
+        };
+        let _ = stdin.flush();
+        *self.reaper.lock().unwrap_or_else(|p| p.into_inner()) = Some((child, stdin));
+        Ok(())
+    }
+}
+
+impl Drop for PgCluster {
+    fn drop(&mut self) {
+        let _ = self.pg_ctl(&["stop", "-m", "immediate", "-w"]);
+    }
+}
+
+/// `command` as one line of sh (its arguments single-quoted).
+fn shell_line(command: &Command) -> String {
+    std::iter::once(command.get_program())
+        .chain(command.get_args())
+        .map(|a| format!("'{}'", a.to_string_lossy().replace('\'', r"'\''")))
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+fn free_port() -> Result<u16, PgTestError> {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .map_err(|e| PgTestError::Command {
+            what: "finding a free loopback port".to_owned(),
+            detail: e.to_string(),
+        })
+}
+
+/// The directory holding `initdb`, `pg_ctl` and `psql`.
+fn locate() -> Result<PathBuf, PgTestError> {
+    let has_all = |dir: &Path| {
+        ["initdb", "pg_ctl", "psql"]
+            .iter()
+            .all(|b| dir.join(b).is_file())
+    };
+    if let Some(dir) = std::env::var_os("TOOLGATE_PG_BIN") {
+        let dir = PathBuf::from(dir);
+        return if has_all(&dir) {
+            Ok(dir)
+        } else {
+            Err(PgTestError::Binaries)
+        };
+    }
+    let on_path = std::env::var_os("PATH")
+        .map(|p| std::env::split_paths(&p).collect::<Vec<_>>())
+        .unwrap_or_default();
+    if let Some(dir) = on_path.into_iter().find(|d| has_all(d)) {
+        return Ok(dir);
+    }
+    let mut versions: Vec<(u32, PathBuf)> = std::fs::read_dir("/usr/lib/postgresql")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| {
+            let version = e.file_name().to_str()?.parse().ok()?;
+            let bin = e.path().join("bin");
+            has_all(&bin).then_some((version, bin))
+        })
+        .collect();
+    versions.sort();
+    versions.pop().map(|(_, d)| d).ok_or(PgTestError::Binaries)
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    #[test]
+    fn a_cluster_starts_serves_crashes_and_recovers() {
+        let cluster = PgCluster::start().unwrap();
+        let url = cluster.create_database("probe").unwrap();
+        let db = url.rsplit('/').next().unwrap();
+        cluster
+            .psql(db, "CREATE TABLE t (x int); INSERT INTO t VALUES (7)")
+            .unwrap();
+        cluster.stop_immediate().unwrap();
+        assert!(cluster.psql(db, "SELECT 1").is_err());
+        cluster.start_again().unwrap();
+        assert_eq!(cluster.psql(db, "SELECT x FROM t").unwrap(), "7");
+        assert_eq!(cluster.psql(db, "SHOW fsync").unwrap(), "on");
+        assert_eq!(cluster.terminate_backends(db).unwrap(), 0);
+    }
+
+    #[test]
+    fn database_names_never_repeat() {
+        let cluster = PgCluster::shared().unwrap();
+        let a = cluster.create_database("same").unwrap();
+        let b = cluster.create_database("same").unwrap();
+        assert_ne!(a, b);
+    }
+}
