@@ -40,7 +40,7 @@ pub use segments::read_records;
 pub use toolgate_canon::{HmacKey, KeyError};
 pub use verify::{
     Problem, ProblemKind, VerifyOptions, VerifyReport, Warning, WarningKind, verify, verify_file,
-    verify_reader,
+    verify_reader, verify_sink,
 };
 
 /// The gate's decision for one call, written as `"allow"` or `"deny"`.

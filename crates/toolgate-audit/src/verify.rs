@@ -235,6 +235,9 @@ pub enum ProblemKind {
     /// failed write between the two appends). `line` and `checkpoint_file` name the checkpoint's
     /// place in the file that has it.
     CheckpointMissing,
+    /// The chain holds fewer records than its store's head names, or its last record is not the
+    /// head's: records were cut off the end or replaced ([`verify_sink`]).
+    HeadMismatch,
 }
 
 impl ProblemKind {
@@ -251,6 +254,7 @@ impl ProblemKind {
             ProblemKind::TruncatedBeforeCheckpoint => "truncated_before_checkpoint",
             ProblemKind::BadCheckpointSignature => "bad_checkpoint_signature",
             ProblemKind::CheckpointMissing => "checkpoint_missing",
+            ProblemKind::HeadMismatch => "head_mismatch",
         }
     }
 }
@@ -569,6 +573,46 @@ pub fn verify_file(path: &Path) -> Result<VerifyReport, AuditError> {
         }
     })?;
     verify_reader(file).map_err(|e| in_file(e, path))
+}
+
+/// Verifies the chain a sink stores, in place: its export is streamed through the verifier (memory
+/// stays bounded by [`MAX_LINE_BYTES`]), and the chain must reach the head the sink reported
+/// before the export began, so records cut off the end of a database table, which leave a
+/// well-formed shorter chain, are reported ([`ProblemKind::HeadMismatch`]). Records appended while
+/// it runs are verified too.
+pub fn verify_sink(sink: &dyn crate::AuditSink) -> Result<VerifyReport, AuditError> {
+    let head = sink.head()?;
+    let (reader, mut writer) = std::io::pipe().map_err(|source| AuditError::Export { source })?;
+    let mut report = std::thread::scope(|scope| {
+        let export = scope.spawn(move || {
+            let exported = sink.export(&mut writer);
+            drop(writer);
+            exported
+        });
+        let report = verify_reader(reader);
+        let exported = export.join().unwrap_or_else(|_| {
+            Err(AuditError::Export {
+                source: std::io::Error::other("the export thread panicked"),
+            })
+        });
+        exported.and(report)
+    })?;
+    let reached =
+        report.records > head.seq || (report.records == head.seq && report.head == head.sha256);
+    if report.problem.is_none() && !reached {
+        report.problem = Some(Problem {
+            line: report.records,
+            kind: ProblemKind::HeadMismatch,
+            detail: format!(
+                "the chain ends at seq {} with sha256 {}, but its store's head is seq {} with sha256 {}: records were removed from the end or replaced",
+                report.records, report.head, head.seq, head.sha256
+            ),
+            seq: Some(report.records + 1),
+            segment: None,
+            checkpoint_file: None,
+        });
+    }
+    Ok(report)
 }
 
 /// Verifies a log read from `reader`, without segments or checkpoints. `Err` only when reading

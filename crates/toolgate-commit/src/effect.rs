@@ -678,7 +678,7 @@ pub enum EffectError {
     /// The database behind the store failed (unreachable, a transaction failed, a schema it
     /// does not know): the call fails closed.
     #[error(
-        "the effect store's database failed: {cause}; nothing was executed by this call; retry          the same call once the database is reachable (a retry never executes an effect twice;          it may report Indeterminate if an outcome is unknown)"
+        "the effect store's database failed: {cause}; nothing was executed by this call; retry the same call once the database is reachable (a retry never executes an effect twice; it may report Indeterminate if an outcome is unknown)"
     )]
     Backend {
         /// What failed, naming the database without credentials.

@@ -15,10 +15,14 @@
 //! them every call returns [`PgTestError::Binaries`], which names the fix: a test needing a
 //! database fails, it is never skipped.
 //!
+//! Connections over TCP authenticate with a password (SCRAM, [`PASSWORD`], in every URL the
+//! cluster hands out), so a wrong one is refused as in a deployment; the harness's own `psql`
+//! uses the Unix socket in the cluster's directory.
+//!
 //! ```no_run
 //! let cluster = toolgate_pgtest::PgCluster::shared().unwrap();
 //! let url = cluster.create_database("effects").unwrap();
-//! assert!(url.starts_with("postgres://postgres@127.0.0.1:"));
+//! assert!(url.starts_with("postgres://postgres:"));
 //! ```
 
 #![forbid(unsafe_code)]
@@ -69,6 +73,9 @@ pub struct PgCluster {
     reaper: Mutex<Option<(Child, ChildStdin)>>,
 }
 
+/// The password of the `postgres` user over TCP.
+pub const PASSWORD: &str = "toolgate-test-password";
+
 /// Every database name handed out by this process is new: `PREFIX_PID_N`.
 static DATABASES: AtomicU32 = AtomicU32::new(0);
 
@@ -108,15 +115,20 @@ impl PgCluster {
             reaper: Mutex::new(None),
         };
         let data = cluster.data_dir();
+        let pwfile = cluster.dir.path().join("pwfile");
+        std::fs::write(&pwfile, PASSWORD).map_err(|e| PgTestError::Directory {
+            path: pwfile.clone(),
+            detail: e.to_string(),
+        })?;
         cluster.run(
             "initdb",
-            cluster.server_command("initdb").arg("-D").arg(&data).args([
-                "-A",
-                "trust",
-                "-U",
-                "postgres",
-                "--no-sync",
-            ]),
+            cluster
+                .server_command("initdb")
+                .arg("-D")
+                .arg(&data)
+                .args(["--auth-local=trust", "--auth-host=scram-sha-256"])
+                .arg(format!("--pwfile={}", pwfile.display()))
+                .args(["-U", "postgres", "--no-sync"]),
         )?;
         // A free port can be taken between asking and binding: try a few.
         let mut last = None;
@@ -153,9 +165,12 @@ impl PgCluster {
         self.dir.path()
     }
 
-    /// The connection URL of database `db` (user `postgres`, no password, loopback).
+    /// The connection URL of database `db` (user `postgres` with [`PASSWORD`], loopback).
     pub fn url(&self, db: &str) -> String {
-        format!("postgres://postgres@127.0.0.1:{}/{db}", self.port)
+        format!(
+            "postgres://postgres:{PASSWORD}@127.0.0.1:{}/{db}",
+            self.port
+        )
     }
 
     /// Creates a new, empty database named after `prefix` (made unique in this process) and
@@ -174,7 +189,9 @@ impl PgCluster {
             &format!("psql {sql:?}"),
             Command::new(self.bin.join("psql"))
                 .args(["-X", "-q", "-A", "-t", "-v", "ON_ERROR_STOP=1"])
-                .args(["-h", "127.0.0.1", "-U", "postgres", "-p"])
+                .arg("-h")
+                .arg(self.dir.path())
+                .args(["-U", "postgres", "-p"])
                 .arg(self.port.to_string())
                 .args(["-d", db, "-c", sql]),
         )?;
@@ -401,5 +418,24 @@ mod tests {
         let a = cluster.create_database("same").unwrap();
         let b = cluster.create_database("same").unwrap();
         assert_ne!(a, b);
+    }
+}
+#[cfg(test)]
+mod auth {
+    #![allow(clippy::unwrap_used)]
+
+    #[test]
+    fn tcp_connections_need_the_password() {
+        let cluster = super::PgCluster::start().unwrap();
+        for (pw, ok) in [("wrong-secret", false), (super::PASSWORD, true)] {
+            let out = std::process::Command::new(cluster.bin.join("psql"))
+                .env("PGPASSWORD", pw)
+                .args(["-X", "-h", "127.0.0.1", "-U", "postgres", "-p"])
+                .arg(cluster.port.to_string())
+                .args(["-d", "postgres", "-c", "select 1"])
+                .output()
+                .unwrap();
+            assert_eq!(out.status.success(), ok, "{pw}: {:?}", out.stderr);
+        }
     }
 }

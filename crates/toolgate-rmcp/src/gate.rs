@@ -172,6 +172,10 @@ pub enum GateError {
     /// The ledger's exactly-once store could not be opened.
     #[error("cannot open the ledger's effect store: {0}")]
     Effects(#[from] toolgate_commit::effect::EffectError),
+    /// The PostgreSQL store of [`GatedBuilder::store_url`] could not be reached or opened.
+    #[cfg(feature = "postgres")]
+    #[error("cannot open the PostgreSQL store: {0}")]
+    Store(#[from] toolgate_storage::postgres::PgError),
 }
 
 /// How to supply each missing part, for [`GateError::Missing`].
@@ -259,12 +263,18 @@ pub const LEDGER_WAIT_IN_PROGRESS: std::time::Duration = std::time::Duration::fr
 /// and completed results are kept for the longest `window_secs` the policy gives any tool (24 h
 /// when none does).
 pub fn ledger_effect_config(dir: &Path, policy: &Policy) -> toolgate_commit::effect::EffectConfig {
+    effect_config(dir.join(LEDGER_EFFECTS_DIR), policy)
+}
+
+/// The exactly-once settings every store of a gate gets from the policy (see
+/// [`ledger_effect_config`]); `dir` only matters to the file store.
+fn effect_config(dir: PathBuf, policy: &Policy) -> toolgate_commit::effect::EffectConfig {
     let window = policy
         .allowed()
         .filter_map(|tool| policy.idempotency(tool).and_then(|s| s.window_secs))
         .max()
         .unwrap_or(24 * 60 * 60);
-    toolgate_commit::effect::EffectConfig::new(dir.join(LEDGER_EFFECTS_DIR))
+    toolgate_commit::effect::EffectConfig::new(dir)
         .wait_in_progress(LEDGER_WAIT_IN_PROGRESS)
         .completed_ttl(std::time::Duration::from_secs(window))
 }
@@ -276,6 +286,8 @@ pub struct GatedBuilder<H> {
     policy: Option<Arc<Policy>>,
     policy_file: Option<PathBuf>,
     ledger: Option<PathBuf>,
+    #[cfg(feature = "postgres")]
+    store_url: Option<String>,
     checkpoint_key: Option<HmacKey>,
     storage: Option<Arc<dyn toolgate_storage::Storage>>,
     server_name: Option<String>,
@@ -338,6 +350,18 @@ impl<H: ServerHandler> GatedBuilder<H> {
         self
     }
 
+    /// A PostgreSQL database (`postgres://USER[:PASSWORD]@HOST[:PORT]/DATABASE`) that holds the
+    /// exactly-once store and the audit chain, shared by every replica using the same database;
+    /// opened (connected, schema migrated) at [`GatedBuilder::build`], which fails naming the
+    /// cause when the database cannot be reached, refuses the credentials, or has a newer schema.
+    /// Takes precedence over [`GatedBuilder::ledger`] for those two parts, not over an explicit
+    /// [`GatedBuilder::audit`] or [`GatedBuilder::effect_store`]. See `docs/postgres.md`.
+    #[cfg(feature = "postgres")]
+    pub fn store_url(mut self, url: impl Into<String>) -> Self {
+        self.store_url = Some(url.into());
+        self
+    }
+
     /// The name of the server's binary (e.g. `bookings-mcp`), used in every message that names an
     /// operator command (`<name> resume` when calls are halted). Without it messages name no
     /// command.
@@ -374,7 +398,7 @@ impl<H: ServerHandler> GatedBuilder<H> {
     /// A call that finds its key held by another live call waits for it up to the store's
     /// `wait_in_progress`, polling from tokio timers rather than a blocking thread, so the runtime
     /// that serves the gate needs its time driver enabled (`enable_all`, or `enable_time`).
-    pub fn effect_store(mut self, effects: Arc<impl EffectBackend + 'static>) -> Self {
+    pub fn effect_store(mut self, effects: Arc<dyn EffectBackend>) -> Self {
         self.effects = Some(effects);
         self
     }
@@ -471,6 +495,15 @@ impl<H: ServerHandler> GatedBuilder<H> {
         self
     }
 
+    /// Whether a store for the audit log was named (a ledger or a database).
+    fn has_store(&self) -> bool {
+        #[cfg(feature = "postgres")]
+        if self.store_url.is_some() {
+            return true;
+        }
+        self.ledger.is_some()
+    }
+
     /// Builds the gate: loads the policy file and opens the ledger's parts if they were given,
     /// then checks that every required part is there.
     pub fn build(mut self) -> Result<Gated<H>, GateError> {
@@ -479,7 +512,7 @@ impl<H: ServerHandler> GatedBuilder<H> {
         }
         let missing: Vec<&'static str> = [
             ("policy", self.policy.is_none()),
-            ("audit", self.audit.is_none() && self.ledger.is_none()),
+            ("audit", self.audit.is_none() && !self.has_store()),
         ]
         .into_iter()
         .filter_map(|(part, absent)| absent.then_some(part))
@@ -489,6 +522,22 @@ impl<H: ServerHandler> GatedBuilder<H> {
         };
         if let Some((tools, lockfile)) = self.locked.take() {
             self.set_contract(&crate::contract::live_lockfile(&tools, &policy, &lockfile)?);
+        }
+        #[cfg(feature = "postgres")]
+        if let Some(url) = self.store_url.take()
+            && (self.audit.is_none() || self.effects.is_none())
+        {
+            let store = toolgate_storage::postgres::PgStore::connect(&url)?;
+            if self.effects.is_none() {
+                let config = effect_config(PathBuf::new(), &policy);
+                self.effects = Some(Arc::new(toolgate_commit::effect::PgEffects::open(
+                    store.clone(),
+                    &config,
+                )?));
+            }
+            if self.audit.is_none() {
+                self.audit = Some(Arc::new(toolgate_audit::PgAuditLog::open(store)?));
+            }
         }
         if let Some(dir) = &self.ledger {
             let storage = self
@@ -597,6 +646,8 @@ impl<H: ServerHandler> Gated<H> {
             policy: None,
             policy_file: None,
             ledger: None,
+            #[cfg(feature = "postgres")]
+            store_url: None,
             checkpoint_key: None,
             storage: None,
             server_name: None,

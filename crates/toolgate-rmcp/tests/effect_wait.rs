@@ -116,7 +116,7 @@ fn a_waiting_call_leaves_the_only_blocking_thread_to_the_call_it_waits_for() {
             .audit(Arc::new(
                 FileAuditLog::open(dir.path().join("audit.jsonl")).unwrap(),
             ))
-            .effect_store(Arc::clone(&effects))
+            .effect_store(effects.clone())
             .build()
             .unwrap();
         let (server_half, client_half) = tokio::io::duplex(64 * 1024);

@@ -24,7 +24,7 @@ use toolgate::audit::{AuditConfig, AuditSink, FileAuditLog, HmacKey, VerifyOptio
 use toolgate::contract::attest::{Attestation, HmacSha256Signer, check_expected_digest};
 use toolgate::contract::diff::diff;
 use toolgate::contract::lockfile::Lockfile;
-use toolgate::effect::EffectStore;
+use toolgate::effect::{EffectBackend, EffectStore};
 use toolgate::policy::Policy;
 use toolgate::{Gated, StdioConfig, StdioTransport};
 
@@ -66,6 +66,11 @@ pub struct ServerOptions {
     pub principal: Option<String>,
     /// The rights file (`--rights`, `TOOLGATE_RIGHTS_FILE`); without it only the policy decides.
     pub rights: Option<PathBuf>,
+    /// A PostgreSQL database (`--store`, `TOOLGATE_STORE`: `postgres://USER[:PASSWORD]@HOST[:PORT]/DB`)
+    /// that holds the exactly-once store and the audit chain instead of the ledger's files, shared
+    /// by every replica on the same database. The ledger directory keeps the notes and the kill
+    /// switch. Needs the feature `postgres` (on by default).
+    pub store: Option<String>,
     /// The storage every store of the ledger writes through (default: the real filesystem).
     /// Tests pass a `toolgate::storage::FaultyStorage` to count the syncs of a call or fail one.
     pub storage: Option<Arc<dyn toolgate::storage::Storage>>,
@@ -115,16 +120,138 @@ pub fn open_effects(
         .with_context(|| format!("cannot open the effect store in {}", ledger.display()))
 }
 
-/// A built server: the gate, and the audit log it writes (kept to checkpoint it at shutdown).
+/// The audit chain a server and its operator commands append to: the ledger's file, or the chain
+/// in the PostgreSQL store.
+#[derive(Debug, Clone)]
+pub enum AuditStore {
+    /// `LEDGER_DIR/audit.jsonl`.
+    File(Arc<FileAuditLog>),
+    /// The chain shared by every replica on the database of `--store`.
+    #[cfg(feature = "postgres")]
+    Postgres(Arc<toolgate::audit::PgAuditLog>),
+}
+
+impl AuditStore {
+    /// The chain as the gate appends to it.
+    pub fn sink(&self) -> Arc<dyn AuditSink> {
+        match self {
+            AuditStore::File(log) => log.clone(),
+            #[cfg(feature = "postgres")]
+            AuditStore::Postgres(log) => log.clone(),
+        }
+    }
+
+    /// Seals what was appended with a signed checkpoint, when the file log has a key.
+    pub fn checkpoint(&self) -> anyhow::Result<Option<toolgate::audit::Checkpoint>> {
+        match self {
+            AuditStore::File(log) => Ok(log.checkpoint()?),
+            #[cfg(feature = "postgres")]
+            AuditStore::Postgres(_) => Ok(None),
+        }
+    }
+}
+
+/// The stores behind a server: where its audit chain and its exactly-once records live.
+#[derive(Debug, Clone)]
+pub struct Stores {
+    /// The audit chain.
+    pub audit: AuditStore,
+    /// The exactly-once store.
+    pub effects: Arc<dyn EffectBackend>,
+}
+
+/// Opens the stores of `options`: the PostgreSQL database of `store` when it is given, else the
+/// ledger's files. The database is reached (and its schema migrated) before anything is written
+/// under the ledger, so a bad URL, a refused password or a newer schema stops the server first.
+pub fn open_stores(options: &ServerOptions, policy: &Policy) -> anyhow::Result<Stores> {
+    if let Some(url) = &options.store {
+        return open_database_stores(options, url, policy);
+    }
+    let audit = file_audit(options)?;
+    if let Some(recovery) = audit.recovered() {
+        tracing::warn!(?recovery, "repaired a torn audit tail left by a crash");
+    }
+    let effects = open_effects(&options.ledger, policy, options.storage())?;
+    Ok(Stores {
+        audit: AuditStore::File(Arc::new(audit)),
+        effects: Arc::new(effects),
+    })
+}
+
+#[cfg(feature = "postgres")]
+fn open_database_stores(
+    options: &ServerOptions,
+    url: &str,
+    policy: &Policy,
+) -> anyhow::Result<Stores> {
+    let store = connect_store(options, url)?;
+    let config = toolgate::ledger_effect_config(&options.ledger, policy);
+    let effects = toolgate::effect::PgEffects::open(store.clone(), &config)
+        .with_context(|| format!("cannot open the effect store in {}", store.database()))?;
+    let audit = toolgate::audit::PgAuditLog::open(store.clone())
+        .with_context(|| format!("cannot open the audit chain in {}", store.database()))?;
+    tracing::info!(database = store.database(), "stores on PostgreSQL");
+    Ok(Stores {
+        audit: AuditStore::Postgres(Arc::new(audit)),
+        effects: Arc::new(effects),
+    })
+}
+
+/// Connects to the database of `--store`, refusing options the database chain does not support.
+#[cfg(feature = "postgres")]
+fn connect_store(
+    options: &ServerOptions,
+    url: &str,
+) -> anyhow::Result<toolgate::storage::postgres::PgStore> {
+    if options.audit_key_file.is_some()
+        || options.checkpoint_mirror.is_some()
+        || options.segment_bytes.is_some()
+    {
+        anyhow::bail!(
+            "audit checkpoints and segments (--audit-key-file, --checkpoint-mirror, --segment-bytes) are not kept in a PostgreSQL store yet; leave them out with --store, or keep the audit log in the ledger"
+        );
+    }
+    toolgate::storage::postgres::PgStore::connect(url)
+        .context("cannot open the store given with --store or TOOLGATE_STORE")
+}
+
+/// The audit chain in the database of `--store`.
+#[cfg(feature = "postgres")]
+fn database_audit(options: &ServerOptions, url: &str) -> anyhow::Result<AuditStore> {
+    let store = connect_store(options, url)?;
+    let audit = toolgate::audit::PgAuditLog::open(store.clone())
+        .with_context(|| format!("cannot open the audit chain in {}", store.database()))?;
+    Ok(AuditStore::Postgres(Arc::new(audit)))
+}
+
+#[cfg(not(feature = "postgres"))]
+fn open_database_stores(_: &ServerOptions, _: &str, _: &Policy) -> anyhow::Result<Stores> {
+    Err(no_postgres())
+}
+
+#[cfg(not(feature = "postgres"))]
+fn database_audit(_: &ServerOptions, _: &str) -> anyhow::Result<AuditStore> {
+    Err(no_postgres())
+}
+
+#[cfg(not(feature = "postgres"))]
+fn no_postgres() -> anyhow::Error {
+    anyhow::anyhow!(
+        "this build of {SERVER_NAME} has no PostgreSQL support (feature `postgres`); build it with the feature or leave out --store / TOOLGATE_STORE"
+    )
+}
+
+/// A built server: the gate, and the stores it writes (kept to sync and checkpoint them at
+/// shutdown).
 #[derive(Debug)]
 pub struct BuiltServer {
     /// The gated handler, ready to serve.
     pub gated: GatedServer,
-    /// The audit log behind the gate.
-    pub audit: Arc<FileAuditLog>,
+    /// The audit chain behind the gate.
+    pub audit: AuditStore,
     /// The exactly-once store behind the gate (synced at shutdown: idempotent outcomes are only
     /// written when stored).
-    pub effects: Arc<EffectStore>,
+    pub effects: Arc<dyn EffectBackend>,
     /// What the server was started with (a SIGHUP reload re-reads `policy` and re-checks the
     /// contract against `expect_digest` / `attestation`).
     pub options: ServerOptions,
@@ -212,19 +339,42 @@ pub fn build(options: &ServerOptions) -> anyhow::Result<BuiltServer> {
     #[cfg(feature = "fault-injection")]
     let hook = fault::hook_from_env()?;
 
+    // The stores first: a database that cannot be used stops the server before the ledger is
+    // touched.
+    let stores = match &options.store {
+        Some(_) => Some(open_stores(options, &policy)?),
+        None => None,
+    };
     check_ledger_layout(&options.ledger)?;
     let storage = options.storage();
-    let audit_config = audit_config(options)?;
-    #[cfg(feature = "fault-injection")]
-    let audit_config = match &hook {
-        Some(hook) => audit_config.fault_hook(hook.clone()),
-        None => audit_config,
+    let stores = match stores {
+        Some(stores) => {
+            // The file stores create the ledger; with the database's, the notes need it.
+            toolgate::storage::create_dir_durably(storage.as_ref(), &options.ledger).with_context(
+                || format!("cannot create the ledger {}", options.ledger.display()),
+            )?;
+            stores
+        }
+        None => {
+            let audit_config = audit_config(options)?;
+            #[cfg(feature = "fault-injection")]
+            let audit_config = match &hook {
+                Some(hook) => audit_config.fault_hook(hook.clone()),
+                None => audit_config,
+            };
+            let audit = FileAuditLog::open_with(audit_config).with_context(|| {
+                format!("cannot open the audit log in {}", options.ledger.display())
+            })?;
+            if let Some(recovery) = audit.recovered() {
+                tracing::warn!(?recovery, "repaired a torn audit tail left by a crash");
+            }
+            let effects = open_effects(&options.ledger, &policy, Arc::clone(&storage))?;
+            Stores {
+                audit: AuditStore::File(Arc::new(audit)),
+                effects: Arc::new(effects),
+            }
+        }
     };
-    let audit = FileAuditLog::open_with(audit_config)
-        .with_context(|| format!("cannot open the audit log in {}", options.ledger.display()))?;
-    if let Some(recovery) = audit.recovered() {
-        tracing::warn!(?recovery, "repaired a torn audit tail left by a crash");
-    }
     // Temporary files that writers in the ledger directory (the kill switch, torn-tail evidence)
     // left when their process died mid-write; a live writer's are kept.
     toolgate::storage::remove_orphaned_temps(storage.as_ref(), &options.ledger, false)
@@ -238,13 +388,8 @@ pub fn build(options: &ServerOptions) -> anyhow::Result<BuiltServer> {
         None => notes,
     };
 
-    let effects = Arc::new(open_effects(
-        &options.ledger,
-        &policy,
-        Arc::clone(&storage),
-    )?);
-    let audit = Arc::new(audit);
-    let sink: Arc<dyn AuditSink> = audit.clone();
+    let Stores { audit, effects } = stores;
+    let sink = audit.sink();
     tracing::info!(digest = %live.integrity_digest(), "contract");
     let gated = Gated::builder(tools::NotesServer::new(Arc::new(notes)))
         .policy(policy)
@@ -413,7 +558,14 @@ pub async fn serve_stdio(server: BuiltServer) -> anyhow::Result<()> {
 /// Verifies `LEDGER_DIR/audit.jsonl` (and its rotated segments) with the ledger options the
 /// server writes it with: with `audit_key_file` its checkpoints, and with `checkpoint_mirror` the
 /// agreement of the checkpoint file and the mirror (see `VerifyOptions::checkpoint_mirror`).
+///
+/// With `store` (`--store`), verifies the database's chain in place instead
+/// (`toolgate::audit::verify_sink`: the chain must reach the head the database records).
 pub fn verify_ledger(options: &ServerOptions) -> anyhow::Result<VerifyReport> {
+    if let Some(url) = &options.store {
+        let audit = database_audit(options, url)?;
+        return Ok(toolgate::audit::verify_sink(audit.sink().as_ref())?);
+    }
     let path = options.ledger.join(AUDIT_FILE);
     if !path.exists() {
         anyhow::bail!(
@@ -429,6 +581,21 @@ pub fn verify_ledger(options: &ServerOptions) -> anyhow::Result<VerifyReport> {
         verify = verify.checkpoint_mirror(mirror);
     }
     Ok(toolgate::audit::verify(&verify)?)
+}
+
+/// Writes the audit chain of the database of `store` (`--store`) to `out` in the file format
+/// (`audit.jsonl`); returns how many records it wrote.
+pub fn export_store(options: &ServerOptions, out: &mut dyn std::io::Write) -> anyhow::Result<u64> {
+    let Some(url) = &options.store else {
+        anyhow::bail!(
+            "audit export reads the chain of a PostgreSQL store: pass --store or TOOLGATE_STORE (a ledger's audit log is already in the file format: copy {} and its segments)",
+            options.ledger.join(AUDIT_FILE).display()
+        );
+    };
+    let audit = database_audit(options, url)?;
+    let records = audit.sink().export(out)?;
+    out.flush().context("cannot write the export to stdout")?;
+    Ok(records)
 }
 
 /// The ledger's audit log configuration, the same for the server and its operator commands: a
@@ -452,10 +619,19 @@ fn audit_config(options: &ServerOptions) -> anyhow::Result<AuditConfig> {
     Ok(audit_config)
 }
 
-/// Opens the ledger's audit log for an operator command, configured like the server's.
-fn operator_audit(options: &ServerOptions) -> anyhow::Result<FileAuditLog> {
+/// Opens the ledger's audit log, configured like the server's.
+fn file_audit(options: &ServerOptions) -> anyhow::Result<FileAuditLog> {
     FileAuditLog::open_with(audit_config(options)?)
         .with_context(|| format!("cannot open the audit log in {}", options.ledger.display()))
+}
+
+/// Opens the audit chain for an operator command: the store's when `--store` is given, else the
+/// ledger's file, configured like the server's.
+fn operator_audit(options: &ServerOptions) -> anyhow::Result<AuditStore> {
+    match &options.store {
+        Some(url) => database_audit(options, url),
+        None => Ok(AuditStore::File(Arc::new(file_audit(options)?))),
+    }
 }
 
 /// The ledger's kill switch, written through the configured storage.
@@ -485,7 +661,7 @@ pub fn halt(
             );
         }
     };
-    let previous = toolgate::operator::halt(&switch, &audit, reason, by)?;
+    let previous = toolgate::operator::halt(&switch, audit.sink().as_ref(), reason, by)?;
     audit.checkpoint()?;
     Ok(previous)
 }
@@ -493,7 +669,7 @@ pub fn halt(
 /// Lifts the kill switch and records it. Returns the halt that was in force, if any.
 pub fn resume(options: &ServerOptions) -> anyhow::Result<Option<toolgate::guard::Halt>> {
     let audit = operator_audit(options)?;
-    let lifted = toolgate::operator::resume(&ledger_switch(options), &audit)?;
+    let lifted = toolgate::operator::resume(&ledger_switch(options), audit.sink().as_ref())?;
     audit.checkpoint()?;
     Ok(lifted)
 }
@@ -502,10 +678,12 @@ pub fn resume(options: &ServerOptions) -> anyhow::Result<Option<toolgate::guard:
 /// pruning in the audit log (pruning is explicit and audited). Returns how many were removed.
 pub fn prune_effects(options: &ServerOptions) -> anyhow::Result<u64> {
     let policy = load_policy(&options.policy)?;
-    let effects = open_effects(&options.ledger, &policy, options.storage())?;
-    let audit = operator_audit(options)?;
-    let removed =
-        toolgate::operator::prune_effects(&effects, &audit, std::time::SystemTime::now())?;
+    let Stores { audit, effects } = open_stores(options, &policy)?;
+    let removed = toolgate::operator::prune_effects(
+        effects.as_ref(),
+        audit.sink().as_ref(),
+        std::time::SystemTime::now(),
+    )?;
     audit.checkpoint()?;
     Ok(removed)
 }

@@ -68,6 +68,11 @@ struct Cli {
     /// with an error reply and discarded without being held in memory.
     #[arg(long, env = "TOOLGATE_MAX_LINE_BYTES", global = true)]
     max_line_bytes: Option<NonZeroUsize>,
+    /// A PostgreSQL database for the exactly-once store and the audit chain, shared by every
+    /// replica on it (postgres://USER[:PASSWORD]@HOST[:PORT]/DATABASE); the ledger keeps the notes
+    /// and the kill switch. The password is never logged.
+    #[arg(long, env = "TOOLGATE_STORE", global = true, hide_env_values = true)]
+    store: Option<String>,
     #[command(subcommand)]
     command: Option<Command>,
 }
@@ -139,6 +144,9 @@ enum AuditCommand {
         #[arg(long, value_enum, default_value_t = Format::Text)]
         format: Format,
     },
+    /// Write the audit chain of --store (TOOLGATE_STORE) to stdout in the file format
+    /// (audit.jsonl), for `audit verify` on a copy or any independent verifier.
+    Export,
     /// Counts per tool x decision x outcome and the committed / replay / deny / failure ratios.
     Stats {
         /// Output format.
@@ -274,6 +282,7 @@ fn main() -> ExitCode {
         segment_bytes: cli.segment_bytes,
         principal: cli.principal,
         rights: cli.rights,
+        store: cli.store,
         storage: None,
         max_in_flight: cli.max_in_flight,
         max_line_bytes: cli.max_line_bytes,
@@ -321,6 +330,19 @@ fn main() -> ExitCode {
                             ExitCode::from(1)
                         }
                     }
+                }
+                Err(error) => fail(&error),
+            }
+        }
+        Command::Audit {
+            command: AuditCommand::Export,
+        } => {
+            let stdout = std::io::stdout();
+            let mut out = std::io::BufWriter::new(stdout.lock());
+            match toolgate_server::export_store(&paths, &mut out) {
+                Ok(records) => {
+                    eprintln!("toolgate-server: exported {records} audit records");
+                    ExitCode::SUCCESS
                 }
                 Err(error) => fail(&error),
             }

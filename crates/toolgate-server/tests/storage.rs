@@ -40,7 +40,7 @@ async fn start(ledger: &std::path::Path, storage: Arc<FaultyStorage>) -> (Client
 
 struct ServerHandle {
     serving: tokio::task::JoinHandle<()>,
-    effects: Arc<toolgate::effect::EffectStore>,
+    effects: Arc<dyn toolgate::effect::EffectBackend>,
 }
 
 impl ServerHandle {

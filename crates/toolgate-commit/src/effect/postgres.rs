@@ -277,7 +277,7 @@ impl PgEffects {
                     "SELECT EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' \
                      AND granted AND objsubid = 1 \
                      AND database = (SELECT oid FROM pg_database WHERE datname = current_database()) \
-                     AND classid::int8 = ($1 >> 32) AND objid::int8 = ($1 & 4294967295))",
+                     AND classid::int8 = ($1::int8 >> 32) AND objid::int8 = ($1::int8 & 4294967295))",
                     &[&owner_key],
                 )
                 .await?

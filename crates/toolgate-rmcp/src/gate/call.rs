@@ -199,7 +199,9 @@ impl<H: ServerHandler> Gated<H> {
                     if let Err(error) = self.record(entry).await {
                         tracing::error!(tool = %name, %error, "could not audit an answered call");
                         return Err(McpError::internal_error(
-                            "the answer's audit record could not be written; nothing was executed, call again once the audit log is writable",
+                            format!(
+                                "the answer's audit record could not be written ({error}); nothing was executed, call again once the audit log is writable"
+                            ),
                             None,
                         ));
                     }
@@ -387,7 +389,9 @@ impl<H: ServerHandler> Gated<H> {
                     if let Err(error) = recorded {
                         tracing::error!(tool = %name, %error, "could not audit an exactly-once answer");
                         return Err(McpError::internal_error(
-                            "the call's audit record could not be written; retry once the audit log is writable",
+                            format!(
+                                "the call's audit record could not be written ({error}); nothing was executed, retry once the audit log is writable"
+                            ),
                             None,
                         ));
                     }
@@ -457,7 +461,9 @@ impl<H: ServerHandler> Gated<H> {
         let audit_failed = |error: String| {
             tracing::error!(tool = %name, %error, "could not audit an allowed call");
             Err(McpError::internal_error(
-                "the call ran but its audit record could not be written; any effect is durable, so retry with the same idempotency key to replay it once the audit log is writable",
+                format!(
+                    "the call ran but its audit record could not be written ({error}); any effect is durable, so retry with the same idempotency key to replay it once the audit log is writable"
+                ),
                 None,
             ))
         };

@@ -38,7 +38,8 @@ pub const PROTOCOL_2026: &str = "2026-07-28";
 pub const INVALID_PARAMS: i64 = -32602;
 
 /// Environment variables a test process might inherit that would change the server's behaviour.
-const SCRUBBED_ENV: [&str; 17] = [
+const SCRUBBED_ENV: [&str; 18] = [
+    "TOOLGATE_STORE",
     "RUST_LOG",
     "TOOLGATE_AUDIT_KEY_FILE",
     "TOOLGATE_AUDIT_CHECKPOINT_EVERY",

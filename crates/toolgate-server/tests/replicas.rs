@@ -1,0 +1,370 @@
+//! Replicas on one PostgreSQL database (`--store`): real `toolgate-server` processes, each with
+//! a ledger directory of its own (as on separate machines), sharing the exactly-once store and
+//! the audit chain of one database of a real PostgreSQL cluster this test process starts.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::process::{Command, Output};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use common::{Server, TestEnv, note_bytes, note_files, note_status, output_text};
+use serde_json::{Value, json};
+use toolgate_pgtest::PgCluster;
+
+/// A fresh database of the process's shared cluster.
+fn database(prefix: &str) -> String {
+    PgCluster::shared()
+        .unwrap()
+        .create_database(prefix)
+        .unwrap()
+}
+
+/// `toolgate-server --policy P --ledger L` of `env` with `TOOLGATE_STORE=url`.
+fn command(env: &TestEnv, url: &str) -> Command {
+    let mut command = env.command();
+    command.env("TOOLGATE_STORE", url);
+    command
+}
+
+fn stderr_path(env: &TestEnv) -> std::path::PathBuf {
+    static N: AtomicU64 = AtomicU64::new(0);
+    env.path(&format!(
+        "replica-{}.stderr",
+        N.fetch_add(1, Ordering::Relaxed)
+    ))
+}
+
+/// Starts a replica on `url` and completes `server/discover`.
+fn replica(env: &TestEnv, url: &str) -> Server {
+    let mut server = Server::spawn(command(env, url), &stderr_path(env));
+    server.discover();
+    server
+}
+
+/// Runs an operator command of `env` against the store and returns its output.
+fn operator(env: &TestEnv, url: &str, args: &[&str]) -> Output {
+    common::run_to_end({
+        let mut c = command(env, url);
+        c.args(args);
+        c
+    })
+}
+
+/// The store's chain, exported in the file format and parsed.
+fn exported_records(env: &TestEnv, url: &str) -> Vec<Value> {
+    let output = operator(env, url, &["audit", "export"]);
+    assert!(output.status.success(), "{}", output_text(&output));
+    String::from_utf8(output.stdout)
+        .unwrap()
+        .lines()
+        .map(|line| serde_json::from_str(line).unwrap())
+        .collect()
+}
+
+/// Asserts `audit verify --store` passes, and that the exported copy verifies as a file too.
+fn assert_store_verifies(env: &TestEnv, url: &str) {
+    let output = operator(env, url, &["audit", "verify"]);
+    assert!(output.status.success(), "{}", output_text(&output));
+    let export = operator(env, url, &["audit", "export"]);
+    let copy = env.path("exported-audit.jsonl");
+    std::fs::write(&copy, &export.stdout).unwrap();
+    let report = toolgate::audit::verify_file(&copy).unwrap();
+    assert!(report.problem.is_none(), "{report}");
+}
+
+fn assert_seq_without_gaps(records: &[Value]) {
+    for (i, record) in records.iter().enumerate() {
+        assert_eq!(record["seq"], json!(i as u64 + 1), "{record}");
+    }
+}
+
+/// The 500 calls of replica `r`: the 250 shared ids (from a different starting point for each
+/// replica, so that they meet on the same keys at different moments) and 250 of its own,
+/// interleaved.
+fn workload(r: usize) -> Vec<(String, String)> {
+    (0..250)
+        .flat_map(|i| {
+            let shared = (i + r * 61) % 250;
+            [
+                (
+                    format!("req-shared-{shared:04}"),
+                    format!("shared note {shared}"),
+                ),
+                (
+                    format!("req-r{r}-{i:04}"),
+                    format!("note {i} of replica {r}"),
+                ),
+            ]
+        })
+        .collect()
+}
+
+#[test]
+fn four_replicas_execute_each_key_once_and_keep_one_chain() {
+    let url = database("replicas");
+    let envs: Vec<TestEnv> = (0..4).map(|_| TestEnv::new()).collect();
+    let mut servers: Vec<Server> = envs.iter().map(|env| replica(env, &url)).collect();
+    let work: Vec<_> = (0..4).map(workload).collect();
+
+    // Pipeline every call, round robin over the replicas, then collect the replies.
+    let mut pending: Vec<Vec<(u64, String)>> = vec![Vec::new(); 4];
+    for i in 0..500 {
+        for ((server, calls), pending) in servers.iter_mut().zip(&work).zip(&mut pending) {
+            let (id, text) = &calls[i];
+            let rpc = server.send_call("write_note", json!({"request_id": id, "text": text}));
+            pending.push((rpc, id.clone()));
+        }
+    }
+    let mut statuses: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for (server, pending) in servers.iter_mut().zip(pending) {
+        for (rpc, request_id) in pending {
+            let reply = server.response(rpc);
+            statuses
+                .entry(request_id)
+                .or_default()
+                .push(note_status(&reply));
+        }
+    }
+    for server in &mut servers {
+        assert!(server.close().success(), "{}", server.stderr());
+    }
+
+    // One `committed` per key; every other call on it is a replay.
+    assert_eq!(statuses.len(), 250 + 4 * 250);
+    for (id, mut got) in statuses {
+        got.sort();
+        let expected: &[&str] = if id.starts_with("req-shared-") {
+            &["committed", "replay", "replay", "replay"]
+        } else {
+            &["committed"]
+        };
+        assert_eq!(got, expected, "{id}");
+    }
+
+    // One effect per key: across the four ledgers, one note file per id, with its bytes.
+    let mut notes: BTreeMap<String, Vec<u8>> = BTreeMap::new();
+    for env in &envs {
+        for path in note_files(&env.notes_dir()) {
+            let name = path.file_name().unwrap().to_string_lossy().into_owned();
+            let bytes = std::fs::read(&path).unwrap();
+            assert!(
+                notes.insert(name, bytes).is_none(),
+                "{} twice",
+                path.display()
+            );
+        }
+    }
+    assert_eq!(notes.len(), 1250);
+    for calls in &work {
+        for (id, text) in calls {
+            let found = envs
+                .iter()
+                .map(|env| env.note_path(id))
+                .find(|path| path.exists())
+                .unwrap_or_else(|| panic!("no note for {id}"));
+            assert_eq!(std::fs::read(found).unwrap(), note_bytes(id, text), "{id}");
+        }
+    }
+
+    // One chain of exactly 2,000 records, seq 1..2000, that verifies in place and as a file.
+    let records = exported_records(&envs[0], &url);
+    assert_eq!(records.len(), 2000);
+    assert_seq_without_gaps(&records);
+    let outcomes = common::outcome_counts(&records, "write_note", "allow");
+    assert_eq!(outcomes.get("committed"), Some(&1250), "{outcomes:?}");
+    assert_eq!(outcomes.get("replay"), Some(&750), "{outcomes:?}");
+    assert_store_verifies(&envs[0], &url);
+}
+
+/// SIGKILLs a replica at `point` during a write_note, restarts it on the same ledger and store,
+/// retries, and returns the retry's status.
+#[cfg(feature = "fault-injection")]
+fn crash_then_retry(point: &str) -> String {
+    let url = database("crash");
+    let env = TestEnv::new();
+    let other_env = TestEnv::new();
+    let mut other = replica(&other_env, &url);
+    let marker = env.path("crash.marker");
+    let mut crashing = command(&env, &url);
+    crashing
+        .env("TOOLGATE_CRASH_POINT", point)
+        .env("TOOLGATE_CRASH_MARKER", &marker);
+    let mut server = Server::spawn(crashing, &stderr_path(&env));
+    server.discover();
+    server.send_call(
+        "write_note",
+        json!({"request_id": "req-crash-0001", "text": "across a crash"}),
+    );
+    server.wait_for_file_where(&marker, |bytes| bytes == point.as_bytes());
+    server.kill();
+
+    // The other replica keeps serving while one is down.
+    assert_eq!(
+        note_status(&other.write_note("req-other-0001", "meanwhile")),
+        "committed"
+    );
+
+    let mut server = replica(&env, &url);
+    let status = note_status(&server.write_note("req-crash-0001", "across a crash"));
+    assert!(status == "committed" || status == "replay", "{status}");
+    assert_eq!(
+        note_status(&server.write_note("req-crash-0001", "across a crash")),
+        "replay"
+    );
+    assert!(server.close().success());
+    assert!(other.close().success());
+    assert_eq!(
+        note_files(&env.notes_dir()),
+        [env.note_path("req-crash-0001")]
+    );
+    assert_eq!(
+        std::fs::read(env.note_path("req-crash-0001")).unwrap(),
+        note_bytes("req-crash-0001", "across a crash")
+    );
+    let records = exported_records(&env, &url);
+    assert_seq_without_gaps(&records);
+    assert_store_verifies(&env, &url);
+    status
+}
+
+#[cfg(feature = "fault-injection")]
+#[test]
+fn a_replica_killed_before_publishing_executes_once_after_restart() {
+    // The note was never published: the retry takes the dead owner's key over and writes it.
+    assert_eq!(crash_then_retry("commit.before_publish"), "committed");
+}
+
+#[cfg(feature = "fault-injection")]
+#[test]
+fn a_replica_killed_after_publishing_executes_once_after_restart() {
+    // The note is in place: the retry finds it and writes nothing new.
+    let status = crash_then_retry("commit.after_publish");
+    assert!(status == "committed" || status == "replay", "{status}");
+}
+
+/// Whether a reply is a refusal (a JSON-RPC error or an `isError` result), with its text.
+fn refusal(reply: &Value) -> Option<String> {
+    if let Some(error) = reply.get("error") {
+        return Some(error.to_string());
+    }
+    let result = &reply["result"];
+    (result["isError"] == json!(true)).then(|| result.to_string())
+}
+
+#[test]
+fn a_database_crash_refuses_calls_while_down_and_loses_nothing_acknowledged() {
+    // A cluster of its own: stopping it must not disturb the other tests.
+    let cluster = PgCluster::start().unwrap();
+    let url = cluster.create_database("crash").unwrap();
+    let env = TestEnv::new();
+    let mut server = replica(&env, &url);
+    let mut acknowledged = BTreeSet::new();
+    for i in 0..20 {
+        let id = format!("req-before-{i:04}");
+        assert_eq!(note_status(&server.write_note(&id, "before")), "committed");
+        acknowledged.insert(id);
+    }
+
+    cluster.stop_immediate().unwrap();
+    let reply = server.write_note("req-while-down", "refused");
+    let text = refusal(&reply).unwrap_or_else(|| panic!("served while down: {reply}"));
+    assert!(
+        text.contains("PostgreSQL"),
+        "the refusal names the cause: {text}"
+    );
+    assert!(
+        !env.note_path("req-while-down").exists(),
+        "nothing executed"
+    );
+    assert!(
+        server.stderr().contains("PostgreSQL"),
+        "the refusal is logged: {}",
+        server.stderr()
+    );
+    assert!(!server.stderr().contains(toolgate_pgtest::PASSWORD));
+
+    // Back without a restart of the replica.
+    cluster.start_again().unwrap();
+    assert_eq!(
+        note_status(&server.write_note("req-while-down", "refused")),
+        "committed"
+    );
+    for id in &acknowledged {
+        assert_eq!(
+            note_status(&server.write_note(id, "before")),
+            "replay",
+            "{id}"
+        );
+    }
+    assert!(server.close().success());
+
+    let files = note_files(&env.notes_dir());
+    assert_eq!(files.len(), 21, "one effect per key: {files:?}");
+    let records = exported_records(&env, &url);
+    assert_seq_without_gaps(&records);
+    let committed: BTreeSet<String> = records
+        .iter()
+        .filter(|r| r["outcome"] == "committed")
+        .map(|r| r["request_id"].as_str().unwrap().to_owned())
+        .collect();
+    assert!(committed.is_superset(&acknowledged), "{committed:?}");
+    assert_store_verifies(&env, &url);
+}
+
+/// Starts a server with `url` and returns its exit and stderr; it must not create its ledger.
+fn refused_start(url: &str) -> (std::process::ExitStatus, String) {
+    let env = TestEnv::new();
+    let output = common::run_to_end(command(&env, url));
+    assert!(!env.ledger.exists(), "a refused start writes nothing");
+    (
+        output.status,
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn bad_stores_stop_the_server_with_one_line_naming_the_cause() {
+    let cluster = PgCluster::shared().unwrap();
+
+    let (status, stderr) = refused_start("postgres://postgres@127.0.0.1:notaport/db");
+    assert_eq!(status.code(), Some(2), "{stderr}");
+    assert_eq!(stderr.trim().lines().count(), 1, "{stderr}");
+    assert!(stderr.contains("not a PostgreSQL URL"), "{stderr}");
+
+    let url = cluster.create_database("password").unwrap();
+    let wrong = url.replace(toolgate_pgtest::PASSWORD, "wrong-secret");
+    let (status, stderr) = refused_start(&wrong);
+    assert_eq!(status.code(), Some(2), "{stderr}");
+    assert_eq!(stderr.trim().lines().count(), 1, "{stderr}");
+    assert!(
+        stderr.contains("cannot connect to PostgreSQL at postgres@127.0.0.1"),
+        "{stderr}"
+    );
+    assert!(
+        !stderr.contains("wrong-secret"),
+        "no password in messages: {stderr}"
+    );
+
+    // A database migrated by a newer build.
+    let env = TestEnv::new();
+    let mut server = replica(&env, &url);
+    assert!(server.close().success());
+    let db = url.rsplit('/').next().unwrap();
+    cluster
+        .psql(
+            db,
+            "UPDATE toolgate_schema SET version = 99 WHERE component = 'effects'",
+        )
+        .unwrap();
+    let (status, stderr) = refused_start(&url);
+    assert_eq!(status.code(), Some(2), "{stderr}");
+    assert_eq!(stderr.trim().lines().count(), 1, "{stderr}");
+    assert!(
+        stderr.contains("version 99, newer than this build knows"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains(toolgate_pgtest::PASSWORD), "{stderr}");
+}
