@@ -176,6 +176,10 @@ pub enum GateError {
     #[cfg(feature = "postgres")]
     #[error("cannot open the PostgreSQL store: {0}")]
     Store(#[from] toolgate_storage::postgres::PgError),
+    /// The kill switch in the PostgreSQL store could not be opened.
+    #[cfg(feature = "postgres")]
+    #[error("cannot open the kill switch: {0}")]
+    KillSwitch(#[from] crate::checks::GuardError),
 }
 
 /// How to supply each missing part, for [`GateError::Missing`].
@@ -351,11 +355,12 @@ impl<H: ServerHandler> GatedBuilder<H> {
     }
 
     /// A PostgreSQL database (`postgres://USER[:PASSWORD]@HOST[:PORT]/DATABASE`) that holds the
-    /// exactly-once store and the audit chain, shared by every replica using the same database;
+    /// exactly-once store, the audit chain and the kill switch, shared by every replica using the
+    /// same database;
     /// opened (connected, schema migrated) at [`GatedBuilder::build`], which fails naming the
     /// cause when the database cannot be reached, refuses the credentials, or has a newer schema.
-    /// Takes precedence over [`GatedBuilder::ledger`] for those two parts, not over an explicit
-    /// [`GatedBuilder::audit`] or [`GatedBuilder::effect_store`]. See `docs/postgres.md`.
+    /// Takes precedence over [`GatedBuilder::ledger`] for those parts, not over an explicit
+    /// [`GatedBuilder::audit`], [`GatedBuilder::effect_store`] or [`GatedBuilder::kill_switch`]. See `docs/postgres.md`.
     #[cfg(feature = "postgres")]
     pub fn store_url(mut self, url: impl Into<String>) -> Self {
         self.store_url = Some(url.into());
@@ -495,6 +500,14 @@ impl<H: ServerHandler> GatedBuilder<H> {
         self
     }
 
+    /// `switch` naming this server's resume command, when the server is named.
+    fn named(&self, switch: KillSwitch) -> KillSwitch {
+        match &self.server_name {
+            Some(name) => switch.resume_command(format!("{name} resume")),
+            None => switch,
+        }
+    }
+
     /// Whether a store for the audit log was named (a ledger or a database).
     fn has_store(&self) -> bool {
         #[cfg(feature = "postgres")]
@@ -525,7 +538,7 @@ impl<H: ServerHandler> GatedBuilder<H> {
         }
         #[cfg(feature = "postgres")]
         if let Some(url) = self.store_url.take()
-            && (self.audit.is_none() || self.effects.is_none())
+            && (self.audit.is_none() || self.effects.is_none() || self.kill_switch.is_none())
         {
             let store = toolgate_storage::postgres::PgStore::connect(&url)?;
             if self.effects.is_none() {
@@ -536,7 +549,10 @@ impl<H: ServerHandler> GatedBuilder<H> {
                 )?));
             }
             if self.audit.is_none() {
-                self.audit = Some(Arc::new(toolgate_audit::PgAuditLog::open(store)?));
+                self.audit = Some(Arc::new(toolgate_audit::PgAuditLog::open(store.clone())?));
+            }
+            if self.kill_switch.is_none() {
+                self.kill_switch = Some(self.named(KillSwitch::in_database(store)?));
             }
         }
         if let Some(dir) = &self.ledger {
@@ -561,11 +577,7 @@ impl<H: ServerHandler> GatedBuilder<H> {
                 ));
             }
             if self.kill_switch.is_none() {
-                let switch = KillSwitch::new(dir).with_storage(storage);
-                self.kill_switch = Some(match &self.server_name {
-                    Some(name) => switch.resume_command(format!("{name} resume")),
-                    None => switch,
-                });
+                self.kill_switch = Some(self.named(KillSwitch::new(dir).with_storage(storage)));
             }
         }
         if self.effects.is_none()

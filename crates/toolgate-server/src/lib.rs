@@ -67,9 +67,9 @@ pub struct ServerOptions {
     /// The rights file (`--rights`, `TOOLGATE_RIGHTS_FILE`); without it only the policy decides.
     pub rights: Option<PathBuf>,
     /// A PostgreSQL database (`--store`, `TOOLGATE_STORE`: `postgres://USER[:PASSWORD]@HOST[:PORT]/DB`)
-    /// that holds the exactly-once store and the audit chain instead of the ledger's files, shared
-    /// by every replica on the same database. The ledger directory keeps the notes and the kill
-    /// switch. Needs the feature `postgres` (on by default).
+    /// that holds the exactly-once store, the audit chain and the kill switch instead of the
+    /// ledger's files, shared by every replica on the same database. The ledger directory keeps
+    /// the notes. Needs the feature `postgres` (on by default).
     pub store: Option<String>,
     /// The storage every store of the ledger writes through (default: the real filesystem).
     /// Tests pass a `toolgate::storage::FaultyStorage` to count the syncs of a call or fail one.
@@ -158,6 +158,8 @@ pub struct Stores {
     pub audit: AuditStore,
     /// The exactly-once store.
     pub effects: Arc<dyn EffectBackend>,
+    /// The kill switch, when it is not the ledger's file (`--store`: the database's).
+    pub kill_switch: Option<toolgate::guard::KillSwitch>,
 }
 
 /// Opens the stores of `options`: the PostgreSQL database of `store` when it is given, else the
@@ -175,6 +177,7 @@ pub fn open_stores(options: &ServerOptions, policy: &Policy) -> anyhow::Result<S
     Ok(Stores {
         audit: AuditStore::File(Arc::new(audit)),
         effects: Arc::new(effects),
+        kill_switch: None,
     })
 }
 
@@ -190,10 +193,12 @@ fn open_database_stores(
         .with_context(|| format!("cannot open the effect store in {}", store.database()))?;
     let audit = toolgate::audit::PgAuditLog::open(store.clone())
         .with_context(|| format!("cannot open the audit chain in {}", store.database()))?;
+    let kill_switch = database_switch(store.clone())?;
     tracing::info!(database = store.database(), "stores on PostgreSQL");
     Ok(Stores {
         audit: AuditStore::Postgres(Arc::new(audit)),
         effects: Arc::new(effects),
+        kill_switch: Some(kill_switch),
     })
 }
 
@@ -213,6 +218,17 @@ fn connect_store(
     }
     toolgate::storage::postgres::PgStore::connect(url)
         .context("cannot open the store given with --store or TOOLGATE_STORE")
+}
+
+/// The kill switch in the database of `--store`.
+#[cfg(feature = "postgres")]
+fn database_switch(
+    store: toolgate::storage::postgres::PgStore,
+) -> anyhow::Result<toolgate::guard::KillSwitch> {
+    let database = store.database().to_owned();
+    Ok(toolgate::guard::KillSwitch::in_database(store)
+        .with_context(|| format!("cannot open the kill switch in {database}"))?
+        .resume_command(format!("{SERVER_NAME} resume")))
 }
 
 /// The audit chain in the database of `--store`.
@@ -372,6 +388,7 @@ pub fn build(options: &ServerOptions) -> anyhow::Result<BuiltServer> {
             Stores {
                 audit: AuditStore::File(Arc::new(audit)),
                 effects: Arc::new(effects),
+                kill_switch: None,
             }
         }
     };
@@ -388,7 +405,11 @@ pub fn build(options: &ServerOptions) -> anyhow::Result<BuiltServer> {
         None => notes,
     };
 
-    let Stores { audit, effects } = stores;
+    let Stores {
+        audit,
+        effects,
+        kill_switch,
+    } = stores;
     let sink = audit.sink();
     tracing::info!(digest = %live.integrity_digest(), "contract");
     let gated = Gated::builder(tools::NotesServer::new(Arc::new(notes)))
@@ -409,6 +430,10 @@ pub fn build(options: &ServerOptions) -> anyhow::Result<BuiltServer> {
         .preflight(Arc::new(tools::NotesPreflight))
         .contract(&live)
         .contract_changes(changes);
+    let gated = match kill_switch {
+        Some(switch) => gated.kill_switch(switch),
+        None => gated,
+    };
     let gated = match &options.rights {
         Some(path) => gated.rights(toolgate::guard::RightsFile::new(path)),
         None => gated,
@@ -634,11 +659,20 @@ fn operator_audit(options: &ServerOptions) -> anyhow::Result<AuditStore> {
     }
 }
 
-/// The ledger's kill switch, written through the configured storage.
-fn ledger_switch(options: &ServerOptions) -> toolgate::guard::KillSwitch {
-    toolgate::guard::KillSwitch::new(&options.ledger)
+/// The kill switch of the operator commands: the database's with `--store`, else the ledger's
+/// file, written through the configured storage.
+fn ledger_switch(options: &ServerOptions) -> anyhow::Result<toolgate::guard::KillSwitch> {
+    #[cfg(feature = "postgres")]
+    if let Some(url) = &options.store {
+        return database_switch(connect_store(options, url)?);
+    }
+    #[cfg(not(feature = "postgres"))]
+    if options.store.is_some() {
+        return Err(no_postgres());
+    }
+    Ok(toolgate::guard::KillSwitch::new(&options.ledger)
         .with_storage(options.storage())
-        .resume_command(format!("{SERVER_NAME} resume"))
+        .resume_command(format!("{SERVER_NAME} resume")))
 }
 
 /// Sets the kill switch of the ledger (every tools/call of every server on it is refused from its
@@ -648,7 +682,7 @@ pub fn halt(
     reason: &str,
     by: &str,
 ) -> anyhow::Result<Option<toolgate::guard::Halt>> {
-    let switch = ledger_switch(options);
+    let switch = ledger_switch(options)?;
     // A halt is what an operator reaches for in an incident: it is set even when the audit log
     // cannot be opened, and the error then says it was not recorded. (A resume, the less safe
     // direction, needs the audit log first.)
@@ -669,7 +703,7 @@ pub fn halt(
 /// Lifts the kill switch and records it. Returns the halt that was in force, if any.
 pub fn resume(options: &ServerOptions) -> anyhow::Result<Option<toolgate::guard::Halt>> {
     let audit = operator_audit(options)?;
-    let lifted = toolgate::operator::resume(&ledger_switch(options), audit.sink().as_ref())?;
+    let lifted = toolgate::operator::resume(&ledger_switch(options)?, audit.sink().as_ref())?;
     audit.checkpoint()?;
     Ok(lifted)
 }
@@ -678,7 +712,7 @@ pub fn resume(options: &ServerOptions) -> anyhow::Result<Option<toolgate::guard:
 /// pruning in the audit log (pruning is explicit and audited). Returns how many were removed.
 pub fn prune_effects(options: &ServerOptions) -> anyhow::Result<u64> {
     let policy = load_policy(&options.policy)?;
-    let Stores { audit, effects } = open_stores(options, &policy)?;
+    let Stores { audit, effects, .. } = open_stores(options, &policy)?;
     let removed = toolgate::operator::prune_effects(
         effects.as_ref(),
         audit.sink().as_ref(),

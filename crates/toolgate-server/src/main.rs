@@ -68,9 +68,9 @@ struct Cli {
     /// with an error reply and discarded without being held in memory.
     #[arg(long, env = "TOOLGATE_MAX_LINE_BYTES", global = true)]
     max_line_bytes: Option<NonZeroUsize>,
-    /// A PostgreSQL database for the exactly-once store and the audit chain, shared by every
-    /// replica on it (postgres://USER[:PASSWORD]@HOST[:PORT]/DATABASE); the ledger keeps the notes
-    /// and the kill switch. The password is never logged.
+    /// A PostgreSQL database for the exactly-once store, the audit chain and the kill switch,
+    /// shared by every replica on it (postgres://USER[:PASSWORD]@HOST[:PORT]/DATABASE); the ledger
+    /// keeps the notes. The password is never logged.
     #[arg(long, env = "TOOLGATE_STORE", global = true, hide_env_values = true)]
     store: Option<String>,
     #[command(subcommand)]

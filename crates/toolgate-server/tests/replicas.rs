@@ -368,3 +368,48 @@ fn bad_stores_stop_the_server_with_one_line_naming_the_cause() {
     );
     assert!(!stderr.contains(toolgate_pgtest::PASSWORD), "{stderr}");
 }
+
+#[test]
+fn a_halt_through_the_store_stops_every_replica_on_its_next_call() {
+    let url = database("halt");
+    let envs: Vec<TestEnv> = (0..3).map(|_| TestEnv::new()).collect();
+    let mut a = replica(&envs[0], &url);
+    let mut b = replica(&envs[1], &url);
+    assert_eq!(
+        note_status(&a.write_note("req-halt-0001", "before")),
+        "committed"
+    );
+
+    // The operator halts from a third machine's ledger: only the database is shared.
+    let output = operator(&envs[2], &url, &["halt", "--reason", "incident 42"]);
+    assert!(output.status.success(), "{}", output_text(&output));
+    for server in [&mut a, &mut b] {
+        let reply = server.write_note("req-halt-0002", "during");
+        let error = reply["error"].to_string();
+        assert!(error.contains("incident 42"), "{reply}");
+    }
+    assert!(!envs[0].note_path("req-halt-0002").exists());
+    assert!(!envs[1].note_path("req-halt-0002").exists());
+    // read_ledger is exempt from the kill switch in the shipped policy.
+    assert!(a.call("read_ledger", json!({})).get("result").is_some());
+
+    let output = operator(&envs[2], &url, &["resume"]);
+    assert!(output.status.success(), "{}", output_text(&output));
+    assert!(output_text(&output).contains("incident 42"));
+    assert_eq!(
+        note_status(&b.write_note("req-halt-0002", "during")),
+        "committed"
+    );
+    assert!(a.close().success());
+    assert!(b.close().success());
+
+    let records = exported_records(&envs[2], &url);
+    assert_seq_without_gaps(&records);
+    let methods: Vec<&str> = records
+        .iter()
+        .map(|r| r["method"].as_str().unwrap_or_default())
+        .collect();
+    assert!(methods.contains(&"admin/halt"), "{methods:?}");
+    assert!(methods.contains(&"admin/resume"), "{methods:?}");
+    assert_store_verifies(&envs[2], &url);
+}

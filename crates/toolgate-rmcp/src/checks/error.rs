@@ -29,6 +29,11 @@ pub enum GuardError {
         problem: String,
     },
 
+    /// The kill switch's PostgreSQL database failed; nothing was changed.
+    #[cfg(feature = "postgres")]
+    #[error("the kill switch's database failed: {0}; retry once the database is reachable")]
+    Database(#[from] toolgate_storage::postgres::PgError),
+
     /// An operating system call on the ledger directory failed.
     #[error(
         "could not {op} {path}: {source}; check that the directory is on a local filesystem, \

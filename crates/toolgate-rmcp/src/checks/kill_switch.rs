@@ -18,6 +18,9 @@ use std::sync::Arc;
 
 use toolgate_storage::{FsStorage, Storage, Symlinks};
 
+#[cfg(feature = "postgres")]
+mod postgres;
+
 /// Name of the halt file inside the ledger directory.
 pub const HALT_FILE_NAME: &str = "halt.json";
 /// Longest accepted halt reason, in characters (Unicode scalar values).
@@ -83,14 +86,17 @@ impl Status {
     }
 }
 
-/// The kill switch of one ledger directory. Holds no state besides the path: every method reads or
-/// writes the file, so several processes sharing the directory see each other's halts.
+/// The kill switch of one ledger directory (or, with the feature `postgres`, of one database:
+/// [`KillSwitch::in_database`]). Holds no state besides where it lives: every method reads or
+/// writes it, so several processes sharing the directory (or the database) see each other's halts.
 #[derive(Debug, Clone)]
 pub struct KillSwitch {
     dir: PathBuf,
     path: PathBuf,
     storage: Arc<dyn Storage>,
     resume_command: Option<String>,
+    #[cfg(feature = "postgres")]
+    database: Option<toolgate_storage::postgres::PgStore>,
 }
 
 impl KillSwitch {
@@ -103,7 +109,21 @@ impl KillSwitch {
             path,
             storage: Arc::new(FsStorage),
             resume_command: None,
+            #[cfg(feature = "postgres")]
+            database: None,
         }
+    }
+
+    /// The kill switch of every replica on the database of `store`: one row, read on every call,
+    /// so a halt through any replica (or the operator's `halt --store`) refuses the next call of
+    /// all of them. Creates or migrates its table. A database that cannot be read halts (fail
+    /// closed), with a reason naming it.
+    #[cfg(feature = "postgres")]
+    pub fn in_database(store: toolgate_storage::postgres::PgStore) -> Result<Self, GuardError> {
+        postgres::migrate(&store)?;
+        let mut switch = KillSwitch::new(PathBuf::new());
+        switch.database = Some(store);
+        Ok(switch)
     }
 
     /// The operator command that lifts a halt on this server (e.g. `myserver resume`), named in
@@ -134,6 +154,20 @@ impl KillSwitch {
     /// ``the halt file <path> is unreadable or invalid (<cause>); fix or remove it with
     /// `<resume command>` `` (see [`KillSwitch::resume_command`]).
     pub fn status(&self) -> Status {
+        #[cfg(feature = "postgres")]
+        if let Some(store) = &self.database {
+            return match postgres::status(store) {
+                Ok(None) => Status::Running,
+                Ok(Some(halt)) => Status::Halted(halt),
+                Err(e) => Status::Halted(Halt {
+                    by: UNREADABLE_HALT_BY.to_owned(),
+                    reason: format!(
+                        "the kill switch cannot be read ({e}); every call is refused until the database answers"
+                    ),
+                    since_ns: 0,
+                }),
+            };
+        }
         match toolgate_storage::open_regular_read(&self.path, Symlinks::Refuse) {
             Err(e) if e.kind() == io::ErrorKind::NotFound => Status::Running,
             Err(e) => Status::Halted(self.unreadable(&format!("cannot open it: {e}"))),
@@ -174,6 +208,11 @@ impl KillSwitch {
             reason: reason.to_owned(),
             since_ns: nanos_since_epoch(now),
         };
+        #[cfg(feature = "postgres")]
+        if let Some(store) = &self.database {
+            let previous = postgres::halt(store, &halt)?;
+            return Ok((halt, previous));
+        }
         toolgate_storage::create_dir_durably(self.storage.as_ref(), &self.dir)?;
         let previous = match self.status() {
             Status::Running => None,
@@ -197,6 +236,10 @@ impl KillSwitch {
     /// error says so; the halt is lifted in memory but may reappear after a power loss, and
     /// retrying `resume` fsyncs again.
     pub fn resume(&self) -> Result<Option<Halt>, GuardError> {
+        #[cfg(feature = "postgres")]
+        if let Some(store) = &self.database {
+            return postgres::resume(store);
+        }
         let taken = toolgate_storage::temp_path(&self.dir, "halt.json.resume");
         match self.storage.rename(&self.path, &taken) {
             Ok(()) => {}

@@ -1,0 +1,108 @@
+//! The kill switch in a PostgreSQL database (feature `postgres`): one row, shared by every
+//! replica on the database, so a halt ordered through any of them (or the operator's `halt
+//! --store`) refuses the next call of all of them. Reading fails closed: a database that cannot
+//! be read halts, with a reason naming it.
+
+use toolgate_storage::postgres::{PgDriverError, PgError, PgStore, cause, get};
+
+use super::{GuardError, Halt};
+
+/// The component's migrations (`toolgate_schema`, component `control`).
+const MIGRATIONS: &[&str] = &["CREATE TABLE toolgate_halt (
+         id boolean PRIMARY KEY DEFAULT true CHECK (id),
+         by_name text NOT NULL,
+         reason text NOT NULL,
+         since_ns bigint NOT NULL
+     )"];
+
+/// Creates or migrates the switch's table.
+pub(super) fn migrate(store: &PgStore) -> Result<(), PgError> {
+    store.migrate("control", MIGRATIONS).map(drop)
+}
+
+fn halt_of(row: &toolgate_storage::postgres::PgRow) -> Halt {
+    let since: i64 = row.get(2);
+    Halt {
+        by: row.get(0),
+        reason: row.get(1),
+        since_ns: u64::try_from(since).unwrap_or(0),
+    }
+}
+
+/// The halt in force, if any.
+pub(super) fn status(store: &PgStore) -> Result<Option<Halt>, PgError> {
+    store.run(|pool, database| async move {
+        let client = get(&pool, &database).await?;
+        let row = client
+            .query_opt("SELECT by_name, reason, since_ns FROM toolgate_halt", &[])
+            .await
+            .map_err(|e| PgError::Query {
+                database,
+                what: "read the kill switch",
+                cause: cause(&e),
+            })?;
+        Ok(row.as_ref().map(halt_of))
+    })?
+}
+
+/// Sets `halt`, returning the one it replaced (read in the same transaction).
+pub(super) fn halt(store: &PgStore, halt: &Halt) -> Result<Option<Halt>, GuardError> {
+    let halt = halt.clone();
+    let since = i64::try_from(halt.since_ns).unwrap_or(i64::MAX);
+    store
+        .run(move |pool, database| async move {
+            let query = |what: &'static str| {
+                let database = database.clone();
+                move |e: PgDriverError| PgError::Query {
+                    database,
+                    what,
+                    cause: cause(&e),
+                }
+            };
+            let mut client = get(&pool, &database).await?;
+            let tx = client
+                .transaction()
+                .await
+                .map_err(query("start setting the kill switch"))?;
+            let previous = tx
+                .query_opt(
+                    "SELECT by_name, reason, since_ns FROM toolgate_halt FOR UPDATE",
+                    &[],
+                )
+                .await
+                .map_err(query("read the kill switch"))?;
+            tx.execute(
+                "INSERT INTO toolgate_halt (id, by_name, reason, since_ns) VALUES (true, $1, $2, $3) \
+                 ON CONFLICT (id) DO UPDATE SET by_name = $1, reason = $2, since_ns = $3",
+                &[&halt.by, &halt.reason, &since],
+            )
+            .await
+            .map_err(query("set the kill switch"))?;
+            tx.commit().await.map_err(query("commit the halt"))?;
+            Ok(previous.as_ref().map(halt_of))
+        })
+        .and_then(|r| r)
+        .map_err(GuardError::from)
+}
+
+/// Lifts the halt, returning exactly the one that was in force.
+pub(super) fn resume(store: &PgStore) -> Result<Option<Halt>, GuardError> {
+    store
+        .run(|pool, database| async move {
+            let client = get(&pool, &database).await?;
+            let row = client
+                .query_opt(
+                    "DELETE FROM toolgate_halt RETURNING by_name, reason, since_ns",
+                    &[],
+                )
+                .await
+                .map_err(|e| PgError::Query {
+                    database,
+                    what: "lift the kill switch",
+                    cause: cause(&e),
+                })?;
+            Ok(row.as_ref().map(halt_of))
+        })
+        .and_then(|r| r)
+        .map_err(GuardError::from)
+}
