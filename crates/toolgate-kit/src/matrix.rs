@@ -699,7 +699,7 @@ impl Runner {
     async fn overwrite(&self, tool: &str, overwrite: &Overwrite) -> Result<CaseRun, KitError> {
         let saved = self.save().await?;
         let unseeded = self.observe().await?;
-        let mut notes = vec![format!("seeded by {}", overwrite.seed.describe())];
+        let mut notes = vec![format!("seed: {}", overwrite.seed.describe())];
         match &overwrite.seed {
             Seed::Record { name, content } => {
                 let (name, content) = (name.clone(), content.clone());

@@ -858,4 +858,44 @@ mod tests {
         assert_eq!(names, ["state/a.txt"]);
         assert!(observer.describe().iter().any(|l| l.contains("governance")));
     }
+
+    #[test]
+    fn fs_observer_restores_what_it_saved_and_seeds_records() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join("state");
+        std::fs::create_dir_all(root.join("keep/deep")).unwrap();
+        std::fs::write(root.join("keep/a.txt"), b"a\n").unwrap();
+        std::fs::write(root.join("keep/deep/b.txt"), b"b\n").unwrap();
+        std::fs::write(root.join("gone.txt"), b"gone\n").unwrap();
+        std::fs::write(root.join("audit.jsonl"), b"1\n").unwrap();
+        let observer = FsObserver::new([&root]).ignore("audit*.jsonl", "governance record");
+        let before = observer.observe().unwrap();
+        let saved = observer.save().unwrap().expect("FsObserver can restore");
+
+        observer.seed("state/new/dir/c.txt", b"c\n").unwrap();
+        std::fs::write(root.join("keep/a.txt"), b"changed\n").unwrap();
+        std::fs::remove_file(root.join("gone.txt")).unwrap();
+        std::fs::remove_dir_all(root.join("keep/deep")).unwrap();
+        std::fs::write(root.join("audit.jsonl"), b"1\n2\n").unwrap();
+        let changed = observer.observe().unwrap();
+        assert!(changed.items.contains_key("state/new/dir/c.txt"));
+        assert!(!before.diff(&changed).is_empty());
+
+        observer.restore(&saved).unwrap();
+        let after = observer.observe().unwrap();
+        assert!(
+            before.diff(&after).content_changes().is_empty(),
+            "{}",
+            before.diff(&after)
+        );
+        assert!(!root.join("new").exists());
+        // Ignored files are neither saved nor restored.
+        assert_eq!(std::fs::read(root.join("audit.jsonl")).unwrap(), b"1\n2\n");
+
+        for bad in ["nowhere/x.txt", "state/../x.txt", "state/", "x"] {
+            let e = observer.seed(bad, b"").unwrap_err();
+            assert!(e.to_string().contains(bad), "{e}");
+        }
+        assert!(!dir.path().join("x.txt").exists());
+    }
 }

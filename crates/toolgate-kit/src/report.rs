@@ -602,8 +602,13 @@ pub(crate) fn judge(
         }
     }
     if !all_changes.is_empty() && !matches!(run.case, CaseKind::Repeat | CaseKind::AlreadyDone) {
-        let merged = Delta {
-            changes: all_changes.iter().map(|c| (*c).clone()).collect(),
+        // The pair's own effect: its single call for comparison is reported as its own step.
+        let merged = if run.case == CaseKind::Concurrent {
+            step("both calls")
+        } else {
+            Delta {
+                changes: all_changes.iter().map(|c| (*c).clone()).collect(),
+            }
         };
         let lost = if losses.is_empty() {
             "no state lost or replaced".to_owned()
@@ -619,7 +624,12 @@ pub(crate) fn judge(
         } else {
             "state lost or replaced".to_owned()
         };
-        notes.push(format!("effect: {}; {lost}", effect_counts(&merged)));
+        let effect = if merged.is_empty() {
+            "none".to_owned()
+        } else {
+            effect_counts(&merged)
+        };
+        notes.push(format!("effect: {effect}; {lost}"));
     }
     let mut sentences: Vec<String> = contradictions
         .iter()
@@ -636,5 +646,206 @@ pub(crate) fn judge(
         observed,
         result: sentences.join("; "),
         contradictions,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::observe::Change;
+
+    use ChangeKind::{Added, Appended, Modified, Touched};
+
+    fn delta(changes: &[(&str, ChangeKind)]) -> Delta {
+        Delta {
+            changes: changes
+                .iter()
+                .map(|&(item, kind)| Change {
+                    item: item.to_owned(),
+                    kind,
+                })
+                .collect(),
+        }
+    }
+
+    fn run(case: CaseKind, steps: &[(&str, &[(&str, ChangeKind)])]) -> CaseRun {
+        CaseRun {
+            case,
+            observed: steps
+                .iter()
+                .map(|&(step, changes)| ObservedStep {
+                    step: step.to_owned(),
+                    changes: delta(changes),
+                })
+                .collect(),
+            ..CaseRun::default()
+        }
+    }
+
+    /// `readOnlyHint`, `destructiveHint`, `idempotentHint` as declared.
+    fn claims(
+        read_only: Option<bool>,
+        destructive: Option<bool>,
+        idempotent: Option<bool>,
+    ) -> Claims {
+        Claims {
+            read_only,
+            destructive,
+            idempotent,
+        }
+    }
+
+    /// Judges `run` and checks the contradicted claims and a phrase of the result.
+    #[track_caller]
+    fn check(claims: Claims, run: CaseRun, expect: &[Claim], phrase: &str) {
+        let report = judge("tool", &claims, run, None);
+        let got: Vec<Claim> = report.contradictions.iter().map(|c| c.claim).collect();
+        assert_eq!(got, expect, "{}", report.result);
+        assert!(report.result.contains(phrase), "{}", report.result);
+    }
+
+    const IDEMPOTENT: Claims = Claims {
+        read_only: Some(false),
+        destructive: Some(true),
+        idempotent: Some(true),
+    };
+
+    #[test]
+    fn a_repeat_that_only_touches_adds_no_effect_for_idempotent_hint() {
+        let touched: &[(&str, ChangeKind)] = &[("state/a.txt", Touched)];
+        check(
+            IDEMPOTENT,
+            run(CaseKind::Repeat, &[("call", touched)]),
+            &[],
+            "added no effect (metadata-only touches, touched state/a.txt, leave the same content",
+        );
+        check(
+            IDEMPOTENT,
+            run(CaseKind::AlreadyDone, &[("call", touched)]),
+            &[],
+            "added no effect",
+        );
+        check(
+            IDEMPOTENT,
+            run(
+                CaseKind::RetryAfterCutOff,
+                &[
+                    ("cut-off call", &[("state/a.txt", Added)]),
+                    ("retry", touched),
+                ],
+            ),
+            &[],
+            "the retry with a new JSON-RPC id added no effect",
+        );
+        // Content that changes again is an added effect.
+        check(
+            IDEMPOTENT,
+            run(
+                CaseKind::Repeat,
+                &[(
+                    "call",
+                    &[("state/a.txt", Touched), ("state/b.txt", Modified)],
+                )],
+            ),
+            &[Claim::Idempotent],
+            "the byte-identical repeat added effects (modified state/b.txt)",
+        );
+    }
+
+    #[test]
+    fn any_touch_still_contradicts_read_only_hint() {
+        let touched: &[(&str, ChangeKind)] = &[("state/a.txt", Touched)];
+        let read_only = claims(Some(true), None, Some(true));
+        for case in [CaseKind::Valid, CaseKind::Repeat, CaseKind::Concurrent] {
+            check(
+                read_only,
+                run(case, &[("call", touched), ("both calls", touched)]),
+                &[Claim::ReadOnly],
+                "the tool changed its environment",
+            );
+        }
+    }
+
+    #[test]
+    fn a_touch_loses_no_state_for_destructive_hint() {
+        let additive = claims(Some(false), Some(false), None);
+        check(
+            additive,
+            run(CaseKind::Valid, &[("call", &[("state/a.txt", Touched)])]),
+            &[],
+            "no state lost or replaced",
+        );
+        check(
+            additive,
+            run(
+                CaseKind::Overwrite,
+                &[("call", &[("state/a.txt", Modified)])],
+            ),
+            &[Claim::NonDestructive],
+            "state was lost or replaced (modified state/a.txt)",
+        );
+    }
+
+    #[test]
+    fn the_seed_is_reported_but_not_judged() {
+        let mut overwrite = run(CaseKind::Overwrite, &[("call", &[])]);
+        overwrite.context = vec![ObservedStep {
+            step: "seed (not judged)".to_owned(),
+            changes: delta(&[("state/seeded.txt", Added)]),
+        }];
+        let report = judge(
+            "tool",
+            &claims(Some(true), Some(false), None),
+            overwrite,
+            None,
+        );
+        assert!(report.contradictions.is_empty(), "{}", report.result);
+        assert_eq!(report.observed[0].step, "seed (not judged)");
+        assert_eq!(report.observed[1].step, "call");
+    }
+
+    #[test]
+    fn the_concurrent_pair_is_compared_by_content_with_one_call() {
+        let mut pair = run(
+            CaseKind::Concurrent,
+            &[
+                ("one call", &[("state/log.md", Modified)]),
+                ("both calls", &[("state/log.md", Modified)]),
+            ],
+        );
+        // Same number of changed records as one call, but the edit was applied twice.
+        pair.compared = Some(delta(&[("state/log.md", Appended)]));
+        pair.fresh = true;
+        check(
+            IDEMPOTENT,
+            pair,
+            &[Claim::Idempotent],
+            "left other content than one call from the same starting state (one call's outcome to the pair's: appended state/log.md)",
+        );
+        let mut same = run(
+            CaseKind::Concurrent,
+            &[
+                ("one call", &[("state/x", Added)]),
+                ("both calls", &[("state/x", Added), ("state/y", Touched)]),
+            ],
+        );
+        same.compared = Some(Delta::default());
+        check(IDEMPOTENT, same, &[], "left the same content as one call");
+        // Without a restorable observer: counts of content changes against case 1.
+        let mut counted = run(
+            CaseKind::Concurrent,
+            &[("both calls", &[("state/x", Added), ("state/y", Touched)])],
+        );
+        counted.fresh = true;
+        let one = delta(&[("state/w", Added)]);
+        let report = judge("tool", &IDEMPOTENT, counted, Some(&one));
+        assert!(report.contradictions.is_empty(), "{}", report.result);
+        let mut doubled = run(
+            CaseKind::Concurrent,
+            &[("both calls", &[("state/x", Added), ("state/y", Added)])],
+        );
+        doubled.fresh = true;
+        let report = judge("tool", &IDEMPOTENT, doubled, Some(&one));
+        assert_eq!(report.contradictions.len(), 1, "{}", report.result);
     }
 }
