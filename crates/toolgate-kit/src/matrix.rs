@@ -11,7 +11,7 @@ use toolgate_canon::{Sha256Digest, canonical_value};
 
 use crate::error::KitError;
 use crate::launch::{Connection, Launcher};
-use crate::observe::{Observation, Observer, SavedState};
+use crate::observe::{Observation, Observer, SavedState, outcome_difference};
 use crate::report::{
     CaseKind, CaseReport, CaseRun, Claims, ObservedStep, Report, ToolReport, ToolStatus, judge,
 };
@@ -651,22 +651,33 @@ impl Runner {
         let params = call_params(tool, arguments);
         let mut observed = Vec::new();
         let mut notes = Vec::new();
-        // One call alone, then the state put back: what the pair's outcome must equal.
-        let mut one_outcome = None;
+        // One call alone, twice, each time with the state put back afterwards: what the pair's
+        // outcome must equal, and which records differ from one execution to the next anyway.
+        let mut single = None;
         if let Some(saved) = self.save().await? {
-            let mut one = self.open().await?;
-            let start = self.observe().await?;
-            let (id, reply) = one.request("tools/call", params.clone()).await?;
-            one.close().await?;
-            let after_one = self.observe().await?;
-            self.restore(&saved, "the concurrent pair's single call")
-                .await?;
-            observed.push(step("one call", &start, &after_one));
-            notes.push(format!(
-                "for comparison, one call from the same starting state, which was then restored: {}",
-                summarize(id, &reply)
-            ));
-            one_outcome = Some(after_one);
+            let mut outcomes = Vec::new();
+            for run in ["first", "second"] {
+                let mut one = self.open().await?;
+                let start = self.observe().await?;
+                let (id, reply) = one.request("tools/call", params.clone()).await?;
+                one.close().await?;
+                let after_one = self.observe().await?;
+                self.restore(&saved, "the concurrent pair's single calls")
+                    .await?;
+                if run == "first" {
+                    observed.push(step("one call", &start, &after_one));
+                    notes.push(format!(
+                        "for comparison, one call from the same starting state, made twice with the state restored after each: {}",
+                        summarize(id, &reply)
+                    ));
+                }
+                outcomes.push(after_one);
+            }
+            let again = outcomes.pop();
+            let one = outcomes.pop();
+            single = one
+                .zip(again)
+                .map(|(one, again)| (saved.1.clone(), one, again));
         } else {
             notes.push("the observer cannot restore state (Observer::save and Observer::restore), so the pair is compared with case 'valid call' by the number of changed records only".to_owned());
         }
@@ -682,6 +693,16 @@ impl Runner {
         closed_b?;
         let after = self.observe().await?;
         observed.push(step("both calls", &before, &after));
+        let compared = single.map(|(start, one, again)| {
+            let (difference, shaped) = outcome_difference(&start, &one, &again, &after);
+            if !shaped.is_empty() {
+                notes.push(format!(
+                    "two single calls left different content in {} (it differs per execution), so there the pair is compared by the kind of change and the lines added",
+                    shaped.join(", ")
+                ));
+            }
+            difference
+        });
         Ok(CaseRun {
             case: CaseKind::Concurrent,
             request: request_text(tool, arguments),
@@ -689,7 +710,7 @@ impl Runner {
             second_call: Some(summarize(id_b, &reply_b)),
             observed,
             fresh,
-            compared: one_outcome.map(|one| one.diff(&after).content_changes()),
+            compared,
             notes,
             ..CaseRun::default()
         })

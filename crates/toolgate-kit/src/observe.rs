@@ -104,6 +104,65 @@ impl Observation {
     }
 }
 
+/// How the outcome of two identical calls at once differs from the outcome of one call, both
+/// from the same starting state `start`. `one` and `again` are two single calls' outcomes: a
+/// record whose content they agree on is compared by content (a lost update or an edit applied
+/// twice shows); a record on which they disagree holds something that differs per call (a
+/// timestamp, a process id), so it is compared by how it changed from `start` and, for a record
+/// that grew, by how many line ends it gained. Returns the differing records (changes from `one`
+/// to `pair`) and the names of the records compared by shape.
+pub(crate) fn outcome_difference(
+    start: &Observation,
+    one: &Observation,
+    again: &Observation,
+    pair: &Observation,
+) -> (Delta, Vec<String>) {
+    let content = |o: &Observation, name: &str| o.items.get(name).map(|i| i.content.clone());
+    let kind_from_start = |o: &Observation, name: &str| {
+        let mut before = Observation::new();
+        let mut after = Observation::new();
+        if let Some(item) = start.items.get(name) {
+            before.insert(name, item.clone());
+        }
+        if let Some(item) = o.items.get(name) {
+            after.insert(name, item.clone());
+        }
+        before
+            .diff(&after)
+            .content_changes()
+            .changes
+            .first()
+            .map(|c| c.kind)
+    };
+    // Line ends gained since the start: the prefixes are one per line end (and the empty one).
+    let lines = |o: &Observation, name: &str| o.items.get(name).map_or(0, |i| i.prefixes.len());
+    let mut shaped = Vec::new();
+    let differing: BTreeSet<String> = one
+        .items
+        .keys()
+        .chain(pair.items.keys())
+        .filter(|name| content(one, name) != content(pair, name))
+        .filter(|name| {
+            if content(one, name) == content(again, name) {
+                return true;
+            }
+            shaped.push((*name).clone());
+            kind_from_start(one, name) != kind_from_start(pair, name)
+                || lines(one, name) != lines(pair, name)
+        })
+        .cloned()
+        .collect();
+    shaped.sort();
+    shaped.dedup();
+    let changes = one
+        .diff(pair)
+        .changes
+        .into_iter()
+        .filter(|c| differing.contains(&c.item))
+        .collect();
+    (Delta { changes }, shaped)
+}
+
 /// How one record changed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
 #[serde(rename_all = "snake_case")]
@@ -897,5 +956,48 @@ mod tests {
             assert!(e.to_string().contains(bad), "{e}");
         }
         assert!(!dir.path().join("x.txt").exists());
+    }
+
+    #[test]
+    fn outcomes_are_compared_by_content_unless_single_calls_disagree() {
+        let obs = |items: &[(&str, &[u8])]| {
+            let mut o = Observation::new();
+            for (name, bytes) in items {
+                o.insert(*name, file_item(bytes));
+            }
+            o
+        };
+        let start = obs(&[("log", b"# log\n"), ("journal", b"")]);
+        let one = obs(&[
+            ("log", b"# log\n- a\n"),
+            ("journal", b"t=1 begin\nt=1 done\n"),
+        ]);
+        let again = obs(&[
+            ("log", b"# log\n- a\n"),
+            ("journal", b"t=2 begin\nt=2 done\n"),
+        ]);
+        // Same shape of journal, other timestamps; the same log: no difference.
+        let pair = obs(&[
+            ("log", b"# log\n- a\n"),
+            ("journal", b"t=3 begin\nt=3 done\n"),
+        ]);
+        let (delta, shaped) = outcome_difference(&start, &one, &again, &pair);
+        assert!(delta.is_empty(), "{delta}");
+        assert_eq!(shaped, ["journal"]);
+        // The edit applied twice, and a journal that grew twice as much: both differ.
+        let doubled = obs(&[
+            ("log", b"# log\n- a\n- a\n"),
+            ("journal", b"t=3 begin\nt=3 done\nt=4 begin\nt=4 done\n"),
+        ]);
+        let (delta, _) = outcome_difference(&start, &one, &again, &doubled);
+        assert_eq!(delta.to_string(), "modified journal, appended log");
+        // A record only the pair created differs too.
+        let extra = obs(&[
+            ("log", b"# log\n- a\n"),
+            ("journal", b"t=5 begin\nt=5 done\n"),
+            ("copy", b"x"),
+        ]);
+        let (delta, _) = outcome_difference(&start, &one, &again, &extra);
+        assert_eq!(delta.to_string(), "added copy");
     }
 }

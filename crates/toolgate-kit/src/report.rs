@@ -587,7 +587,7 @@ pub(crate) fn judge(
                     declared()
                 )),
                 None if run.compared.is_some() => notes.push(
-                    "two identical calls at once left the same content as one call".to_owned(),
+                    "two identical calls at once left the same outcome as one call".to_owned(),
                 ),
                 None if run.fresh => notes.push(
                     "two identical calls at once had no more effect than one call".to_owned(),
@@ -830,7 +830,7 @@ mod tests {
             ],
         );
         same.compared = Some(Delta::default());
-        check(IDEMPOTENT, same, &[], "left the same content as one call");
+        check(IDEMPOTENT, same, &[], "left the same outcome as one call");
         // Without a restorable observer: counts of content changes against case 1.
         let mut counted = run(
             CaseKind::Concurrent,

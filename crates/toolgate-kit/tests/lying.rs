@@ -482,7 +482,7 @@ async fn the_overwrite_case_catches_a_false_destructive_hint_and_restores_the_st
     );
     // The concurrent pairs were compared with one call from the same, restored, start.
     assert!(
-        text.contains("two identical calls at once left the same content as one call"),
+        text.contains("two identical calls at once left the same outcome as one call"),
         "{text}"
     );
     // Restored: neither seed is left behind.
