@@ -6,7 +6,8 @@
 //! outbound requests, queued jobs: anything that can be digested).
 //!
 //! For every tool with fixtures, in this order, on one persistent state (nothing is reset between
-//! cases; the observer snapshots around each case):
+//! cases, except that what cases 5 and 6 do only to compare or to seed is undone when the
+//! observer can restore; the observer snapshots around each case):
 //!
 //! 1. `valid call`: [`ToolFixtures::valid`] once;
 //! 2. `byte-identical repeat`: the same arguments again (a new JSON-RPC id);

@@ -39,9 +39,10 @@ pub struct ToolFixtures {
     /// Case 3: a call for an operation the matrix already completed (usually `valid` itself, or
     /// its target); an idempotent tool must add no effect. `None` to skip.
     pub already_done: Option<Value>,
-    /// Case 5: a fresh valid call (not made before) for the concurrent pair, which then may
-    /// have no more effect than case 1's single call. `None`: the pair repeats `valid`, already
-    /// done, and must add no effect at all (that misses races of a first execution).
+    /// Case 5: a fresh valid call (not made before) for the concurrent pair, whose outcome must
+    /// then equal that of one such call from the same starting state (or, when the observer
+    /// cannot restore, change no more records than case 1's single call). `None`: the pair
+    /// repeats `valid`, already done (that misses races of a first execution).
     pub concurrent: Option<Value>,
     /// Case 6: a call that modifies state which exists before it, after the kit seeded that
     /// state. `None` to skip (then a tool that only ever writes fresh records in the other cases
