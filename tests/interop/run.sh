@@ -12,8 +12,13 @@
 #   pip-compile --generate-hashes --strip-extras --no-emit-index-url --no-emit-find-links \
 #     --output-file requirements.txt requirements.in    (pip-tools, with Python 3.11)
 # TypeScript: `npm ci` in tests/interop from
-# package-lock.json (@modelcontextprotocol/sdk 1.32.2), skipped while node_modules matches it.
+# package-lock.json (@modelcontextprotocol/sdk 1.32.2, @modelcontextprotocol/server-filesystem
+# 2026.8.31), skipped while node_modules matches it.
 # Each client starts its own server processes with fresh temporary ledgers; see the scripts.
+# Then toolgate-kit runs its matrix against a server we did not write, the MCP project's
+# filesystem server (crates/toolgate-kit/tests/filesystem_server.rs, ignored by plain
+# `cargo test`); it does not depend on the server binaries given, so a second run of this
+# script with another build skips it with TOOLGATE_INTEROP_KIT=0 (.ci/run does).
 set -euo pipefail
 
 here="$(cd "$(dirname "$0")" && pwd)"
@@ -111,5 +116,20 @@ step "typescript SDK client"
 node "$here/typescript_client.mjs" "$server" "$policy"
 step "typescript SDK client, bookings-mcp"
 node "$here/bookings_client.mjs" "$bookings" "$bookings_policy"
+
+# --- toolgate-kit against @modelcontextprotocol/server-filesystem --------------------------------
+kit="${TOOLGATE_INTEROP_KIT:-1}"
+case "$kit" in
+1)
+    fs_server="$here/node_modules/@modelcontextprotocol/server-filesystem/dist/index.js"
+    [[ -f "$fs_server" ]] || die "missing $fs_server; npm ci in tests/interop should have installed it"
+    step "toolgate-kit matrix against @modelcontextprotocol/server-filesystem (14 tools, 3 liars)"
+    (cd "$root" && TOOLGATE_FS_SERVER="$fs_server" \
+        cargo test --locked -q -p toolgate-kit --test filesystem_server -- --ignored) ||
+        die "toolgate-kit against the filesystem server failed (the report is in the output above)"
+    ;;
+0) step "skipping the toolgate-kit matrix (TOOLGATE_INTEROP_KIT=0)" ;;
+*) die "TOOLGATE_INTEROP_KIT must be 0 or 1, not '$kit'" ;;
+esac
 
 step "interop passed"

@@ -80,6 +80,24 @@ pub enum KitError {
         /// What is wrong, and how to fix it.
         message: String,
     },
+    /// The overwrite case could not seed the state its call is to modify.
+    #[error("the overwrite case of tool `{tool}` could not seed the existing state: {message}")]
+    Seed {
+        /// The tool whose overwrite case it is.
+        tool: String,
+        /// What went wrong, and how to fix it.
+        message: String,
+    },
+    /// After [`Observer::restore`](crate::Observer::restore) the state differs from the one saved.
+    #[error(
+        "after restoring the state saved before {what}, the observation differs from the saved one ({differences}); the observer's restore must put back every record it observes, with the same content"
+    )]
+    NotRestored {
+        /// Which step saved the state.
+        what: String,
+        /// The records that differ (saved to restored).
+        differences: String,
+    },
     /// The kit was run without an observer.
     #[error(
         "no observer was given, so no effect could be seen and every claim would pass untested; call Kit::observer (FsObserver::new(dirs) for files)"

@@ -6,7 +6,8 @@
 //! outbound requests, queued jobs: anything that can be digested).
 //!
 //! For every tool with fixtures, in this order, on one persistent state (nothing is reset between
-//! cases; the observer snapshots around each case):
+//! cases, except that what cases 5 and 6 do only to compare or to seed is undone when the
+//! observer can restore; the observer snapshots around each case):
 //!
 //! 1. `valid call`: [`ToolFixtures::valid`] once;
 //! 2. `byte-identical repeat`: the same arguments again (a new JSON-RPC id);
@@ -15,11 +16,24 @@
 //!    server received the call (see [`CutOff`]), then the identical call on a new connection with a
 //!    new JSON-RPC id, as the 2026-07-28 revision requires of a retry;
 //! 5. `concurrent pair`: two identical calls at the same time on two connections (two child
-//!    processes on the same state for [`Launcher::child`]).
+//!    processes on the same state for [`Launcher::child`]). When the observer can restore state
+//!    ([`Observer::save`]), one call runs first, its outcome is recorded, the starting state is
+//!    put back, and the pair's outcome must have the same content record by record: a lost
+//!    update or an edit applied twice is an added effect. Otherwise the pair may change no more
+//!    records than case 1's single call;
+//! 6. `overwrite existing state` ([`ToolFixtures::with_overwrite`]): the kit seeds state (a
+//!    record it writes, [`Seed::record`], or a preparatory call, [`Seed::call`]), calls the tool
+//!    to modify it, and restores the state afterwards when the observer can.
 //!
 //! Every case runs on fresh connections (a fresh child process per connection for
 //! [`Launcher::child`]), and the "before" snapshot is taken after the handshake, so a server's
 //! own start-up writes are never attributed to a call.
+//!
+//! Each claim reads the observed changes with its own meaning: for `readOnlyHint: true` any
+//! change is an effect, a metadata-only touch ([`ChangeKind::Touched`]) included; for
+//! `idempotentHint: true` a repeat that leaves the same content adds no effect (touches are
+//! reported in the case, not counted); `destructiveHint: false` is contradicted by a record
+//! modified or removed, which the overwrite case provokes on purpose.
 //!
 //! Verdicts read the annotations with the spec's conservative defaults (`readOnlyHint=false`,
 //! `destructiveHint=true`, `idempotentHint=false` when absent). A tool that declares none of the
@@ -75,8 +89,8 @@ mod report;
 
 pub use error::{KitError, ObserveError};
 pub use launch::Launcher;
-pub use matrix::{CutOff, Kit, ToolFixtures};
-pub use observe::{Change, ChangeKind, Delta, FsObserver, Item, Observation, Observer};
+pub use matrix::{CutOff, Kit, Overwrite, Seed, ToolFixtures};
+pub use observe::{Change, ChangeKind, Delta, FsObserver, Item, Observation, Observer, SavedState};
 pub use report::{
     CaseKind, CaseReport, Claim, Claims, Contradiction, ObservedStep, Report, ToolReport,
     ToolStatus,

@@ -11,7 +11,7 @@ use toolgate_canon::{Sha256Digest, canonical_value};
 
 use crate::error::KitError;
 use crate::launch::{Connection, Launcher};
-use crate::observe::{Observation, Observer};
+use crate::observe::{Observation, Observer, SavedState, outcome_difference};
 use crate::report::{
     CaseKind, CaseReport, CaseRun, Claims, ObservedStep, Report, ToolReport, ToolStatus, judge,
 };
@@ -39,10 +39,75 @@ pub struct ToolFixtures {
     /// Case 3: a call for an operation the matrix already completed (usually `valid` itself, or
     /// its target); an idempotent tool must add no effect. `None` to skip.
     pub already_done: Option<Value>,
-    /// Case 5: a fresh valid call (not made before) for the concurrent pair, which then may
-    /// have no more effect than case 1's single call. `None`: the pair repeats `valid`, already
-    /// done, and must add no effect at all (that misses races of a first execution).
+    /// Case 5: a fresh valid call (not made before) for the concurrent pair, whose outcome must
+    /// then equal that of one such call from the same starting state (or, when the observer
+    /// cannot restore, change no more records than case 1's single call). `None`: the pair
+    /// repeats `valid`, already done (that misses races of a first execution).
     pub concurrent: Option<Value>,
+    /// Case 6: a call that modifies state which exists before it, after the kit seeded that
+    /// state. `None` to skip (then a tool that only ever writes fresh records in the other cases
+    /// cannot contradict `destructiveHint: false`).
+    pub overwrite: Option<Overwrite>,
+}
+
+/// Case 6: how the kit creates existing state, and the call that then modifies it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Overwrite {
+    /// What exists before the call.
+    pub seed: Seed,
+    /// The call that modifies (overwrites, edits, replaces) the seeded state.
+    pub arguments: Value,
+}
+
+/// How the overwrite case creates the state its call modifies.
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub enum Seed {
+    /// The kit writes the record into the observed state itself, with [`Observer::seed`]
+    /// (for [`FsObserver`](crate::FsObserver): the file `<root name>/<relative path>`).
+    Record {
+        /// The record's name, as the observer names it.
+        name: String,
+        /// Its content.
+        content: Vec<u8>,
+    },
+    /// A preparatory call of any listed tool creates it (it must succeed; its effects are
+    /// reported, not judged).
+    Call {
+        /// The tool to call.
+        tool: String,
+        /// Its arguments.
+        arguments: Value,
+    },
+}
+
+impl Seed {
+    /// The kit writes `content` as the record `name` before the call.
+    pub fn record(name: impl Into<String>, content: impl Into<Vec<u8>>) -> Self {
+        Seed::Record {
+            name: name.into(),
+            content: content.into(),
+        }
+    }
+
+    /// A preparatory call of `tool` with `arguments` creates the state before the call.
+    pub fn call(tool: impl Into<String>, arguments: Value) -> Self {
+        Seed::Call {
+            tool: tool.into(),
+            arguments,
+        }
+    }
+
+    fn describe(&self) -> String {
+        match self {
+            Seed::Record { name, content } => {
+                format!("the kit wrote the record {name} ({} bytes)", content.len())
+            }
+            Seed::Call { tool, arguments } => {
+                format!("preparatory call {}", request_text(tool, arguments))
+            }
+        }
+    }
 }
 
 impl ToolFixtures {
@@ -56,6 +121,7 @@ impl ToolFixtures {
             missing_resource: None,
             already_done: None,
             concurrent: None,
+            overwrite: None,
         }
     }
 
@@ -80,14 +146,32 @@ impl ToolFixtures {
         self
     }
 
+    /// Sets [`ToolFixtures::overwrite`]: `seed` creates existing state, then `arguments`
+    /// modify it. For a file tool, e.g. `Seed::record("state/notes.txt", "original\n")` and a
+    /// call writing other content to that file.
+    #[must_use]
+    pub fn with_overwrite(mut self, seed: Seed, arguments: Value) -> Self {
+        self.overwrite = Some(Overwrite { seed, arguments });
+        self
+    }
+
     fn check(&self) -> Result<(), KitError> {
-        let fixtures: [(&'static str, Option<&Value>); 6] = [
+        let seed_call = match &self.overwrite {
+            Some(Overwrite {
+                seed: Seed::Call { arguments, .. },
+                ..
+            }) => Some(arguments),
+            _ => None,
+        };
+        let fixtures: [(&'static str, Option<&Value>); 8] = [
             ("valid", Some(&self.valid)),
             ("second_valid", Some(&self.second_valid)),
             ("invalid", Some(&self.invalid)),
             ("missing_resource", self.missing_resource.as_ref()),
             ("already_done", self.already_done.as_ref()),
             ("concurrent", self.concurrent.as_ref()),
+            ("overwrite", self.overwrite.as_ref().map(|o| &o.arguments)),
+            ("overwrite seed call", seed_call),
         ];
         for (fixture, value) in fixtures {
             if let Some(value) = value
@@ -224,6 +308,21 @@ impl Kit {
                 .map(Claims::of_tool)
         };
 
+        // Every named tool is checked before any case runs.
+        for fixtures in &self.tools {
+            let seed_tool = match &fixtures.overwrite {
+                Some(Overwrite {
+                    seed: Seed::Call { tool, .. },
+                    ..
+                }) => Some(tool),
+                _ => None,
+            };
+            for tool in std::iter::once(&fixtures.name).chain(seed_tool) {
+                if claims_of(tool).is_none() {
+                    return Err(KitError::ToolNotListed { tool: tool.clone() });
+                }
+            }
+        }
         let mut tools = Vec::new();
         for fixtures in &self.tools {
             let Some(claims) = claims_of(&fixtures.name) else {
@@ -352,15 +451,52 @@ impl Runner {
         Connection::open(&self.launcher, self.ids.clone(), self.timeout).await
     }
 
-    async fn observe(&self) -> Result<Observation, KitError> {
+    /// Runs `f` with the observer on a blocking thread (observers do file or database I/O).
+    async fn with_observer<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&dyn Observer) -> Result<T, crate::ObserveError> + Send + 'static,
+    ) -> Result<T, KitError> {
         let observer = self.observer.clone();
-        tokio::task::spawn_blocking(move || observer.observe())
+        tokio::task::spawn_blocking(move || f(observer.as_ref()))
             .await
             .map_err(|e| KitError::Task {
                 what: "the observer".to_owned(),
                 message: e.to_string(),
             })?
             .map_err(KitError::from)
+    }
+
+    async fn observe(&self) -> Result<Observation, KitError> {
+        self.with_observer(|o| o.observe()).await
+    }
+
+    /// The observer's copy of the state and the observation it copied, or `None` when the
+    /// observer cannot restore.
+    async fn save(&self) -> Result<Option<(Arc<SavedState>, Observation)>, KitError> {
+        let Some(saved) = self.with_observer(|o| o.save()).await? else {
+            return Ok(None);
+        };
+        let seen = self.observe().await?;
+        Ok(Some((Arc::new(saved), seen)))
+    }
+
+    /// Puts the saved state back and checks that the observation has the saved content again.
+    async fn restore(
+        &self,
+        (saved, seen): &(Arc<SavedState>, Observation),
+        what: &str,
+    ) -> Result<(), KitError> {
+        let saved = saved.clone();
+        self.with_observer(move |o| o.restore(&saved)).await?;
+        let differences = seen.diff(&self.observe().await?).content_changes();
+        if differences.is_empty() {
+            Ok(())
+        } else {
+            Err(KitError::NotRestored {
+                what: what.to_owned(),
+                differences: differences.to_string(),
+            })
+        }
     }
 
     async fn run_tool(
@@ -401,6 +537,9 @@ impl Runner {
             None => (&fixtures.valid, false),
         };
         runs.push(self.concurrent(tool, arguments, fresh).await?);
+        if let Some(overwrite) = &fixtures.overwrite {
+            runs.push(self.overwrite(tool, overwrite).await?);
+        }
         Ok(runs
             .into_iter()
             .map(|run| judge(tool, claims, run, baseline.as_ref()))
@@ -430,6 +569,7 @@ impl Runner {
             observed: vec![step("call", &before, &after)],
             fresh: false,
             mid_flight: false,
+            ..CaseRun::default()
         })
     }
 
@@ -497,10 +637,12 @@ impl Runner {
             ],
             fresh: false,
             mid_flight,
+            ..CaseRun::default()
         })
     }
 
-    /// Case 5: the same call on two connections at the same instant.
+    /// Case 5: the same call on two connections at the same instant, compared with one call
+    /// from the same starting state when the observer can restore it.
     async fn concurrent(
         &self,
         tool: &str,
@@ -508,6 +650,38 @@ impl Runner {
         fresh: bool,
     ) -> Result<CaseRun, KitError> {
         let params = call_params(tool, arguments);
+        let mut observed = Vec::new();
+        let mut notes = Vec::new();
+        // One call alone, twice, each time with the state put back afterwards: what the pair's
+        // outcome must equal, and which records differ from one execution to the next anyway.
+        let mut single = None;
+        if let Some(saved) = self.save().await? {
+            let mut outcomes = Vec::new();
+            for run in ["first", "second"] {
+                let mut one = self.open().await?;
+                let start = self.observe().await?;
+                let (id, reply) = one.request("tools/call", params.clone()).await?;
+                one.close().await?;
+                let after_one = self.observe().await?;
+                self.restore(&saved, "the concurrent pair's single calls")
+                    .await?;
+                if run == "first" {
+                    observed.push(step("one call", &start, &after_one));
+                    notes.push(format!(
+                        "for comparison, one call from the same starting state, made twice with the state restored after each: {}",
+                        summarize(id, &reply)
+                    ));
+                }
+                outcomes.push(after_one);
+            }
+            let again = outcomes.pop();
+            let one = outcomes.pop();
+            single = one
+                .zip(again)
+                .map(|(one, again)| (saved.1.clone(), one, again));
+        } else {
+            notes.push("the observer cannot restore state (Observer::save and Observer::restore), so the pair is compared with case 'valid call' by the number of changed records only".to_owned());
+        }
         let mut a = self.open().await?;
         let mut b = self.open().await?;
         let before = self.observe().await?;
@@ -519,14 +693,123 @@ impl Runner {
         closed_a?;
         closed_b?;
         let after = self.observe().await?;
+        observed.push(step("both calls", &before, &after));
+        let compared = single.map(|(start, one, again)| {
+            let (difference, shaped) = outcome_difference(&start, &one, &again, &after);
+            if !shaped.is_empty() {
+                notes.push(format!(
+                    "two single calls left different content in {} (it differs per execution), so there the pair is compared by the kind of change and the lines added",
+                    shaped.join(", ")
+                ));
+            }
+            difference
+        });
         Ok(CaseRun {
             case: CaseKind::Concurrent,
             request: request_text(tool, arguments),
             first_call: summarize(id_a, &reply_a),
             second_call: Some(summarize(id_b, &reply_b)),
-            observed: vec![step("both calls", &before, &after)],
+            observed,
             fresh,
-            mid_flight: false,
+            compared,
+            notes,
+            ..CaseRun::default()
+        })
+    }
+
+    /// Case 6: seed existing state, call the tool to modify it, put the state back.
+    async fn overwrite(&self, tool: &str, overwrite: &Overwrite) -> Result<CaseRun, KitError> {
+        let saved = self.save().await?;
+        let unseeded = self.observe().await?;
+        let mut notes = vec![format!("seed: {}", overwrite.seed.describe())];
+        match &overwrite.seed {
+            Seed::Record { name, content } => {
+                let (name, content) = (name.clone(), content.clone());
+                self.with_observer(move |o| o.seed(&name, &content)).await?;
+            }
+            Seed::Call {
+                tool: seed_tool,
+                arguments,
+            } => {
+                let mut connection = self.open().await?;
+                let (id, reply) = connection
+                    .request("tools/call", call_params(seed_tool, arguments))
+                    .await?;
+                connection.close().await?;
+                let failed =
+                    reply.get("error").is_some() || reply["result"]["isError"] == Value::Bool(true);
+                if failed {
+                    return Err(KitError::Seed {
+                        tool: tool.to_owned(),
+                        message: format!(
+                            "the preparatory call {} failed ({}); fix its arguments so that it succeeds on the state the matrix left",
+                            request_text(seed_tool, arguments),
+                            summarize(id, &reply)
+                        ),
+                    });
+                }
+                notes[0].push_str(&format!(" ({})", summarize(id, &reply)));
+            }
+        }
+        let seeded = self.observe().await?;
+        let seed_step = step("seed (not judged)", &unseeded, &seeded);
+        let mut targets: Vec<String> = seed_step
+            .changes
+            .content_changes()
+            .changes
+            .iter()
+            .map(|c| c.item.clone())
+            .collect();
+        if let Seed::Record { name, .. } = &overwrite.seed {
+            if !seeded.items.contains_key(name) {
+                return Err(KitError::Seed {
+                    tool: tool.to_owned(),
+                    message: format!(
+                        "after writing the record `{name}` the observation has no record of that name; name it as the observer does (FsObserver: `<root directory name>/<relative path>`)"
+                    ),
+                });
+            }
+            if !targets.contains(name) {
+                targets.push(name.clone());
+            }
+        }
+        let mut connection = self.open().await?;
+        let before = self.observe().await?;
+        let (id, reply) = connection
+            .request("tools/call", call_params(tool, &overwrite.arguments))
+            .await?;
+        connection.close().await?;
+        let after = self.observe().await?;
+        let call = step("call", &before, &after);
+        let hit: Vec<String> = call
+            .changes
+            .content_changes()
+            .changes
+            .iter()
+            .filter(|c| targets.contains(&c.item))
+            .map(|c| format!("{} {}", c.kind.as_str(), c.item))
+            .collect();
+        notes.push(if hit.is_empty() {
+            "the call left the seeded state's content as it was".to_owned()
+        } else {
+            format!("the call changed the seeded state ({})", hit.join(", "))
+        });
+        match &saved {
+            Some(saved) => {
+                self.restore(saved, "the overwrite case's seed").await?;
+                notes.push("the state was then restored to what it was before the seed".to_owned());
+            }
+            None => notes.push("the observer cannot restore state, so the seeded state and the call's changes stay".to_owned()),
+        }
+        Ok(CaseRun {
+            case: CaseKind::Overwrite,
+            request: request_text(tool, &overwrite.arguments),
+            first_call: summarize(id, &reply),
+            second_call: None,
+            context: vec![seed_step],
+            observed: vec![call],
+            notes,
+            ..CaseRun::default()
         })
     }
 }

@@ -112,6 +112,8 @@ pub enum CaseKind {
     RetryAfterCutOff,
     /// 5. Two identical calls at the same time.
     Concurrent,
+    /// 6. A call that modifies state the kit seeded before it.
+    Overwrite,
 }
 
 impl CaseKind {
@@ -125,6 +127,7 @@ impl CaseKind {
             CaseKind::Invalid => "invalid field",
             CaseKind::RetryAfterCutOff => "retry after cut-off",
             CaseKind::Concurrent => "concurrent pair",
+            CaseKind::Overwrite => "overwrite existing state",
         }
     }
 }
@@ -145,7 +148,7 @@ pub struct Contradiction {
 /// What one step of a case changed.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct ObservedStep {
-    /// The step (`call`, `cut-off call`, `retry`, `both calls`).
+    /// The step (`call`, `cut-off call`, `retry`, `one call`, `both calls`, `seed (not judged)`).
     pub step: String,
     /// What changed during it.
     pub changes: Delta,
@@ -363,15 +366,58 @@ pub(crate) struct CaseRun {
     pub(crate) request: String,
     pub(crate) first_call: String,
     pub(crate) second_call: Option<String>,
+    /// Steps shown before `observed` in the report but not judged (the overwrite case's seed).
+    pub(crate) context: Vec<ObservedStep>,
+    /// The judged steps.
     pub(crate) observed: Vec<ObservedStep>,
     /// Case 5 only: whether the pair ran on a fresh input (compared with case 1's effects) or on
     /// the already-done `valid` input (which must add nothing).
     pub(crate) fresh: bool,
     /// Case 4 only: the connection was cut before the response (the call may be unfinished).
     pub(crate) mid_flight: bool,
+    /// Case 5 only: how the pair's outcome differs in content from one call's outcome from the
+    /// same starting state; `None` when the observer cannot restore that state.
+    pub(crate) compared: Option<Delta>,
+    /// Sentences the runner adds to the result (how the case was set up).
+    pub(crate) notes: Vec<String>,
+}
+
+impl Default for CaseRun {
+    fn default() -> Self {
+        CaseRun {
+            case: CaseKind::Valid,
+            request: String::new(),
+            first_call: String::new(),
+            second_call: None,
+            context: Vec::new(),
+            observed: Vec::new(),
+            fresh: false,
+            mid_flight: false,
+            compared: None,
+            notes: Vec::new(),
+        }
+    }
+}
+
+/// `; metadata-only touches (touched x) are writes, not an added effect for idempotentHint`, or
+/// nothing when `delta` touched nothing.
+fn touches_note(delta: &Delta) -> String {
+    let touches = delta.touches();
+    if touches.is_empty() {
+        String::new()
+    } else {
+        format!(
+            " (metadata-only touches, {touches}, leave the same content: no added effect for idempotentHint, still a write for readOnlyHint)"
+        )
+    }
 }
 
 /// Judges one case against the claims. `baseline` is what case 1 (one valid call) changed.
+///
+/// Each claim reads the changes with its own meaning: for `readOnlyHint` every change is an
+/// effect, a metadata-only touch included; for `idempotentHint` only a change of content or
+/// existence is an added effect (a repeat that leaves the same content adds none); for
+/// `destructiveHint` only a modification or removal loses state.
 pub(crate) fn judge(
     tool: &str,
     claims: &Claims,
@@ -379,7 +425,7 @@ pub(crate) fn judge(
     baseline: Option<&Delta>,
 ) -> CaseReport {
     let mut contradictions = Vec::new();
-    let mut notes: Vec<String> = Vec::new();
+    let mut notes: Vec<String> = run.notes.clone();
     let contradict = |claim: Claim, evidence: String, list: &mut Vec<Contradiction>| {
         list.push(Contradiction {
             tool: tool.to_owned(),
@@ -422,20 +468,16 @@ pub(crate) fn judge(
     }
 
     let idempotent_claimed = claims.idempotent == Some(true);
-    let declared = |claimed: bool| {
-        if claimed {
-            "".to_owned()
-        } else {
-            format!(
-                " (consistent with idempotentHint={}{})",
-                claims.idempotent(),
-                if claims.idempotent.is_none() {
-                    ", the default"
-                } else {
-                    ""
-                }
-            )
-        }
+    let declared = || {
+        format!(
+            " (consistent with idempotentHint={}{})",
+            claims.idempotent(),
+            if claims.idempotent.is_none() {
+                ", the default"
+            } else {
+                ""
+            }
+        )
     };
     let step = |name: &str| {
         run.observed
@@ -447,37 +489,42 @@ pub(crate) fn judge(
     match run.case {
         CaseKind::Repeat | CaseKind::AlreadyDone => {
             let delta = step("call");
+            let added = delta.content_changes();
             let what = if run.case == CaseKind::Repeat {
                 "the byte-identical repeat"
             } else {
                 "repeating an already completed operation"
             };
-            if delta.is_empty() {
-                notes.push(format!("{what} added no effect"));
+            if added.is_empty() {
+                notes.push(format!("{what} added no effect{}", touches_note(&delta)));
             } else if idempotent_claimed {
                 contradict(
                     Claim::Idempotent,
-                    format!("{what} added effects ({delta})"),
+                    format!("{what} added effects ({added})"),
                     &mut contradictions,
                 );
             } else {
                 notes.push(format!(
                     "not idempotent: {what} added effects{}",
-                    declared(false)
+                    declared()
                 ));
             }
         }
         CaseKind::RetryAfterCutOff => {
             let first = step("cut-off call");
-            let retry = step("retry");
+            let retry_delta = step("retry");
+            let retry = retry_delta.content_changes();
             if retry.is_empty() {
-                if first.is_empty() {
+                if first.is_empty() && retry_delta.is_empty() {
                     notes.push(
                         "neither the cut-off call nor its retry had an observable effect"
                             .to_owned(),
                     );
                 } else {
-                    notes.push("the retry with a new JSON-RPC id added no effect: the server recognized the operation as done".to_owned());
+                    notes.push(format!(
+                        "the retry with a new JSON-RPC id added no effect: the server recognized the operation as done{}",
+                        touches_note(&retry_delta)
+                    ));
                 }
             } else if run.mid_flight
                 && !(first.count(ChangeKind::Added) > 0 && retry.count(ChangeKind::Added) > 0)
@@ -496,30 +543,40 @@ pub(crate) fn judge(
             } else {
                 notes.push(format!(
                     "not idempotent without a remote idempotency mechanism: the retry added effects after the cut-off call had already had its own{}",
-                    declared(false)
+                    declared()
                 ));
             }
         }
         CaseKind::Concurrent => {
             let pair = step("both calls");
-            let excess = if run.fresh {
-                baseline.and_then(|one| {
+            let excess = match &run.compared {
+                // The outcomes are compared record by record: a lost update or an edit applied
+                // twice leaves other content than one call does.
+                Some(difference) => (!difference.is_empty()).then(|| {
+                    format!(
+                        "two identical calls at once left other content than one call from the same starting state (one call's outcome to the pair's: {difference})"
+                    )
+                }),
+                None if run.fresh => baseline.and_then(|one| {
                     // Records differ between inputs, so only the number of changed records can be
                     // compared with the single call of case 1.
+                    let (pair, one) = (pair.content_changes(), one.content_changes());
                     (pair.changes.len() > one.changes.len()).then(|| {
                         format!(
                             "two identical calls at once had more effects ({}) than one call had in case 'valid call' ({})",
                             effect_counts(&pair),
-                            if one.is_empty() { "none".to_owned() } else { effect_counts(one) }
+                            if one.is_empty() { "none".to_owned() } else { effect_counts(&one) }
                         )
                     })
-                })
-            } else {
-                (!pair.is_empty()).then(|| {
-                    format!(
-                        "two identical calls at once, repeating an already completed operation, added effects ({pair})"
-                    )
-                })
+                }),
+                None => {
+                    let added = pair.content_changes();
+                    (!added.is_empty()).then(|| {
+                        format!(
+                            "two identical calls at once, repeating an already completed operation, added effects ({added})"
+                        )
+                    })
+                }
             };
             match excess {
                 Some(evidence) if idempotent_claimed => {
@@ -527,23 +584,31 @@ pub(crate) fn judge(
                 }
                 Some(evidence) => notes.push(format!(
                     "not idempotent under concurrency: {evidence}{}",
-                    declared(false)
+                    declared()
                 )),
+                None if run.compared.is_some() => notes.push(
+                    "two identical calls at once left the same outcome as one call".to_owned(),
+                ),
                 None if run.fresh => notes.push(
                     "two identical calls at once had no more effect than one call".to_owned(),
                 ),
                 None => notes.push("two identical calls at once added no effect".to_owned()),
             }
         }
-        CaseKind::Valid | CaseKind::MissingResource | CaseKind::Invalid => {
+        CaseKind::Valid | CaseKind::MissingResource | CaseKind::Invalid | CaseKind::Overwrite => {
             if all_changes.is_empty() {
                 notes.push("no observable effect".to_owned());
             }
         }
     }
     if !all_changes.is_empty() && !matches!(run.case, CaseKind::Repeat | CaseKind::AlreadyDone) {
-        let merged = Delta {
-            changes: all_changes.iter().map(|c| (*c).clone()).collect(),
+        // The pair's own effect: its single call for comparison is reported as its own step.
+        let merged = if run.case == CaseKind::Concurrent {
+            step("both calls")
+        } else {
+            Delta {
+                changes: all_changes.iter().map(|c| (*c).clone()).collect(),
+            }
         };
         let lost = if losses.is_empty() {
             "no state lost or replaced".to_owned()
@@ -559,20 +624,228 @@ pub(crate) fn judge(
         } else {
             "state lost or replaced".to_owned()
         };
-        notes.push(format!("effect: {}; {lost}", effect_counts(&merged)));
+        let effect = if merged.is_empty() {
+            "none".to_owned()
+        } else {
+            effect_counts(&merged)
+        };
+        notes.push(format!("effect: {effect}; {lost}"));
     }
     let mut sentences: Vec<String> = contradictions
         .iter()
         .map(|c| format!("contradicts {}: {}", c.claim.annotation(), c.evidence))
         .collect();
     sentences.extend(notes);
+    let mut observed = run.context;
+    observed.extend(run.observed);
     CaseReport {
         case: run.case,
         request: run.request,
         first_call: run.first_call,
         second_call: run.second_call,
-        observed: run.observed,
+        observed,
         result: sentences.join("; "),
         contradictions,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::observe::Change;
+
+    use ChangeKind::{Added, Appended, Modified, Touched};
+
+    fn delta(changes: &[(&str, ChangeKind)]) -> Delta {
+        Delta {
+            changes: changes
+                .iter()
+                .map(|&(item, kind)| Change {
+                    item: item.to_owned(),
+                    kind,
+                })
+                .collect(),
+        }
+    }
+
+    fn run(case: CaseKind, steps: &[(&str, &[(&str, ChangeKind)])]) -> CaseRun {
+        CaseRun {
+            case,
+            observed: steps
+                .iter()
+                .map(|&(step, changes)| ObservedStep {
+                    step: step.to_owned(),
+                    changes: delta(changes),
+                })
+                .collect(),
+            ..CaseRun::default()
+        }
+    }
+
+    /// `readOnlyHint`, `destructiveHint`, `idempotentHint` as declared.
+    fn claims(
+        read_only: Option<bool>,
+        destructive: Option<bool>,
+        idempotent: Option<bool>,
+    ) -> Claims {
+        Claims {
+            read_only,
+            destructive,
+            idempotent,
+        }
+    }
+
+    /// Judges `run` and checks the contradicted claims and a phrase of the result.
+    #[track_caller]
+    fn check(claims: Claims, run: CaseRun, expect: &[Claim], phrase: &str) {
+        let report = judge("tool", &claims, run, None);
+        let got: Vec<Claim> = report.contradictions.iter().map(|c| c.claim).collect();
+        assert_eq!(got, expect, "{}", report.result);
+        assert!(report.result.contains(phrase), "{}", report.result);
+    }
+
+    const IDEMPOTENT: Claims = Claims {
+        read_only: Some(false),
+        destructive: Some(true),
+        idempotent: Some(true),
+    };
+
+    #[test]
+    fn a_repeat_that_only_touches_adds_no_effect_for_idempotent_hint() {
+        let touched: &[(&str, ChangeKind)] = &[("state/a.txt", Touched)];
+        check(
+            IDEMPOTENT,
+            run(CaseKind::Repeat, &[("call", touched)]),
+            &[],
+            "added no effect (metadata-only touches, touched state/a.txt, leave the same content",
+        );
+        check(
+            IDEMPOTENT,
+            run(CaseKind::AlreadyDone, &[("call", touched)]),
+            &[],
+            "added no effect",
+        );
+        check(
+            IDEMPOTENT,
+            run(
+                CaseKind::RetryAfterCutOff,
+                &[
+                    ("cut-off call", &[("state/a.txt", Added)]),
+                    ("retry", touched),
+                ],
+            ),
+            &[],
+            "the retry with a new JSON-RPC id added no effect",
+        );
+        // Content that changes again is an added effect.
+        check(
+            IDEMPOTENT,
+            run(
+                CaseKind::Repeat,
+                &[(
+                    "call",
+                    &[("state/a.txt", Touched), ("state/b.txt", Modified)],
+                )],
+            ),
+            &[Claim::Idempotent],
+            "the byte-identical repeat added effects (modified state/b.txt)",
+        );
+    }
+
+    #[test]
+    fn any_touch_still_contradicts_read_only_hint() {
+        let touched: &[(&str, ChangeKind)] = &[("state/a.txt", Touched)];
+        let read_only = claims(Some(true), None, Some(true));
+        for case in [CaseKind::Valid, CaseKind::Repeat, CaseKind::Concurrent] {
+            check(
+                read_only,
+                run(case, &[("call", touched), ("both calls", touched)]),
+                &[Claim::ReadOnly],
+                "the tool changed its environment",
+            );
+        }
+    }
+
+    #[test]
+    fn a_touch_loses_no_state_for_destructive_hint() {
+        let additive = claims(Some(false), Some(false), None);
+        check(
+            additive,
+            run(CaseKind::Valid, &[("call", &[("state/a.txt", Touched)])]),
+            &[],
+            "no state lost or replaced",
+        );
+        check(
+            additive,
+            run(
+                CaseKind::Overwrite,
+                &[("call", &[("state/a.txt", Modified)])],
+            ),
+            &[Claim::NonDestructive],
+            "state was lost or replaced (modified state/a.txt)",
+        );
+    }
+
+    #[test]
+    fn the_seed_is_reported_but_not_judged() {
+        let mut overwrite = run(CaseKind::Overwrite, &[("call", &[])]);
+        overwrite.context = vec![ObservedStep {
+            step: "seed (not judged)".to_owned(),
+            changes: delta(&[("state/seeded.txt", Added)]),
+        }];
+        let report = judge(
+            "tool",
+            &claims(Some(true), Some(false), None),
+            overwrite,
+            None,
+        );
+        assert!(report.contradictions.is_empty(), "{}", report.result);
+        assert_eq!(report.observed[0].step, "seed (not judged)");
+        assert_eq!(report.observed[1].step, "call");
+    }
+
+    #[test]
+    fn the_concurrent_pair_is_compared_by_content_with_one_call() {
+        let mut pair = run(
+            CaseKind::Concurrent,
+            &[
+                ("one call", &[("state/log.md", Modified)]),
+                ("both calls", &[("state/log.md", Modified)]),
+            ],
+        );
+        // Same number of changed records as one call, but the edit was applied twice.
+        pair.compared = Some(delta(&[("state/log.md", Appended)]));
+        pair.fresh = true;
+        check(
+            IDEMPOTENT,
+            pair,
+            &[Claim::Idempotent],
+            "left other content than one call from the same starting state (one call's outcome to the pair's: appended state/log.md)",
+        );
+        let mut same = run(
+            CaseKind::Concurrent,
+            &[
+                ("one call", &[("state/x", Added)]),
+                ("both calls", &[("state/x", Added), ("state/y", Touched)]),
+            ],
+        );
+        same.compared = Some(Delta::default());
+        check(IDEMPOTENT, same, &[], "left the same outcome as one call");
+        // Without a restorable observer: counts of content changes against case 1.
+        let mut counted = run(
+            CaseKind::Concurrent,
+            &[("both calls", &[("state/x", Added), ("state/y", Touched)])],
+        );
+        counted.fresh = true;
+        let one = delta(&[("state/w", Added)]);
+        let report = judge("tool", &IDEMPOTENT, counted, Some(&one));
+        assert!(report.contradictions.is_empty(), "{}", report.result);
+        let mut doubled = run(
+            CaseKind::Concurrent,
+            &[("both calls", &[("state/x", Added), ("state/y", Added)])],
+        );
+        doubled.fresh = true;
+        let report = judge("tool", &IDEMPOTENT, doubled, Some(&one));
+        assert_eq!(report.contradictions.len(), 1, "{}", report.result);
     }
 }

@@ -18,8 +18,8 @@ use schemars::JsonSchema;
 use serde::Deserialize;
 use serde_json::json;
 use toolgate_kit::{
-    CaseKind, ChangeKind, Claim, CutOff, FsObserver, Kit, KitError, Launcher, Report, ToolFixtures,
-    ToolStatus,
+    CaseKind, ChangeKind, Claim, CutOff, FsObserver, Kit, KitError, Launcher, Report, Seed,
+    ToolFixtures, ToolStatus,
 };
 
 #[derive(Debug, Deserialize, JsonSchema)]
@@ -415,6 +415,83 @@ async fn a_cut_on_the_first_observed_change_still_catches_the_appender() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_overwrite_case_catches_a_false_destructive_hint_and_restores_the_state() {
+    let world = world();
+    let report = Kit::new(launcher(&world.state, &world.scratch))
+        .observer(FsObserver::new([&world.state]))
+        .tool(
+            ToolFixtures::new(
+                "save_setting",
+                json!({"key": "size", "value": "12"}),
+                json!({"key": "lang", "value": "en"}),
+                json!({"key": 1}),
+            )
+            // Every other case writes a fresh key: only the seeded one is overwritten.
+            .with_concurrent(json!({"key": "font", "value": "mono"}))
+            .with_overwrite(
+                Seed::record("state/settings/color.txt", "blue"),
+                json!({"key": "color", "value": "red"}),
+            ),
+        )
+        .tool(
+            ToolFixtures::new(
+                "put_once",
+                json!({"key": "a", "value": "1"}),
+                json!({"key": "b", "value": "2"}),
+                json!({}),
+            )
+            .with_concurrent(json!({"key": "c", "value": "3"}))
+            .with_overwrite(
+                Seed::call("put_once", json!({"key": "z", "value": "1"})),
+                json!({"key": "z", "value": "2"}),
+            ),
+        )
+        .run()
+        .await
+        .unwrap();
+    let text = report.to_text();
+    eprintln!("{text}");
+    let contradictions: Vec<_> = report
+        .contradictions()
+        .iter()
+        .map(|c| (c.tool.as_str(), c.claim, c.case))
+        .collect();
+    assert_eq!(
+        contradictions,
+        [("save_setting", Claim::NonDestructive, CaseKind::Overwrite)],
+        "{text}"
+    );
+    assert_eq!(
+        report.tool("put_once").unwrap().status,
+        ToolStatus::Consistent,
+        "{text}"
+    );
+    assert!(text.contains("\ncase: overwrite existing state\nrequest: save_setting {\"key\":\"color\",\"value\":\"red\"}\n"), "{text}");
+    assert!(text.contains("observed records: seed (not judged): added state/settings/color.txt; call: modified state/settings/color.txt\n"), "{text}");
+    assert!(
+        text.contains("the call changed the seeded state (modified state/settings/color.txt)"),
+        "{text}"
+    );
+    assert!(
+        text.contains("seed: preparatory call put_once {\"key\":\"z\",\"value\":\"1\"}"),
+        "{text}"
+    );
+    assert!(
+        text.contains("the call left the seeded state's content as it was"),
+        "{text}"
+    );
+    // The concurrent pairs were compared with one call from the same, restored, start.
+    assert!(
+        text.contains("two identical calls at once left the same outcome as one call"),
+        "{text}"
+    );
+    // Restored: neither seed is left behind.
+    assert!(!world.state.join("settings/color.txt").exists());
+    assert!(!world.state.join("once/z.txt").exists());
+    assert!(world.state.join("settings/font.txt").exists());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn misuse_is_a_typed_error_naming_the_fix() {
     let world = world();
     let no_observer = Kit::new(launcher(&world.state, &world.scratch)).run().await;
@@ -447,6 +524,47 @@ async fn misuse_is_a_typed_error_naming_the_fix() {
             ..
         })
     ));
+
+    let fixtures = || {
+        ToolFixtures::new(
+            "save_setting",
+            json!({"key": "k", "value": "v"}),
+            json!({"key": "l", "value": "v"}),
+            json!({}),
+        )
+    };
+    let unlisted_seed = Kit::new(launcher(&world.state, &world.scratch))
+        .observer(FsObserver::new([&world.state]))
+        .tool(fixtures().with_overwrite(Seed::call("nope", json!({})), json!({})))
+        .run()
+        .await;
+    assert!(
+        matches!(&unlisted_seed, Err(KitError::ToolNotListed { tool }) if tool == "nope"),
+        "{unlisted_seed:?}"
+    );
+    let failing_seed = Kit::new(launcher(&world.state, &world.scratch))
+        .observer(FsObserver::new([&world.state]))
+        .tool(fixtures().with_overwrite(
+            Seed::call("put_once", json!({"key": "q", "value": 3})),
+            json!({"key": "q", "value": "x"}),
+        ))
+        .run()
+        .await;
+    match failing_seed {
+        Err(e @ KitError::Seed { .. }) => {
+            assert!(e.to_string().contains("preparatory call put_once"), "{e}")
+        }
+        other => panic!("expected KitError::Seed, got {other:?}"),
+    }
+    let outside = Kit::new(launcher(&world.state, &world.scratch))
+        .observer(FsObserver::new([&world.state]))
+        .tool(fixtures().with_overwrite(Seed::record("elsewhere/x.txt", "x"), json!({})))
+        .run()
+        .await;
+    match outside {
+        Err(e @ KitError::Observe(_)) => assert!(e.to_string().contains("state/"), "{e}"),
+        other => panic!("expected an observer error, got {other:?}"),
+    }
 
     let no_server = Kit::new(Launcher::child(|| {
         std::process::Command::new("/nonexistent/toolgate-kit-test-server")
