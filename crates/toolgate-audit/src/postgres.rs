@@ -17,7 +17,7 @@
 
 use toolgate_canon::Sha256Digest;
 use toolgate_storage::GroupCommit;
-use toolgate_storage::postgres::{PgError, PgStore, cause, get};
+use toolgate_storage::postgres::{PgError, PgStore, cause, get, query_error};
 
 use crate::file::now_ns;
 use crate::record::{MAX_LINE_BYTES, seal};
@@ -78,14 +78,7 @@ impl PgAuditLog {
         let outcome = self
             .store
             .run(move |pool, database| async move {
-                let query = |what: &'static str| {
-                    let database = database.clone();
-                    move |e: tokio_postgres::Error| PgError::Query {
-                        database,
-                        what,
-                        cause: cause(&e),
-                    }
-                };
+                let query = |what| query_error(&database, what);
                 let mut client = get(&pool, &database).await?;
                 let tx = client
                     .transaction()

@@ -246,14 +246,7 @@ impl PgStore {
     ) -> Result<i32, PgError> {
         let known = i32::try_from(migrations.len()).unwrap_or(i32::MAX);
         self.run(move |pool, database| async move {
-            let query = |what: &'static str| {
-                let database = database.clone();
-                move |e: tokio_postgres::Error| PgError::Query {
-                    database,
-                    what,
-                    cause: cause(&e),
-                }
-            };
+            let query = |what| query_error(&database, what);
             let mut client = get(&pool, &database).await?;
             let tx = client
                 .transaction()
@@ -336,6 +329,17 @@ pub async fn get(pool: &PgPool, database: &str) -> Result<PgClient, PgError> {
             other => other.to_string(),
         },
     })
+}
+
+/// The mapping of a failed statement to [`PgError::Query`], naming the database (without
+/// credentials) and what was being done: `.map_err(query_error(&database, "read the head"))`.
+pub fn query_error(database: &str, what: &'static str) -> impl Fn(PgDriverError) -> PgError {
+    let database = database.to_owned();
+    move |e| PgError::Query {
+        database: database.clone(),
+        what,
+        cause: cause(&e),
+    }
 }
 
 /// The driver's message with its source (the server's text for a database error).

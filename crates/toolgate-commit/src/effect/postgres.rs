@@ -43,7 +43,7 @@ use std::time::{Duration, SystemTime};
 
 use serde_json::Value;
 use toolgate_canon::Sha256Digest;
-use toolgate_storage::postgres::{PgError, PgSession, PgStore, cause, get};
+use toolgate_storage::postgres::{PgError, PgSession, PgStore, cause, get, query_error};
 
 use super::record::{
     Liveness, Owner, Record, State, StoredResult, liveness, now_ns, self_start_ticks,
@@ -198,7 +198,7 @@ impl PgEffects {
         let updated = self
             .store
             .run(move |pool, database| async move {
-                let query = query_err(&database, "store an effect's outcome");
+                let query = query_error(&database, "store an effect's outcome");
                 let mut client = get(&pool, &database).await?;
                 let tx = client.transaction().await.map_err(&query)?;
                 if asynchronous {
@@ -314,7 +314,7 @@ impl EffectBackend for PgEffects {
         let owner = fresh.owner;
         let (hex, key, request) = (name.to_hex(), self.owner_key, req.clone());
         let claimed = self.store.run(move |pool, database| async move {
-            let query = query_err(&database, "claim an idempotency key");
+            let query = query_error(&database, "claim an idempotency key");
             let mut client = get(&pool, &database).await?;
             let tx = client.transaction().await.map_err(&query)?;
             if kind == EffectKind::Idempotent {
@@ -441,7 +441,7 @@ impl EffectBackend for PgEffects {
         let found = self
             .store
             .run(move |pool, database| async move {
-                let query = query_err(&database, "look up an idempotency key");
+                let query = query_error(&database, "look up an idempotency key");
                 let mut client = get(&pool, &database).await?;
                 let tx = client.transaction().await.map_err(&query)?;
                 let found = Self::read(&tx, &name, mine, false, now)
@@ -469,7 +469,7 @@ impl EffectBackend for PgEffects {
         };
         self.store
             .run(move |pool, database| async move {
-                let query = query_err(&database, "resolve an indeterminate effect");
+                let query = query_error(&database, "resolve an indeterminate effect");
                 let mut client = get(&pool, &database).await?;
                 let tx = client.transaction().await.map_err(&query)?;
                 let read = Self::read(&tx, &name, mine, true, now)
@@ -508,7 +508,7 @@ impl EffectBackend for PgEffects {
         let cutoff = ns(now_ns(now)).saturating_sub(self.ttl_ns());
         self.store
             .run(move |pool, database| async move {
-                let query = query_err(&database, "prune finished effects");
+                let query = query_error(&database, "prune finished effects");
                 let client = get(&pool, &database).await?;
                 client
                     .execute(
@@ -531,7 +531,7 @@ impl EffectBackend for PgEffects {
     fn sync(&self) -> Result<(), EffectError> {
         self.store
             .run(move |pool, database| async move {
-                let query = query_err(&database, "flush idempotent effects");
+                let query = query_error(&database, "flush idempotent effects");
                 let mut client = get(&pool, &database).await?;
                 let tx = client.transaction().await.map_err(&query)?;
                 tx.batch_execute("SET LOCAL synchronous_commit = on; SELECT pg_current_xact_id()")
@@ -640,15 +640,6 @@ fn to_record(row: &tokio_postgres::Row, mine: bool) -> Result<Record, String> {
         principal: principal.into(),
         tool: tool.into(),
     })
-}
-
-fn query_err(database: &str, what: &'static str) -> impl Fn(tokio_postgres::Error) -> PgError {
-    let database = database.to_owned();
-    move |e| PgError::Query {
-        database: database.clone(),
-        what,
-        cause: cause(&e),
-    }
 }
 
 fn backend(e: PgError) -> EffectError {

@@ -3,7 +3,7 @@
 //! --store`) refuses the next call of all of them. Reading fails closed: a database that cannot
 //! be read halts, with a reason naming it.
 
-use toolgate_storage::postgres::{PgDriverError, PgError, PgStore, cause, get};
+use toolgate_storage::postgres::{PgError, PgStore, get, query_error};
 
 use super::{GuardError, Halt};
 
@@ -36,11 +36,7 @@ pub(super) fn status(store: &PgStore) -> Result<Option<Halt>, PgError> {
         let row = client
             .query_opt("SELECT by_name, reason, since_ns FROM toolgate_halt", &[])
             .await
-            .map_err(|e| PgError::Query {
-                database,
-                what: "read the kill switch",
-                cause: cause(&e),
-            })?;
+            .map_err(query_error(&database, "read the kill switch"))?;
         Ok(row.as_ref().map(halt_of))
     })?
 }
@@ -51,14 +47,7 @@ pub(super) fn halt(store: &PgStore, halt: &Halt) -> Result<Option<Halt>, GuardEr
     let since = i64::try_from(halt.since_ns).unwrap_or(i64::MAX);
     store
         .run(move |pool, database| async move {
-            let query = |what: &'static str| {
-                let database = database.clone();
-                move |e: PgDriverError| PgError::Query {
-                    database,
-                    what,
-                    cause: cause(&e),
-                }
-            };
+            let query = |what| query_error(&database, what);
             let mut client = get(&pool, &database).await?;
             let tx = client
                 .transaction()
@@ -96,11 +85,7 @@ pub(super) fn resume(store: &PgStore) -> Result<Option<Halt>, GuardError> {
                     &[],
                 )
                 .await
-                .map_err(|e| PgError::Query {
-                    database,
-                    what: "lift the kill switch",
-                    cause: cause(&e),
-                })?;
+                .map_err(query_error(&database, "lift the kill switch"))?;
             Ok(row.as_ref().map(halt_of))
         })
         .and_then(|r| r)
