@@ -4,7 +4,8 @@
 # docs/BENCHMARKS.md says what each one measures and records the latest figures.
 #
 #   scripts/bench.sh            all benches
-#   scripts/bench.sh gate stdio only the named ones (audit commit canon policy scan gate calls stdio pipeline)
+#   scripts/bench.sh gate stdio only the named ones (audit commit canon policy scan gate calls stdio pipeline
+#                               replicas)
 #   REFERENCE_SERVER="/venv/bin/python /path/server.py" scripts/bench.sh reference
 #                               the stdio driver against another server with the same tools (the
 #                               reference article's Python server: see docs/BENCHMARKS.md); it is
@@ -19,7 +20,7 @@ mkdir -p "$target/bench"
 log="$target/bench/bench-$(date -u +%Y%m%dT%H%M%SZ).log"
 read -r -a extra <<<"${BENCH_ARGS:-}"
 
-all=(audit commit canon policy scan gate calls stdio pipeline)
+all=(audit commit canon policy scan gate calls stdio pipeline replicas)
 selected=("$@")
 [ ${#selected[@]} -eq 0 ] && selected=("${all[@]}")
 
@@ -59,6 +60,7 @@ bench() {
             calls) run calls bench -p toolgate-server --bench calls ;;
             stdio) run stdio bench -p toolgate-server --bench stdio ;;
             pipeline) run pipeline bench -p toolgate-server --bench pipeline ;;
+            replicas) run replicas bench -p toolgate-server --bench replicas ;;
             reference)
                 if [ -z "${REFERENCE_SERVER:-}" ]; then
                     echo "=== reference: skipped (set REFERENCE_SERVER to the server's command line)"
