@@ -357,37 +357,44 @@ fn free_port() -> Result<u16, PgTestError> {
 
 /// The directory holding `initdb`, `pg_ctl` and `psql`.
 fn locate() -> Result<PathBuf, PgTestError> {
-    let has_all = |dir: &Path| {
-        ["initdb", "pg_ctl", "psql"]
-            .iter()
-            .all(|b| dir.join(b).is_file())
-    };
+    bin_dirs()
+        .into_iter()
+        .find(|dir| {
+            ["initdb", "pg_ctl", "psql"]
+                .iter()
+                .all(|b| dir.join(b).is_file())
+        })
+        .ok_or(PgTestError::Binaries)
+}
+
+/// Where PostgreSQL's programs are looked for, in order: `$TOOLGATE_PG_BIN` alone when it is
+/// set, else `PATH`, then `/usr/lib/postgresql/*/bin`, newest version first.
+fn bin_dirs() -> Vec<PathBuf> {
     if let Some(dir) = std::env::var_os("TOOLGATE_PG_BIN") {
-        let dir = PathBuf::from(dir);
-        return if has_all(&dir) {
-            Ok(dir)
-        } else {
-            Err(PgTestError::Binaries)
-        };
-    }
-    let on_path = std::env::var_os("PATH")
-        .map(|p| std::env::split_paths(&p).collect::<Vec<_>>())
-        .unwrap_or_default();
-    if let Some(dir) = on_path.into_iter().find(|d| has_all(d)) {
-        return Ok(dir);
+        return vec![PathBuf::from(dir)];
     }
     let mut versions: Vec<(u32, PathBuf)> = std::fs::read_dir("/usr/lib/postgresql")
         .into_iter()
         .flatten()
         .flatten()
-        .filter_map(|e| {
-            let version = e.file_name().to_str()?.parse().ok()?;
-            let bin = e.path().join("bin");
-            has_all(&bin).then_some((version, bin))
-        })
+        .filter_map(|e| Some((e.file_name().to_str()?.parse().ok()?, e.path().join("bin"))))
         .collect();
-    versions.sort();
-    versions.pop().map(|(_, d)| d).ok_or(PgTestError::Binaries)
+    versions.sort_by(|a, b| b.cmp(a));
+    std::env::var_os("PATH")
+        .map(|p| std::env::split_paths(&p).collect::<Vec<_>>())
+        .unwrap_or_default()
+        .into_iter()
+        .chain(versions.into_iter().map(|(_, dir)| dir))
+        .collect()
+}
+
+/// A PostgreSQL program (`pgbench`, ...) from the places the cluster's own binaries are looked
+/// for (`$TOOLGATE_PG_BIN`, `PATH`, `/usr/lib/postgresql/*/bin`), if it is installed.
+pub fn program(name: &str) -> Option<PathBuf> {
+    bin_dirs()
+        .into_iter()
+        .map(|dir| dir.join(name))
+        .find(|path| path.is_file())
 }
 
 #[cfg(test)]

@@ -265,28 +265,7 @@ fn pgbench_binary() -> PathBuf {
     if let Some(path) = std::env::var_os("REPLICAS_BENCH_PGBENCH") {
         return PathBuf::from(path);
     }
-    let on_path = std::env::var_os("PATH")
-        .map(|p| std::env::split_paths(&p).collect::<Vec<_>>())
-        .unwrap_or_default()
-        .into_iter()
-        .chain(std::env::var_os("TOOLGATE_PG_BIN").map(PathBuf::from))
-        .map(|d| d.join("pgbench"))
-        .find(|p| p.is_file());
-    if let Some(path) = on_path {
-        return path;
-    }
-    let mut versions: Vec<(u32, PathBuf)> = std::fs::read_dir("/usr/lib/postgresql")
-        .into_iter()
-        .flatten()
-        .flatten()
-        .filter_map(|e| {
-            let version = e.file_name().to_str()?.parse().ok()?;
-            let bin = e.path().join("bin/pgbench");
-            bin.is_file().then_some((version, bin))
-        })
-        .collect();
-    versions.sort();
-    versions.pop().map(|(_, p)| p).expect(
+    toolgate_pgtest::program("pgbench").expect(
         "pgbench not found on PATH, in $TOOLGATE_PG_BIN or under /usr/lib/postgresql/*/bin; install postgresql-contrib or set REPLICAS_BENCH_PGBENCH",
     )
 }
