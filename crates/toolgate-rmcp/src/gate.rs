@@ -355,8 +355,9 @@ impl<H: ServerHandler> GatedBuilder<H> {
     }
 
     /// A PostgreSQL database (`postgres://USER[:PASSWORD]@HOST[:PORT]/DATABASE`) that holds the
-    /// exactly-once store, the audit chain and the kill switch, shared by every replica using the
-    /// same database;
+    /// exactly-once store, the audit chain, the kill switch, the rate-limit buckets and the
+    /// pending confirmations, shared by every replica using the same database (a limit counts
+    /// calls across replicas; a preview issued by one is confirmed once on any);
     /// opened (connected, schema migrated) at [`GatedBuilder::build`], which fails naming the
     /// cause when the database cannot be reached, refuses the credentials, or has a newer schema.
     /// Takes precedence over [`GatedBuilder::ledger`] for those parts, not over an explicit
@@ -536,11 +537,17 @@ impl<H: ServerHandler> GatedBuilder<H> {
         if let Some((tools, lockfile)) = self.locked.take() {
             self.set_contract(&crate::contract::live_lockfile(&tools, &policy, &lockfile)?);
         }
+        let pending_ttl = policy.confirmation_ttl();
+        #[cfg_attr(not(feature = "postgres"), allow(unused_mut))]
+        let mut rates = crate::checks::rates::Rates::default();
+        #[cfg_attr(not(feature = "postgres"), allow(unused_mut))]
+        let mut pending = PendingActions::new(pending_ttl);
         #[cfg(feature = "postgres")]
-        if let Some(url) = self.store_url.take()
-            && (self.audit.is_none() || self.effects.is_none() || self.kill_switch.is_none())
-        {
+        if let Some(url) = self.store_url.take() {
             let store = toolgate_storage::postgres::PgStore::connect(&url)?;
+            // Rate limits and pending confirmations count across every replica.
+            rates = crate::checks::rates::Rates::in_database(store.clone())?;
+            pending = PendingActions::in_database(pending_ttl, store.clone())?;
             if self.effects.is_none() {
                 let config = effect_config(PathBuf::new(), &policy);
                 self.effects = Some(Arc::new(toolgate_commit::effect::PgEffects::open(
@@ -600,7 +607,6 @@ impl<H: ServerHandler> GatedBuilder<H> {
             ),
             Principals::Source(source) => source,
         };
-        let pending_ttl = policy.confirmation_ttl();
         let state = GateState {
             policy,
             contract_digest: self.contract_digest,
@@ -622,7 +628,7 @@ impl<H: ServerHandler> GatedBuilder<H> {
             batch: crate::checks::batch::BatchGuard {
                 preflight: self.preflight.clone(),
             },
-            rates: Default::default(),
+            rates,
             versions: crate::checks::versions::VersionCheck {
                 preflight: self.preflight.clone(),
                 effects: self.effects.clone(),
@@ -632,7 +638,7 @@ impl<H: ServerHandler> GatedBuilder<H> {
                 effects: self.effects.clone(),
             },
             confirmation: crate::checks::confirmation::Confirmation {
-                pending: PendingActions::new(pending_ttl),
+                pending,
                 preflight: self.preflight,
             },
             results: Default::default(),

@@ -19,11 +19,21 @@
 //! therefore holds at most the buckets that were used within their refill time
 //! (`burst / per_minute` minutes) plus those created since the last sweep. Buckets with
 //! `per_minute == 0` never refill and are never dropped once used.
+//!
+//! # Shared by replicas
+//!
+//! With the feature `postgres`, [`Rates`] can keep the buckets in the database every replica
+//! uses (`rates/postgres.rs`): one row per key, taken under the rows' locks in one transaction
+//! by the same arithmetic ([`take`]), timed by the database's clock, so a limit of N per minute
+//! admits N calls across all replicas together.
 
 use std::collections::HashMap;
 use std::fmt;
 use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
+
+#[cfg(feature = "postgres")]
+mod postgres;
 
 /// Units per token: one minute in nanoseconds, so that `per_minute` is the refill in units per ns.
 const UNITS_PER_TOKEN: u128 = 60_000_000_000;
@@ -91,17 +101,19 @@ impl fmt::Display for Limited {
 
 impl std::error::Error for Limited {}
 
-#[derive(Debug)]
+/// One key's bucket. Its times are nanoseconds on the clock of whoever keeps it (the limiter's
+/// monotonic clock in memory, the database's clock in PostgreSQL).
+#[derive(Debug, Clone, PartialEq, Eq)]
 struct Bucket {
     /// Tokens × [`UNITS_PER_TOKEN`], at most `limit.burst` tokens.
     units: u128,
     /// When `units` was last brought up to date.
-    at: Instant,
+    at: u64,
     limit: Limit,
 }
 
 impl Bucket {
-    fn full(limit: Limit, now: Instant) -> Self {
+    fn full(limit: Limit, now: u64) -> Self {
         Bucket {
             units: capacity(limit),
             at: now,
@@ -110,16 +122,16 @@ impl Bucket {
     }
 
     /// Refills up to `now` at the old rate, then applies `limit` (clamping to its burst).
-    fn advance(&mut self, now: Instant, limit: Limit) {
+    fn advance(&mut self, now: u64, limit: Limit) {
         self.refill(now);
         self.limit = limit;
         self.units = self.units.min(capacity(limit));
     }
 
-    fn refill(&mut self, now: Instant) {
-        // A caller may pass an Instant taken before another thread's; time never runs backwards
-        // for a bucket.
-        let elapsed = now.saturating_duration_since(self.at).as_nanos();
+    fn refill(&mut self, now: u64) {
+        // A caller may pass a time taken before another thread's (or another replica's); time
+        // never runs backwards for a bucket.
+        let elapsed = u128::from(now.saturating_sub(self.at));
         if now > self.at {
             self.at = now;
         }
@@ -150,21 +162,77 @@ fn capacity(limit: Limit) -> u128 {
     u128::from(limit.burst) * UNITS_PER_TOKEN
 }
 
+/// Takes one token per listing from the buckets of `keys` at `now`, or none: the one arithmetic
+/// of every place buckets are kept. A key without a bucket in `buckets` gets a full one; every
+/// listed bucket is brought up to `now` (and to its listed limit) either way.
+fn take(
+    buckets: &mut HashMap<String, Bucket>,
+    keys: &[(String, Limit)],
+    now: u64,
+) -> Result<(), Limited> {
+    // Bring every bucket up to date and count how many tokens each distinct key needs.
+    let mut needs: HashMap<&str, (usize, u32)> = HashMap::with_capacity(keys.len());
+    for (index, (key, limit)) in keys.iter().enumerate() {
+        // Look up by &str first so that the common case (existing bucket) allocates nothing.
+        match buckets.get_mut(key.as_str()) {
+            Some(bucket) => bucket.advance(now, *limit),
+            None => {
+                buckets.insert(key.clone(), Bucket::full(*limit, now));
+            }
+        }
+        let need = needs.entry(key.as_str()).or_insert((index, 0));
+        need.1 = need.1.saturating_add(1);
+    }
+
+    // Refuse if any bucket is short, reporting the longest wait.
+    let mut worst: Option<Limited> = None;
+    for (key, &(key_index, tokens)) in &needs {
+        let Some(bucket) = buckets.get(*key) else {
+            continue; // inserted above; unreachable
+        };
+        if let Some(retry_after) = bucket.wait_for(tokens) {
+            let candidate = Limited {
+                key_index,
+                retry_after,
+            };
+            worst = Some(match worst {
+                Some(w)
+                    if (w.retry_after, std::cmp::Reverse(w.key_index))
+                        >= (retry_after, std::cmp::Reverse(key_index)) =>
+                {
+                    w
+                }
+                _ => candidate,
+            });
+        }
+    }
+    if let Some(limited) = worst {
+        return Err(limited);
+    }
+
+    for (key, &(_, tokens)) in &needs {
+        if let Some(bucket) = buckets.get_mut(*key) {
+            bucket.units -= u128::from(tokens) * UNITS_PER_TOKEN;
+        }
+    }
+    Ok(())
+}
+
 #[derive(Debug)]
 struct State {
     buckets: HashMap<String, Bucket>,
-    last_sweep: Option<Instant>,
+    last_sweep: Option<u64>,
     sweep_at_len: usize,
 }
 
 impl State {
-    fn maybe_sweep(&mut self, now: Instant) {
+    fn maybe_sweep(&mut self, now: u64) {
         let due_by_time = match self.last_sweep {
             None => {
                 self.last_sweep = Some(now);
                 false
             }
-            Some(last) => now.saturating_duration_since(last) >= SWEEP_INTERVAL,
+            Some(last) => u128::from(now.saturating_sub(last)) >= SWEEP_INTERVAL.as_nanos(),
         };
         if due_by_time || self.buckets.len() >= self.sweep_at_len {
             self.buckets.retain(|_, bucket| {
@@ -180,6 +248,8 @@ impl State {
 /// Token buckets keyed by caller-chosen strings. Thread-safe; one mutex held for the whole check.
 #[derive(Debug)]
 pub struct RateLimiter {
+    /// The instant the limiter's clock counts from (an earlier instant counts as this one).
+    origin: Instant,
     state: Mutex<State>,
 }
 
@@ -193,6 +263,7 @@ impl RateLimiter {
     /// An empty limiter (every bucket starts full on first use).
     pub fn new() -> Self {
         RateLimiter {
+            origin: Instant::now(),
             state: Mutex::new(State {
                 buckets: HashMap::new(),
                 last_sweep: None,
@@ -208,57 +279,13 @@ impl RateLimiter {
     /// check on: the bucket is refilled at the old rate up to `now`, then clamped to the new burst.
     /// A key listed twice needs two tokens (and its last listed limit applies).
     pub fn check(&self, keys: &[(String, Limit)], now: Instant) -> Result<(), Limited> {
+        let now = u64::try_from(now.saturating_duration_since(self.origin).as_nanos())
+            .unwrap_or(u64::MAX);
         // A poisoned lock means another thread panicked mid-check; every bucket is still a valid
         // bucket (fields are only assigned whole), at worst with one token more or less.
         let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
         state.maybe_sweep(now);
-
-        // Bring every bucket up to date and count how many tokens each distinct key needs.
-        let mut needs: HashMap<&str, (usize, u32)> = HashMap::with_capacity(keys.len());
-        for (index, (key, limit)) in keys.iter().enumerate() {
-            // Look up by &str first so that the common case (existing bucket) allocates nothing.
-            match state.buckets.get_mut(key.as_str()) {
-                Some(bucket) => bucket.advance(now, *limit),
-                None => {
-                    state.buckets.insert(key.clone(), Bucket::full(*limit, now));
-                }
-            }
-            let need = needs.entry(key.as_str()).or_insert((index, 0));
-            need.1 = need.1.saturating_add(1);
-        }
-
-        // Refuse if any bucket is short, reporting the longest wait.
-        let mut worst: Option<Limited> = None;
-        for (key, &(key_index, tokens)) in &needs {
-            let Some(bucket) = state.buckets.get(*key) else {
-                continue; // inserted above; unreachable
-            };
-            if let Some(retry_after) = bucket.wait_for(tokens) {
-                let candidate = Limited {
-                    key_index,
-                    retry_after,
-                };
-                worst = Some(match worst {
-                    Some(w)
-                        if (w.retry_after, std::cmp::Reverse(w.key_index))
-                            >= (retry_after, std::cmp::Reverse(key_index)) =>
-                    {
-                        w
-                    }
-                    _ => candidate,
-                });
-            }
-        }
-        if let Some(limited) = worst {
-            return Err(limited);
-        }
-
-        for (key, &(_, tokens)) in &needs {
-            if let Some(bucket) = state.buckets.get_mut(*key) {
-                bucket.units -= u128::from(tokens) * UNITS_PER_TOKEN;
-            }
-        }
-        Ok(())
+        take(&mut state.buckets, keys, now)
     }
 
     /// How many buckets are held (for monitoring and tests).
@@ -281,7 +308,46 @@ impl RateLimiter {
 /// through `confirm_action` took its tokens at the preview.
 #[derive(Debug, Default)]
 pub(crate) struct Rates {
-    pub(crate) limiter: RateLimiter,
+    buckets: Buckets,
+}
+
+/// Where the buckets are kept.
+#[derive(Debug)]
+enum Buckets {
+    /// In this process.
+    Memory(RateLimiter),
+    /// In the database every replica shares.
+    #[cfg(feature = "postgres")]
+    Database(toolgate_storage::postgres::PgStore),
+}
+
+impl Default for Buckets {
+    fn default() -> Self {
+        Buckets::Memory(RateLimiter::new())
+    }
+}
+
+impl Rates {
+    /// Buckets in the database of `store`, shared by every replica on it (creates or migrates
+    /// their table).
+    #[cfg(feature = "postgres")]
+    pub(crate) fn in_database(
+        store: toolgate_storage::postgres::PgStore,
+    ) -> Result<Self, toolgate_storage::postgres::PgError> {
+        postgres::migrate(&store)?;
+        Ok(Rates {
+            buckets: Buckets::Database(store),
+        })
+    }
+
+    /// Takes the tokens of `keys`: `Err` when the buckets could not be reached.
+    fn take(&self, keys: &[(String, Limit)]) -> Result<Result<(), Limited>, String> {
+        match &self.buckets {
+            Buckets::Memory(limiter) => Ok(limiter.check(keys, Instant::now())),
+            #[cfg(feature = "postgres")]
+            Buckets::Database(store) => postgres::take(store, keys).map_err(|e| e.to_string()),
+        }
+    }
 }
 
 fn limit(rate: toolgate_policy::Rate) -> Limit {
@@ -310,8 +376,22 @@ impl super::Check for Rates {
         if keys.is_empty() {
             return super::Verdict::Pass;
         }
-        let Err(limited) = self.limiter.check(&keys, Instant::now()) else {
-            return super::Verdict::Pass;
+        let limited = match self.take(&keys) {
+            Ok(Ok(())) => return super::Verdict::Pass,
+            Ok(Err(limited)) => limited,
+            // Fail closed: a limit that cannot be counted admits nothing.
+            Err(cause) => {
+                tracing::error!(tool = %name, error = %cause, "the rate limits cannot be counted; refusing the call");
+                return super::Verdict::Fail {
+                    reason: "rate_limits.unavailable".to_owned(),
+                    error: rmcp::ErrorData::internal_error(
+                        format!(
+                            "the rate limits of `{name}` cannot be counted ({cause}); nothing was executed; retry when the store is reachable"
+                        ),
+                        None,
+                    ),
+                };
+            }
         };
         let rule = rules
             .get(limited.key_index)
@@ -528,5 +608,46 @@ mod tests {
             .collect();
         let granted: usize = handles.into_iter().map(|h| h.join().unwrap()).sum();
         assert_eq!(granted, 300);
+    }
+
+    /// Two replicas' buckets on one database: concurrent takers never get more than the burst
+    /// between them, a refused call consumes nothing from the other bucket, and a refusal
+    /// says how long to wait.
+    #[cfg(feature = "postgres")]
+    #[test]
+    fn database_buckets_are_shared_by_replicas_and_never_overspent() {
+        use std::sync::Arc;
+        let url = toolgate_pgtest::PgCluster::shared()
+            .unwrap()
+            .create_database("rates")
+            .unwrap();
+        let replica = || {
+            let store = toolgate_storage::postgres::PgStore::connect(&url).unwrap();
+            Arc::new(Rates::in_database(store).unwrap())
+        };
+        let (a, b) = (replica(), replica());
+        let keys = vec![key("tool:send", 20, 1), key("principal:p", 100, 1)];
+        let handles: Vec<_> = [a.clone(), b.clone()]
+            .into_iter()
+            .map(|rates| {
+                let keys = keys.clone();
+                std::thread::spawn(move || {
+                    (0..30)
+                        .filter(|_| rates.take(&keys).unwrap().is_ok())
+                        .count()
+                })
+            })
+            .collect();
+        let granted: usize = handles.into_iter().map(|h| h.join().unwrap()).sum();
+        assert_eq!(granted, 20);
+        let limited = b.take(&keys).unwrap().unwrap_err();
+        assert_eq!(limited.key_index, 0);
+        assert!(limited.retry_after <= Duration::from_secs(60), "{limited:?}");
+        // The principal's bucket lost one token per granted call only.
+        let principal = [key("principal:p", 100, 1)];
+        for _ in 0..80 {
+            a.take(&principal).unwrap().unwrap();
+        }
+        assert!(a.take(&principal).unwrap().is_err());
     }
 }
