@@ -292,6 +292,8 @@ pub struct GatedBuilder<H> {
     ledger: Option<PathBuf>,
     #[cfg(feature = "postgres")]
     store_url: Option<String>,
+    #[cfg(feature = "postgres")]
+    database: Option<toolgate_storage::postgres::PgStore>,
     checkpoint_key: Option<HmacKey>,
     storage: Option<Arc<dyn toolgate_storage::Storage>>,
     server_name: Option<String>,
@@ -365,6 +367,15 @@ impl<H: ServerHandler> GatedBuilder<H> {
     #[cfg(feature = "postgres")]
     pub fn store_url(mut self, url: impl Into<String>) -> Self {
         self.store_url = Some(url.into());
+        self
+    }
+
+    /// As [`GatedBuilder::store_url`], on a database the caller has already connected (and
+    /// opened some parts on, passed explicitly): the parts not given explicitly, the rate-limit
+    /// buckets and the pending confirmations are kept there. A store URL takes precedence.
+    #[cfg(feature = "postgres")]
+    pub fn database(mut self, store: toolgate_storage::postgres::PgStore) -> Self {
+        self.database = Some(store);
         self
     }
 
@@ -512,7 +523,7 @@ impl<H: ServerHandler> GatedBuilder<H> {
     /// Whether a store for the audit log was named (a ledger or a database).
     fn has_store(&self) -> bool {
         #[cfg(feature = "postgres")]
-        if self.store_url.is_some() {
+        if self.store_url.is_some() || self.database.is_some() {
             return true;
         }
         self.ledger.is_some()
@@ -543,8 +554,12 @@ impl<H: ServerHandler> GatedBuilder<H> {
         #[cfg_attr(not(feature = "postgres"), allow(unused_mut))]
         let mut pending = PendingActions::new(pending_ttl);
         #[cfg(feature = "postgres")]
-        if let Some(url) = self.store_url.take() {
-            let store = toolgate_storage::postgres::PgStore::connect(&url)?;
+        let database = match self.store_url.take() {
+            Some(url) => Some(toolgate_storage::postgres::PgStore::connect(&url)?),
+            None => self.database.take(),
+        };
+        #[cfg(feature = "postgres")]
+        if let Some(store) = database {
             // Rate limits and pending confirmations count across every replica.
             rates = crate::checks::rates::Rates::in_database(store.clone())?;
             pending = PendingActions::in_database(pending_ttl, store.clone())?;
@@ -666,6 +681,8 @@ impl<H: ServerHandler> Gated<H> {
             ledger: None,
             #[cfg(feature = "postgres")]
             store_url: None,
+            #[cfg(feature = "postgres")]
+            database: None,
             checkpoint_key: None,
             storage: None,
             server_name: None,

@@ -160,6 +160,9 @@ pub struct Stores {
     pub effects: Arc<dyn EffectBackend>,
     /// The kill switch, when it is not the ledger's file (`--store`: the database's).
     pub kill_switch: Option<toolgate::guard::KillSwitch>,
+    /// The database of `--store`, which also keeps the rate limits and pending confirmations.
+    #[cfg(feature = "postgres")]
+    pub database: Option<toolgate::storage::postgres::PgStore>,
 }
 
 /// Opens the stores of `options`: the PostgreSQL database of `store` when it is given, else the
@@ -178,6 +181,8 @@ pub fn open_stores(options: &ServerOptions, policy: &Policy) -> anyhow::Result<S
         audit: AuditStore::File(Arc::new(audit)),
         effects: Arc::new(effects),
         kill_switch: None,
+        #[cfg(feature = "postgres")]
+        database: None,
     })
 }
 
@@ -199,6 +204,7 @@ fn open_database_stores(
         audit: AuditStore::Postgres(Arc::new(audit)),
         effects: Arc::new(effects),
         kill_switch: Some(kill_switch),
+        database: Some(store),
     })
 }
 
@@ -389,6 +395,8 @@ pub fn build(options: &ServerOptions) -> anyhow::Result<BuiltServer> {
                 audit: AuditStore::File(Arc::new(audit)),
                 effects: Arc::new(effects),
                 kill_switch: None,
+                #[cfg(feature = "postgres")]
+                database: None,
             }
         }
     };
@@ -409,6 +417,8 @@ pub fn build(options: &ServerOptions) -> anyhow::Result<BuiltServer> {
         audit,
         effects,
         kill_switch,
+        #[cfg(feature = "postgres")]
+        database,
     } = stores;
     let sink = audit.sink();
     tracing::info!(digest = %live.integrity_digest(), "contract");
@@ -432,6 +442,12 @@ pub fn build(options: &ServerOptions) -> anyhow::Result<BuiltServer> {
         .contract_changes(changes);
     let gated = match kill_switch {
         Some(switch) => gated.kill_switch(switch),
+        None => gated,
+    };
+    // The rate limits and pending confirmations of every replica on the database.
+    #[cfg(feature = "postgres")]
+    let gated = match database {
+        Some(store) => gated.database(store),
         None => gated,
     };
     let gated = match &options.rights {

@@ -413,3 +413,158 @@ fn a_halt_through_the_store_stops_every_replica_on_its_next_call() {
     assert!(methods.contains(&"admin/resume"), "{methods:?}");
     assert_store_verifies(&envs[2], &url);
 }
+
+/// Writes `policy` into every env's policy file (each replica reads its own copy, as on its own
+/// machine).
+fn with_policy(envs: &[TestEnv], policy: &Value) {
+    for env in envs {
+        std::fs::write(&env.policy, policy.to_string()).unwrap();
+    }
+}
+
+/// The shipped policy plus `extra` top-level sections.
+fn policy_with(extra: Value) -> Value {
+    let mut policy: Value =
+        serde_json::from_str(&std::fs::read_to_string(TestEnv::new().policy).unwrap()).unwrap();
+    for (key, value) in extra.as_object().unwrap() {
+        policy[key] = value.clone();
+    }
+    policy
+}
+
+#[test]
+fn a_rate_limit_counts_the_calls_of_every_replica_together() {
+    let url = database("rates");
+    let envs: Vec<TestEnv> = (0..3).map(|_| TestEnv::new()).collect();
+    // 5 calls, then one more per minute (across all replicas).
+    with_policy(
+        &envs,
+        &policy_with(json!({
+            "rate_limits": {"tools": {"read_ledger": {"burst": 5, "per_minute": 1}}}
+        })),
+    );
+    let mut replicas: Vec<Server> = envs.iter().map(|env| replica(env, &url)).collect();
+    let started = std::time::Instant::now();
+    let mut admitted = 0;
+    let mut limited = 0;
+    for round in 0..5 {
+        for server in &mut replicas {
+            let reply = server.call("read_ledger", json!({}));
+            match refusal(&reply) {
+                None => admitted += 1,
+                Some(text) => {
+                    assert!(text.contains("rate_limited"), "round {round}: {reply}");
+                    limited += 1;
+                }
+            }
+        }
+    }
+    // One token more per whole minute the calls took (none on any sane machine).
+    let refilled = usize::try_from(started.elapsed().as_secs() / 60).unwrap();
+    assert!(
+        (5..=5 + refilled).contains(&admitted),
+        "admitted {admitted}, refused {limited}"
+    );
+    assert_eq!(admitted + limited, 15);
+    for mut server in replicas {
+        assert!(server.close().success());
+    }
+    let records = exported_records(&envs[0], &url);
+    let refused = records
+        .iter()
+        .filter(|r| r["name"] == "read_ledger" && r["decision"] == "deny")
+        .count();
+    assert_eq!(refused, limited, "every refusal is audited");
+    assert_store_verifies(&envs[0], &url);
+}
+
+#[test]
+fn a_preview_from_one_replica_is_confirmed_once_on_another() {
+    let url = database("confirm");
+    let envs: Vec<TestEnv> = (0..3).map(|_| TestEnv::new()).collect();
+    let mut policy = policy_with(json!({}));
+    policy["allow"] = json!(["write_note", "read_ledger", "rm_rf"]);
+    policy["deny"] = json!([]);
+    policy["effects"]["rm_rf"] = json!("delete");
+    with_policy(&envs, &policy);
+    let target = envs[0].path("target");
+    std::fs::create_dir_all(&target).unwrap();
+    std::fs::write(target.join("a.txt"), b"alpha").unwrap();
+    let path = target.display().to_string();
+    let (mut a, mut b, mut c) = (
+        replica(&envs[0], &url),
+        replica(&envs[1], &url),
+        replica(&envs[2], &url),
+    );
+    let preview = |server: &mut Server| -> (Value, Value) {
+        let reply = server.call("rm_rf", json!({"path": path}));
+        let preview = common::result_of(&reply)["structuredContent"].clone();
+        assert_eq!(preview["status"], "preview", "{reply}");
+        (preview["confirm_token"].clone(), preview["confirm_summary"].clone())
+    };
+    let confirm = |server: &mut Server, (token, summary): &(Value, Value)| {
+        server.call(
+            "confirm_action",
+            json!({"confirm_token": token, "confirm_summary": summary}),
+        )
+    };
+
+    // Issued by a, confirmed by b: the action runs there (the reference rm_rf is a decoy whose
+    // handler answers that it deletes nothing).
+    let ran = |reply: &Value| common::first_text(reply).contains("decoy");
+    let first = preview(&mut a);
+    let done = confirm(&mut b, &first);
+    assert!(ran(&done), "{done}");
+    // Used across every replica, the issuing one included.
+    for server in [&mut c, &mut a, &mut b] {
+        let again = confirm(server, &first);
+        assert!(
+            refusal(&again).is_some_and(|text| text.contains("token_used")),
+            "{again}"
+        );
+    }
+
+    // Issued by b, rejected by c: confirming it on a is refused as rejected.
+    let second = preview(&mut b);
+    let rejected = c.call("reject_action", json!({"confirm_token": second.0}));
+    assert!(refusal(&rejected).is_none(), "{rejected}");
+    let late = confirm(&mut a, &second);
+    assert!(
+        refusal(&late).is_some_and(|text| text.contains("token_rejected")),
+        "{late}"
+    );
+
+    // Many replicas confirming one token at once: exactly one runs it.
+    let third = preview(&mut c);
+    let ids: Vec<u64> = [&mut a, &mut b, &mut c]
+        .into_iter()
+        .map(|server| {
+            server.send_call(
+                "confirm_action",
+                json!({"confirm_token": third.0, "confirm_summary": third.1}),
+            )
+        })
+        .collect();
+    let replies: Vec<Value> = [&mut a, &mut b, &mut c]
+        .into_iter()
+        .zip(ids)
+        .map(|(server, id)| server.response(id))
+        .collect();
+    assert_eq!(replies.iter().filter(|r| ran(r)).count(), 1, "{replies:?}");
+    let used = replies
+        .iter()
+        .filter(|r| refusal(r).is_some_and(|text| text.contains("token_used")))
+        .count();
+    assert_eq!(used, 2, "{replies:?}");
+
+    for server in [&mut a, &mut b, &mut c] {
+        assert!(server.close().success());
+    }
+    let records = exported_records(&envs[0], &url);
+    let confirmed = records
+        .iter()
+        .filter(|r| r["name"] == "rm_rf" && r["reason"] == "confirmed")
+        .count();
+    assert_eq!(confirmed, 2, "one run per confirmed token");
+    assert_store_verifies(&envs[0], &url);
+}
