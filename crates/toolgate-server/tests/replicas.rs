@@ -500,7 +500,10 @@ fn a_preview_from_one_replica_is_confirmed_once_on_another() {
         let reply = server.call("rm_rf", json!({"path": path}));
         let preview = common::result_of(&reply)["structuredContent"].clone();
         assert_eq!(preview["status"], "preview", "{reply}");
-        (preview["confirm_token"].clone(), preview["confirm_summary"].clone())
+        (
+            preview["confirm_token"].clone(),
+            preview["confirm_summary"].clone(),
+        )
     };
     let confirm = |server: &mut Server, (token, summary): &(Value, Value)| {
         server.call(

@@ -28,9 +28,11 @@
 //!   on each call (one failed `open` when running), and fail-closed: an unreadable halt file halts.
 //! - [`rights`]: the rights file mapping principals to the tools they may call. Re-read when it
 //!   changes, so a revocation applies to the next call; an invalid file refuses every call.
-//! - [`rates`]: token buckets (per principal, per tool), taken all-or-nothing per call.
+//! - [`rates`]: token buckets (per principal, per tool), taken all-or-nothing per call. In
+//!   memory, or in the database every replica shares (`GatedBuilder::store_url`).
 //! - [`confirmation`]: pending two-step actions. A preview issues a one-time token; the confirming
-//!   call must present it with the preview's exact summary. In memory, per process.
+//!   call must present it with the preview's exact summary. In memory, per process, or in the
+//!   database every replica shares.
 //! - [`paths`]: whether a path argument, with symbolic links followed, stays inside the allowed
 //!   roots.
 //! - `versions` and `duplicates`: the object as it is now, asked of the server's

@@ -642,7 +642,10 @@ mod tests {
         assert_eq!(granted, 20);
         let limited = b.take(&keys).unwrap().unwrap_err();
         assert_eq!(limited.key_index, 0);
-        assert!(limited.retry_after <= Duration::from_secs(60), "{limited:?}");
+        assert!(
+            limited.retry_after <= Duration::from_secs(60),
+            "{limited:?}"
+        );
         // The principal's bucket lost one token per granted call only.
         let principal = [key("principal:p", 100, 1)];
         for _ in 0..80 {
