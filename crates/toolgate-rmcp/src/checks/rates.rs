@@ -653,4 +653,31 @@ mod tests {
         }
         assert!(a.take(&principal).unwrap().is_err());
     }
+
+    /// A database that stops answering refuses to count (the check then refuses the call),
+    /// naming the database and never the password; counting resumes when it is back.
+    #[cfg(feature = "postgres")]
+    #[test]
+    fn database_buckets_fail_closed_while_the_database_is_down() {
+        let cluster = toolgate_pgtest::PgCluster::start().unwrap();
+        let url = cluster.create_database("rates_down").unwrap();
+        let store = toolgate_storage::postgres::PgStore::connect(&url).unwrap();
+        let rates = Rates::in_database(store).unwrap();
+        let keys = [key("tool:send", 5, 60)];
+        rates.take(&keys).unwrap().unwrap();
+        cluster.stop_immediate().unwrap();
+        let cause = rates.take(&keys).unwrap_err();
+        assert!(cause.contains("PostgreSQL"), "{cause}");
+        assert!(!cause.contains(toolgate_pgtest::PASSWORD), "{cause}");
+        cluster.start_again().unwrap();
+        // The pool replaces the broken connections: counting works again without a restart.
+        let back = (0..300).find_map(|_| match rates.take(&keys) {
+            Ok(taken) => Some(taken),
+            Err(_) => {
+                std::thread::sleep(Duration::from_millis(100));
+                None
+            }
+        });
+        assert_eq!(back, Some(Ok(())));
+    }
 }

@@ -991,4 +991,40 @@ mod tests {
         );
         assert_eq!(p.len_ok(t(0)), 0);
     }
+
+    /// A database that stops answering issues, confirms and rejects nothing, saying why
+    /// without the password; a token issued before is confirmed once it is back.
+    #[cfg(feature = "postgres")]
+    #[test]
+    fn database_failures_do_nothing_and_name_the_cause() {
+        let cluster = toolgate_pgtest::PgCluster::start().unwrap();
+        let url = cluster.create_database("pending_down").unwrap();
+        let store = toolgate_storage::postgres::PgStore::connect(&url).unwrap();
+        let p = PendingActions::in_database(TTL, store).unwrap();
+        let token = issue(&p, "alice", t(0));
+        cluster.stop_immediate().unwrap();
+        let refusals = [
+            p.prepare(action("alice"), t(1)).map(drop),
+            p.confirm(&token, SUMMARY, "alice", t(1)).map(drop),
+            p.reject(&token, "alice", t(1)).map(drop),
+        ];
+        for refusal in refusals {
+            let error = refusal.unwrap_err();
+            assert_eq!(error.code(), "store_unavailable", "{error}");
+            assert!(error.to_string().contains("PostgreSQL"), "{error}");
+            assert!(
+                !error.to_string().contains(toolgate_pgtest::PASSWORD),
+                "{error}"
+            );
+        }
+        cluster.start_again().unwrap();
+        let confirmed = (0..300).find_map(|_| match p.confirm(&token, SUMMARY, "alice", t(2)) {
+            Err(ConfirmError::Store { .. }) => {
+                std::thread::sleep(Duration::from_millis(100));
+                None
+            }
+            other => Some(other),
+        });
+        assert_eq!(confirmed, Some(Ok(action("alice"))));
+    }
 }

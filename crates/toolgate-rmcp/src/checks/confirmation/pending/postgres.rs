@@ -209,16 +209,6 @@ pub(super) fn decide(
                 "locked" => TokenState::Locked,
                 _ => TokenState::Expired,
             };
-            let set = |next: TokenState| {
-                let dead = !matches!(next, TokenState::Live { .. });
-                let wrong = match next {
-                    TokenState::Live { wrong_summaries } => {
-                        i32::try_from(wrong_summaries).unwrap_or(i32::MAX)
-                    }
-                    _ => row.get::<_, i32>(2),
-                };
-                (state_text(next), wrong, dead)
-            };
             let verdict = judge(&owner, state, time(row.get(3)), &principal, now);
             let (next, verdict) = match (verdict, &summary) {
                 (Err(ConfirmError::Expired), _) if matches!(state, TokenState::Live { .. }) => {
@@ -231,13 +221,24 @@ pub(super) fn decide(
                     summary_step(wrong_summaries, stored == Some(summary.as_str()))
                 }
             };
-            let (text, wrong, dead) = set(next);
+            // A dead token keeps its count and loses its action.
+            let (wrong, dead) = match next {
+                TokenState::Live { wrong_summaries } => {
+                    (i32::try_from(wrong_summaries).unwrap_or(i32::MAX), false)
+                }
+                _ => (row.get::<_, i32>(2), true),
+            };
             tx.execute(
                 "UPDATE toolgate_pending SET state = $2, wrong_summaries = $3,
                      arguments = CASE WHEN $4 THEN NULL ELSE arguments END,
                      summary = CASE WHEN $4 THEN NULL ELSE summary END
                  WHERE token_hash = $1",
-                &[&hash.as_bytes().as_slice(), &text, &wrong, &dead],
+                &[
+                    &hash.as_bytes().as_slice(),
+                    &state_text(next),
+                    &wrong,
+                    &dead,
+                ],
             )
             .await
             .map_err(fail(&database, "record a confirmation"))?;
