@@ -22,9 +22,9 @@
 //!
 //! # Shared by replicas
 //!
-//! With the feature `postgres`, [`Rates`] can keep the buckets in the database every replica
+//! With the feature `postgres`, the check (`Rates`) can keep the buckets in the database every replica
 //! uses (`rates/postgres.rs`): one row per key, taken under the rows' locks in one transaction
-//! by the same arithmetic ([`take`]), timed by the database's clock, so a limit of N per minute
+//! by the same arithmetic (`take`), timed by the database's clock, so a limit of N per minute
 //! admits N calls across all replicas together.
 
 use std::collections::HashMap;

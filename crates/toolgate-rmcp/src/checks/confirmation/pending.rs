@@ -6,10 +6,10 @@
 //! is [`ConfirmError::Unknown`] and the caller asks for a new preview. Nothing is written to disk:
 //! a token is worth nothing after a crash, which is the safe direction.
 //!
-//! With the feature `postgres`, [`PendingActions::in_database`] keeps them in the database every
+//! With the feature `postgres`, `PendingActions::in_database` keeps them in the database every
 //! replica shares (`pending/postgres.rs`): a preview issued by one replica can be confirmed on
 //! another, once across all of them (the token's row is locked for the decision). The same rules
-//! ([`judge`], [`summary_step`]) decide in both places; times are the callers' wall clocks. The
+//! (`judge`, `summary_step`) decide in both places; times are the callers' wall clocks. The
 //! database holds a live action's arguments and summary (as the process's memory does) and drops
 //! them when the token dies.
 //!
