@@ -357,13 +357,15 @@ impl<H: ServerHandler> GatedBuilder<H> {
     }
 
     /// A PostgreSQL database (`postgres://USER[:PASSWORD]@HOST[:PORT]/DATABASE`) that holds the
-    /// exactly-once store, the audit chain, the kill switch, the rate-limit buckets and the
-    /// pending confirmations, shared by every replica using the same database (a limit counts
-    /// calls across replicas; a preview issued by one is confirmed once on any);
+    /// exactly-once store, the audit chain, the kill switch, the rate-limit buckets, the pending
+    /// confirmations and the rights, shared by every replica using the same database (a limit
+    /// counts calls across replicas; a preview issued by one is confirmed once on any; rights set
+    /// with `RightsFile::set_in_database` apply to every replica's next call);
     /// opened (connected, schema migrated) at [`GatedBuilder::build`], which fails naming the
     /// cause when the database cannot be reached, refuses the credentials, or has a newer schema.
     /// Takes precedence over [`GatedBuilder::ledger`] for those parts, not over an explicit
-    /// [`GatedBuilder::audit`], [`GatedBuilder::effect_store`] or [`GatedBuilder::kill_switch`]. See `docs/postgres.md`.
+    /// [`GatedBuilder::audit`], [`GatedBuilder::effect_store`], [`GatedBuilder::kill_switch`] or
+    /// [`GatedBuilder::rights`]. See `docs/postgres.md`.
     #[cfg(feature = "postgres")]
     pub fn store_url(mut self, url: impl Into<String>) -> Self {
         self.store_url = Some(url.into());
@@ -371,8 +373,9 @@ impl<H: ServerHandler> GatedBuilder<H> {
     }
 
     /// As [`GatedBuilder::store_url`], on a database the caller has already connected (and
-    /// opened some parts on, passed explicitly): the parts not given explicitly, the rate-limit
-    /// buckets and the pending confirmations are kept there. A store URL takes precedence.
+    /// opened some parts on, passed explicitly): the parts not given explicitly (the rights
+    /// among them), the rate-limit buckets and the pending confirmations are kept there. A store
+    /// URL takes precedence.
     #[cfg(feature = "postgres")]
     pub fn database(mut self, store: toolgate_storage::postgres::PgStore) -> Self {
         self.database = Some(store);
@@ -560,9 +563,12 @@ impl<H: ServerHandler> GatedBuilder<H> {
         };
         #[cfg(feature = "postgres")]
         if let Some(store) = database {
-            // Rate limits and pending confirmations count across every replica.
+            // Rate limits, pending confirmations and rights count across every replica.
             rates = crate::checks::rates::Rates::in_database(store.clone())?;
             pending = PendingActions::in_database(pending_ttl, store.clone())?;
+            if self.rights.is_none() {
+                self.rights = Some(RightsFile::in_database(store.clone())?);
+            }
             if self.effects.is_none() {
                 let config = effect_config(PathBuf::new(), &policy);
                 self.effects = Some(Arc::new(toolgate_commit::effect::PgEffects::open(

@@ -67,7 +67,8 @@ pub struct ServerOptions {
     /// The rights file (`--rights`, `TOOLGATE_RIGHTS_FILE`); without it only the policy decides.
     pub rights: Option<PathBuf>,
     /// A PostgreSQL database (`--store`, `TOOLGATE_STORE`: `postgres://USER[:PASSWORD]@HOST[:PORT]/DB`)
-    /// that holds the exactly-once store, the audit chain and the kill switch instead of the
+    /// that holds the exactly-once store, the audit chain, the kill switch, the rights, rate
+    /// limits and pending confirmations instead of the
     /// ledger's files, shared by every replica on the same database. The ledger directory keeps
     /// the notes. Needs the feature `postgres` (on by default).
     pub store: Option<String>,
@@ -192,6 +193,13 @@ fn open_database_stores(
     url: &str,
     policy: &Policy,
 ) -> anyhow::Result<Stores> {
+    if let Some(path) = &options.rights {
+        anyhow::bail!(
+            "the rights of replicas on a store are kept in the database, not in {}: load it once with `{SERVER_NAME} --store URL rights set {}` and leave out --rights / TOOLGATE_RIGHTS_FILE",
+            path.display(),
+            path.display()
+        );
+    }
     let store = connect_store(options, url)?;
     let config = toolgate::ledger_effect_config(&options.ledger, policy);
     let effects = toolgate::effect::PgEffects::open(store.clone(), &config)
@@ -722,6 +730,65 @@ pub fn resume(options: &ServerOptions) -> anyhow::Result<Option<toolgate::guard:
     let lifted = toolgate::operator::resume(&ledger_switch(options)?, audit.sink().as_ref())?;
     audit.checkpoint()?;
     Ok(lifted)
+}
+
+/// Why the operator's rights commands need `--store`.
+fn rights_need_a_store() -> anyhow::Error {
+    anyhow::anyhow!(
+        "the rights of a server without --store are the file named by --rights (re-read on the next call): edit that file; `rights set` and `rights show` need --store or TOOLGATE_STORE"
+    )
+}
+
+/// The database of `--store`, for the operator's rights commands.
+#[cfg(feature = "postgres")]
+fn rights_store(options: &ServerOptions) -> anyhow::Result<toolgate::storage::postgres::PgStore> {
+    let url = options.store.as_ref().ok_or_else(rights_need_a_store)?;
+    connect_store(options, url)
+}
+
+#[cfg(not(feature = "postgres"))]
+fn rights_store(options: &ServerOptions) -> anyhow::Result<()> {
+    options.store.as_ref().ok_or_else(rights_need_a_store)?;
+    Err(no_postgres())
+}
+
+/// Sets the rights of every replica on the database of `--store` to the rights file at `file`
+/// (validated first), or clears them (`None`), and records it. Returns the digest now in force.
+#[cfg(feature = "postgres")]
+pub fn set_rights(
+    options: &ServerOptions,
+    file: Option<&Path>,
+) -> anyhow::Result<Option<toolgate::canon::Sha256Digest>> {
+    let store = rights_store(options)?;
+    let audit = operator_audit(options)?;
+    Ok(toolgate::operator::set_rights(
+        store,
+        audit.sink().as_ref(),
+        file,
+    )?)
+}
+
+/// The rights document in force on the database of `--store`, if one is set.
+#[cfg(feature = "postgres")]
+pub fn rights_document(options: &ServerOptions) -> anyhow::Result<Option<Vec<u8>>> {
+    Ok(toolgate::guard::RightsFile::document_in_database(
+        rights_store(options)?,
+    )?)
+}
+
+/// Without the feature `postgres` there is no database to keep rights in.
+#[cfg(not(feature = "postgres"))]
+pub fn set_rights(
+    options: &ServerOptions,
+    _: Option<&Path>,
+) -> anyhow::Result<Option<toolgate::canon::Sha256Digest>> {
+    rights_store(options).map(|()| None)
+}
+
+/// Without the feature `postgres` there is no database to keep rights in.
+#[cfg(not(feature = "postgres"))]
+pub fn rights_document(options: &ServerOptions) -> anyhow::Result<Option<Vec<u8>>> {
+    rights_store(options).map(|()| None)
 }
 
 /// Removes completed exactly-once records older than their retention window, and records the

@@ -57,7 +57,8 @@ struct Cli {
     #[arg(long, env = "TOOLGATE_PRINCIPAL", global = true)]
     principal: Option<String>,
     /// The rights file: which tools each principal may call, re-read so that a revocation takes
-    /// effect on the next call. Without it only the policy decides.
+    /// effect on the next call. Without it only the policy decides. With --store the rights are
+    /// the database's (`rights set`).
     #[arg(long, env = "TOOLGATE_RIGHTS_FILE", global = true)]
     rights: Option<PathBuf>,
     /// The most requests read from stdin and not yet answered (default 64); past it the server
@@ -68,9 +69,10 @@ struct Cli {
     /// with an error reply and discarded without being held in memory.
     #[arg(long, env = "TOOLGATE_MAX_LINE_BYTES", global = true)]
     max_line_bytes: Option<NonZeroUsize>,
-    /// A PostgreSQL database for the exactly-once store, the audit chain and the kill switch,
-    /// shared by every replica on it (postgres://USER[:PASSWORD]@HOST[:PORT]/DATABASE); the ledger
-    /// keeps the notes. The password is never logged.
+    /// A PostgreSQL database for the exactly-once store, the audit chain, the kill switch, the
+    /// rights, rate limits and pending confirmations, shared by every replica on it
+    /// (postgres://USER[:PASSWORD]@HOST[:PORT]/DATABASE); the ledger keeps the notes. The
+    /// password is never logged.
     #[arg(long, env = "TOOLGATE_STORE", global = true, hide_env_values = true)]
     store: Option<String>,
     #[command(subcommand)]
@@ -101,6 +103,13 @@ enum Command {
     },
     /// Lift the kill switch (audited).
     Resume,
+    /// The rights of every replica on the database of --store (which tools each principal may
+    /// call), applied on each replica's next call; audited. Without --store the rights are the
+    /// file named by --rights.
+    Rights {
+        #[command(subcommand)]
+        command: RightsCommand,
+    },
     /// The exactly-once effect store under the ledger.
     Effects {
         #[command(subcommand)]
@@ -111,6 +120,19 @@ enum Command {
         #[command(subcommand)]
         command: ContractCommand,
     },
+}
+
+#[derive(Debug, Subcommand)]
+enum RightsCommand {
+    /// Replace the rights with those of a rights file (validated first; format in docs/guard.md).
+    Set {
+        /// The rights file.
+        file: PathBuf,
+    },
+    /// Remove the rights: only the policy decides (as without a rights file).
+    Clear,
+    /// Print the rights document in force.
+    Show,
 }
 
 #[derive(Debug, Subcommand)]
@@ -392,6 +414,34 @@ fn main() -> ExitCode {
                 ExitCode::SUCCESS
             }
             Err(error) => fail(&error),
+        },
+        Command::Rights { command } => match command {
+            RightsCommand::Set { file } => match toolgate_server::set_rights(&paths, Some(&file)) {
+                Ok(digest) => {
+                    let digest = digest.map(|d| d.to_hex()).unwrap_or_default();
+                    println!("rights set: sha256:{digest} applies to every replica's next call");
+                    ExitCode::SUCCESS
+                }
+                Err(error) => fail(&error),
+            },
+            RightsCommand::Clear => match toolgate_server::set_rights(&paths, None) {
+                Ok(_) => {
+                    println!("rights cleared: only the policy decides");
+                    ExitCode::SUCCESS
+                }
+                Err(error) => fail(&error),
+            },
+            RightsCommand::Show => match toolgate_server::rights_document(&paths) {
+                Ok(Some(document)) => {
+                    println!("{}", String::from_utf8_lossy(&document).trim_end());
+                    ExitCode::SUCCESS
+                }
+                Ok(None) => {
+                    println!("no rights are set: only the policy decides");
+                    ExitCode::SUCCESS
+                }
+                Err(error) => fail(&error),
+            },
         },
         Command::Effects {
             command: EffectsCommand::Prune,

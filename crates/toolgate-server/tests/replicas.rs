@@ -571,3 +571,111 @@ fn a_preview_from_one_replica_is_confirmed_once_on_another() {
     assert_eq!(confirmed, 2, "one run per confirmed token");
     assert_store_verifies(&envs[0], &url);
 }
+
+#[test]
+fn rights_set_through_the_store_apply_to_every_replica_on_its_next_call() {
+    let url = database("rights");
+    let envs: Vec<TestEnv> = (0..3).map(|_| TestEnv::new()).collect();
+    let mut a = replica(&envs[0], &url);
+    let mut b = replica(&envs[1], &url);
+    // No rights set: the policy decides.
+    assert_eq!(
+        note_status(&a.write_note("req-rights-0001", "one")),
+        "committed"
+    );
+
+    // The operator revokes write_note of `local` (the stdio principal) from a third machine.
+    let file = envs[2].path("rights.json");
+    let rights = |text: &str| {
+        std::fs::write(&file, text).unwrap();
+        operator(&envs[2], &url, &["rights", "set", file.to_str().unwrap()])
+    };
+    let output = rights(r#"{"version":1,"principals":{"local":{"tools":["read_ledger"]}}}"#);
+    assert!(output.status.success(), "{}", output_text(&output));
+    for server in [&mut a, &mut b] {
+        let reply = server.write_note("req-rights-0002", "two");
+        assert_eq!(
+            reply["error"]["code"],
+            json!(common::INVALID_PARAMS),
+            "{reply}"
+        );
+        assert!(!server.list_tool_names().contains(&"write_note".to_owned()));
+        assert!(
+            server
+                .call("read_ledger", json!({}))
+                .get("result")
+                .is_some()
+        );
+    }
+    assert!(!envs[0].note_path("req-rights-0002").exists());
+    let shown = operator(&envs[2], &url, &["rights", "show"]);
+    assert!(
+        output_text(&shown).contains("read_ledger"),
+        "{}",
+        output_text(&shown)
+    );
+
+    // An invalid file changes nothing and says why, naming the file.
+    let output = rights(r#"{"version":1,"principals":{"local":{"tool":["write_note"]}}}"#);
+    assert_eq!(output.status.code(), Some(2), "{}", output_text(&output));
+    assert!(
+        output_text(&output).contains("rights.json"),
+        "{}",
+        output_text(&output)
+    );
+    let reply = a.write_note("req-rights-0002", "two");
+    assert_eq!(
+        reply["error"]["code"],
+        json!(common::INVALID_PARAMS),
+        "{reply}"
+    );
+
+    // Cleared: the policy decides again, on every replica.
+    let output = operator(&envs[2], &url, &["rights", "clear"]);
+    assert!(output.status.success(), "{}", output_text(&output));
+    assert_eq!(
+        note_status(&b.write_note("req-rights-0002", "two")),
+        "committed"
+    );
+    assert!(a.close().success());
+    assert!(b.close().success());
+
+    // Without a store the rights are a file: the commands say so.
+    let output = common::run_to_end({
+        let mut command = envs[2].command();
+        command.args(["rights", "show"]);
+        command
+    });
+    assert_eq!(output.status.code(), Some(2), "{}", output_text(&output));
+    assert!(
+        output_text(&output).contains("--rights"),
+        "{}",
+        output_text(&output)
+    );
+    // A rights file beside a store would be a second truth: refused at start.
+    let env = TestEnv::new();
+    let mut start = command(&env, &url);
+    start.arg("--rights").arg(&file);
+    let output = common::run_to_end(start);
+    assert_eq!(output.status.code(), Some(2), "{}", output_text(&output));
+    assert!(
+        output_text(&output).contains("rights set"),
+        "{}",
+        output_text(&output)
+    );
+    assert!(!env.ledger.exists(), "a refused start writes nothing");
+
+    let records = exported_records(&envs[2], &url);
+    let changes: Vec<&str> = records
+        .iter()
+        .filter(|r| r["method"] == "admin/rights")
+        .map(|r| r["reason"].as_str().unwrap_or_default())
+        .collect();
+    assert_eq!(
+        changes.len(),
+        2,
+        "set and clear, not the refused file: {changes:?}"
+    );
+    assert!(changes[0].starts_with("rights set: sha256:"), "{changes:?}");
+    assert_store_verifies(&envs[2], &url);
+}

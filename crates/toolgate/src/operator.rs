@@ -22,7 +22,7 @@ pub use cli::{Cli, Command, DEFAULT_LEDGER, DEFAULT_POLICY, Format, UsageError, 
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum OperatorError {
-    /// The kill switch could not be set or lifted.
+    /// The kill switch could not be set or lifted, or the rights could not be set.
     #[error(transparent)]
     KillSwitch(#[from] GuardError),
     /// The exactly-once store could not be pruned.
@@ -110,6 +110,31 @@ pub fn prune_effects(
         &json!({"removed": removed}),
     ))?;
     Ok(removed)
+}
+
+/// Sets the rights of every replica on the database of `store` to the rights file at `file`
+/// (validated first: an invalid file changes nothing), or clears them (`None`: only the policy
+/// decides), and records `admin/rights` (`reloaded`, the new document's digest in the reason).
+/// Returns that digest.
+#[cfg(feature = "postgres")]
+pub fn set_rights(
+    store: toolgate_storage::postgres::PgStore,
+    audit: &dyn AuditSink,
+    file: Option<&std::path::Path>,
+) -> Result<Option<Sha256Digest>, OperatorError> {
+    let digest = toolgate_rmcp::checks::RightsFile::set_in_database(store, file)?;
+    let reason = match &digest {
+        Some(digest) => format!("rights set: sha256:{digest}"),
+        None => "rights cleared: only the policy decides".to_owned(),
+    };
+    audit.append(&entry(
+        "admin/rights",
+        "rights",
+        Outcome::Reloaded,
+        reason,
+        &json!({"rights": digest.map(|d| d.to_hex())}),
+    ))?;
+    Ok(digest)
 }
 
 #[cfg(test)]

@@ -27,7 +27,8 @@
 //! - [`kill_switch`]: `<ledger_dir>/halt.json`. While it exists every call is refused. Read fresh
 //!   on each call (one failed `open` when running), and fail-closed: an unreadable halt file halts.
 //! - [`rights`]: the rights file mapping principals to the tools they may call. Re-read when it
-//!   changes, so a revocation applies to the next call; an invalid file refuses every call.
+//!   changes, so a revocation applies to the next call; an invalid file refuses every call. Or
+//!   the same document in the database every replica shares.
 //! - [`rates`]: token buckets (per principal, per tool), taken all-or-nothing per call. In
 //!   memory, or in the database every replica shares (`GatedBuilder::store_url`).
 //! - [`confirmation`]: pending two-step actions. A preview issues a one-time token; the confirming

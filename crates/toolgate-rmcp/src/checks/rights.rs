@@ -26,6 +26,16 @@
 //! A missing, unreadable or invalid file is an error naming the path and the problem (the gate
 //! refuses the call); the cache is dropped, so no stale grant survives a broken file, and the next
 //! call tries again.
+//!
+//! # Shared by replicas
+//!
+//! With the feature `postgres`, `RightsFile::in_database` reads the same document from the
+//! database every replica uses (`rights/postgres.rs`): one row, its version read on every call
+//! (the document only when the version changed), so a revocation through any replica's operator
+//! command applies to the next call of all of them. The operator sets it with
+//! `RightsFile::set_in_database` (validated like a file first); while none is set every
+//! principal has every tool the policy allows, as without a rights file. A row that is missing
+//! or invalid, or a database that cannot be read, refuses every call.
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::fmt;
@@ -93,6 +103,9 @@ impl Rights {
 pub struct RightsFile {
     path: PathBuf,
     cache: Mutex<Option<Cached>>,
+    /// Set when the document lives in a database instead of the file at `path`.
+    #[cfg(feature = "postgres")]
+    database: Option<postgres::RightsRow>,
     #[cfg(test)]
     counters: test_counters::Counters,
 }
@@ -108,6 +121,8 @@ struct Cached {
 struct Grants {
     digest: Sha256Digest,
     principals: HashMap<String, Rights>,
+    /// No document is set (a database without rights): every principal has every tool.
+    everyone: bool,
 }
 
 impl Grants {
@@ -116,12 +131,15 @@ impl Grants {
             .get(principal)
             .cloned()
             .unwrap_or_else(|| Rights {
-                all: false,
+                all: self.everyone,
                 tools: Arc::default(),
                 file_digest: self.digest,
             })
     }
 }
+
+#[cfg(feature = "postgres")]
+mod postgres;
 
 /// What identifies one version of the file without reading it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -182,9 +200,53 @@ impl RightsFile {
         RightsFile {
             path: path.into(),
             cache: Mutex::new(None),
+            #[cfg(feature = "postgres")]
+            database: None,
             #[cfg(test)]
             counters: test_counters::Counters::default(),
         }
+    }
+
+    /// The rights of every replica on the database of `store` (see the
+    /// [module documentation](self)). Creates or migrates their table.
+    #[cfg(feature = "postgres")]
+    pub fn in_database(store: toolgate_storage::postgres::PgStore) -> Result<Self, GuardError> {
+        let row = postgres::RightsRow::open(store)?;
+        let mut rights = RightsFile::new(PathBuf::new());
+        rights.database = Some(row);
+        Ok(rights)
+    }
+
+    /// Sets the rights of every replica on the database of `store` to the rights file at `file`
+    /// (read and validated first: an invalid file changes nothing), or clears them (`None`:
+    /// every principal has every tool the policy allows). Returns the digest of the document
+    /// now in force.
+    #[cfg(feature = "postgres")]
+    pub fn set_in_database(
+        store: toolgate_storage::postgres::PgStore,
+        file: Option<&Path>,
+    ) -> Result<Option<Sha256Digest>, GuardError> {
+        let document = match file {
+            Some(path) => {
+                let bytes = read_document(path)?;
+                let digest = Sha256Digest::of(&bytes);
+                parse(&bytes, digest).map_err(|problem| GuardError::RightsInvalid {
+                    path: path.to_owned(),
+                    problem,
+                })?;
+                Some(bytes)
+            }
+            None => None,
+        };
+        postgres::RightsRow::open(store)?.set(document)
+    }
+
+    /// The document in force on the database of `store`, if one is set.
+    #[cfg(feature = "postgres")]
+    pub fn document_in_database(
+        store: toolgate_storage::postgres::PgStore,
+    ) -> Result<Option<Vec<u8>>, GuardError> {
+        postgres::RightsRow::open(store)?.document()
     }
 
     /// The file's path.
@@ -210,6 +272,10 @@ impl RightsFile {
     }
 
     fn load(&self, now: SystemTime) -> Result<Arc<Grants>, GuardError> {
+        #[cfg(feature = "postgres")]
+        if let Some(row) = &self.database {
+            return row.load();
+        }
         // A poisoned lock only means another thread panicked while holding it. The cache is only
         // ever replaced by whole assignments, so it is a valid (possibly empty) cache either way.
         let mut cache = self.cache.lock().unwrap_or_else(PoisonError::into_inner);
@@ -377,7 +443,41 @@ fn parse(bytes: &[u8], digest: Sha256Digest) -> Result<Grants, String> {
         };
         principals.insert(name, rights);
     }
-    Ok(Grants { digest, principals })
+    Ok(Grants {
+        digest,
+        principals,
+        everyone: false,
+    })
+}
+
+/// The bytes of the rights file at `path` (a regular file, capped), for setting them elsewhere.
+#[cfg(feature = "postgres")]
+fn read_document(path: &Path) -> Result<Vec<u8>, GuardError> {
+    let invalid = |problem: String| GuardError::RightsInvalid {
+        path: path.to_owned(),
+        problem,
+    };
+    let file = toolgate_storage::open_regular_read(path, toolgate_storage::Symlinks::Follow)
+        .map_err(|e| match toolgate_storage::FileProblem::of(&e) {
+            Some(problem) => invalid(problem.to_string()),
+            None => GuardError::RightsUnreadable {
+                path: path.to_owned(),
+                source: e,
+            },
+        })?;
+    let mut bytes = Vec::new();
+    file.take(MAX_RIGHTS_FILE_BYTES + 1)
+        .read_to_end(&mut bytes)
+        .map_err(|source| GuardError::RightsUnreadable {
+            path: path.to_owned(),
+            source,
+        })?;
+    if bytes.len() as u64 > MAX_RIGHTS_FILE_BYTES {
+        return Err(invalid(format!(
+            "it is larger than {MAX_RIGHTS_FILE_BYTES} bytes"
+        )));
+    }
+    Ok(bytes)
 }
 
 use toolgate_canon::names::{is_principal_name, is_tool_name};
@@ -789,5 +889,68 @@ mod tests {
         fn check<T: Send + Sync>() {}
         check::<RightsFile>();
         check::<Rights>();
+    }
+
+    /// Rights in a database: none set grants everything the policy allows; a document set from
+    /// a file applies to every reader's next call, revocations included; an invalid file
+    /// changes nothing; a missing row or a database that is down refuses (fail closed).
+    #[cfg(feature = "postgres")]
+    #[test]
+    fn database_rights_are_shared_revoked_on_the_next_call_and_fail_closed() {
+        use toolgate_storage::postgres::PgStore;
+        let cluster = toolgate_pgtest::PgCluster::start().unwrap();
+        let url = cluster.create_database("rights").unwrap();
+        let db = url.rsplit('/').next().unwrap().to_owned();
+        let connect = || PgStore::connect(&url).unwrap();
+        let (a, b) = (
+            RightsFile::in_database(connect()).unwrap(),
+            RightsFile::in_database(connect()).unwrap(),
+        );
+        assert!(a.rights("alice").unwrap().allows_all(), "none set");
+        assert_eq!(RightsFile::document_in_database(connect()).unwrap(), None);
+
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("rights.json");
+        let set = |content: &str| {
+            std::fs::write(&file, content).unwrap();
+            RightsFile::set_in_database(connect(), Some(&file))
+        };
+        let granted = r#"{"version":1,"principals":{"alice":{"tools":["write_note"]}}}"#;
+        let digest = set(granted).unwrap().unwrap();
+        let alice = b.rights("alice").unwrap();
+        assert!(alice.allows("write_note") && !alice.allows("rm_rf"));
+        assert_eq!(alice.file_digest(), digest);
+        assert!(b.rights("bob").unwrap().is_empty());
+        assert_eq!(
+            RightsFile::document_in_database(connect()).unwrap(),
+            Some(granted.as_bytes().to_vec())
+        );
+
+        // A revocation through any replica applies to the next call of every reader.
+        set(r#"{"version":1,"principals":{"alice":{"tools":["read_ledger"]}}}"#).unwrap();
+        for reader in [&a, &b] {
+            let alice = reader.rights("alice").unwrap();
+            assert!(!alice.allows("write_note") && alice.allows("read_ledger"));
+        }
+        // An invalid file is refused naming it, and the rights in force stay.
+        let error = set(r#"{"version":1,"principals":{"alice":{"tool":[]}}}"#).unwrap_err();
+        assert!(matches!(error, GuardError::RightsInvalid { .. }), "{error}");
+        assert!(a.rights("alice").unwrap().allows("read_ledger"));
+        // Cleared: only the policy decides.
+        RightsFile::set_in_database(connect(), None).unwrap();
+        assert!(a.rights("zed").unwrap().allows_all());
+
+        // The row deleted by hand refuses every call, naming the fix; setting rights restores.
+        cluster.psql(&db, "DELETE FROM toolgate_rights").unwrap();
+        let error = a.rights("alice").unwrap_err().to_string();
+        assert!(error.contains("rights set"), "{error}");
+        set(granted).unwrap();
+        assert!(a.rights("alice").unwrap().allows("write_note"));
+
+        // A database that is down refuses, naming PostgreSQL and not the password.
+        cluster.stop_immediate().unwrap();
+        let error = b.rights("alice").unwrap_err().to_string();
+        assert!(error.contains("PostgreSQL"), "{error}");
+        assert!(!error.contains(toolgate_pgtest::PASSWORD), "{error}");
     }
 }
