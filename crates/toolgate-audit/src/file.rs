@@ -39,7 +39,7 @@ use toolgate_storage::{GroupCommit, LockFile};
 pub type FaultHook = std::sync::Arc<dyn Fn(&'static str) + Send + Sync>;
 
 /// Checkpoint interval used when a key is set and [`AuditConfig::checkpoint_every`] is not.
-const DEFAULT_CHECKPOINT_EVERY: u64 = 1000;
+pub const DEFAULT_CHECKPOINT_EVERY: u64 = 1000;
 
 /// How to open a [`FileAuditLog`].
 pub struct AuditConfig {
@@ -918,6 +918,23 @@ impl AuditSink for FileAuditLog {
             seq: io.seq,
             sha256: io.head,
         })
+    }
+
+    fn export_checkpoints(&self, out: &mut dyn std::io::Write) -> Result<u64, AuditError> {
+        let Some(cps) = &self.checkpoints else {
+            return Ok(0);
+        };
+        let mut written = Ok(0);
+        crate::verify::for_each_checkpoint_line(&cps.path, |_, line| {
+            if let Ok(count) = &mut written {
+                written = out
+                    .write_all(line)
+                    .and_then(|()| out.write_all(b"\n"))
+                    .map(|()| *count + 1)
+                    .map_err(|source| AuditError::Export { source });
+            }
+        })?;
+        written
     }
 
     fn export(&self, out: &mut dyn std::io::Write) -> Result<u64, AuditError> {

@@ -30,7 +30,7 @@ pub use checkpoint::Checkpoint;
 pub use error::AuditError;
 #[cfg(feature = "fault-injection")]
 pub use file::FaultHook;
-pub use file::{AuditConfig, AuditStats, FileAuditLog, Recovery};
+pub use file::{AuditConfig, AuditStats, DEFAULT_CHECKPOINT_EVERY, FileAuditLog, Recovery};
 pub use memory::MemoryAuditLog;
 pub use outcome::Outcome;
 #[cfg(feature = "postgres")]
@@ -40,7 +40,7 @@ pub use segments::read_records;
 pub use toolgate_canon::{HmacKey, KeyError};
 pub use verify::{
     Problem, ProblemKind, VerifyOptions, VerifyReport, Warning, WarningKind, verify, verify_file,
-    verify_reader, verify_sink,
+    verify_reader, verify_sink, verify_sink_with,
 };
 
 /// The gate's decision for one call, written as `"allow"` or `"deny"`.
@@ -200,6 +200,10 @@ impl<T: AuditSink + ?Sized> AuditSink for std::sync::Arc<T> {
         (**self).export(out)
     }
 
+    fn export_checkpoints(&self, out: &mut dyn std::io::Write) -> Result<u64, AuditError> {
+        (**self).export_checkpoints(out)
+    }
+
     fn may_block(&self) -> bool {
         (**self).may_block()
     }
@@ -223,6 +227,14 @@ pub trait AuditSink: Send + Sync + std::fmt::Debug {
     /// Writes every record, in chain order, as its canonical line followed by `\n`, to `out`
     /// (the bytes of an `audit.jsonl` holding the whole chain). Returns how many records.
     fn export(&self, out: &mut dyn std::io::Write) -> Result<u64, AuditError>;
+
+    /// Writes the signed checkpoints the sink keeps beside the chain, oldest first, one canonical
+    /// line each followed by `\n` (the checkpoint file format, docs/audit-format.md), to `out`;
+    /// returns how many. A sink without checkpoints writes none (the default).
+    fn export_checkpoints(&self, out: &mut dyn std::io::Write) -> Result<u64, AuditError> {
+        let _ = out;
+        Ok(0)
+    }
 
     /// Whether `append` may block the calling thread on I/O (the file log fsyncs; a database
     /// sink waits for the server). An async caller then runs it off its executor's threads

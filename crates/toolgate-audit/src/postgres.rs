@@ -14,17 +14,26 @@
 //! its transaction committed with `synchronous_commit` as configured (`on` by default): durable.
 //! [`AuditSink::export`] writes the lines in `seq` order, one per line: the bytes of an
 //! `audit.jsonl` that `audit verify` and any independent verifier accept.
+//!
+//! **Checkpoints** (schema version 2, `toolgate_audit_checkpoints (count, line)`): with a key
+//! ([`PgAuditLog::with_checkpoints`]), the append transaction that carries the chain past a
+//! multiple of `every` records also stores a signed checkpoint of its new head, in the checkpoint
+//! file's line format; [`PgAuditLog::checkpoint`] signs the head on demand (at clean shutdown).
+//! Whoever can write the database can rewrite the chain and its head row together, but cannot
+//! sign: [`crate::verify_sink_with`] with the key finds the re-chained or cut chain.
 
-use toolgate_canon::Sha256Digest;
+use toolgate_canon::{HmacKey, Sha256Digest};
 use toolgate_storage::GroupCommit;
 use toolgate_storage::postgres::{PgError, PgStore, cause, get, query_error};
 
+use crate::checkpoint::Checkpoint;
 use crate::file::now_ns;
 use crate::record::{MAX_LINE_BYTES, seal};
 use crate::{AppendReceipt, AuditEntry, AuditError, AuditSink, ChainHead};
 
 /// The schema of component `audit`, one entry per version.
-const MIGRATIONS: &[&str] = &["CREATE TABLE toolgate_audit (
+const MIGRATIONS: &[&str] = &[
+    "CREATE TABLE toolgate_audit (
         seq bigint PRIMARY KEY,
         sha256 text NOT NULL,
         line text NOT NULL
@@ -35,7 +44,12 @@ const MIGRATIONS: &[&str] = &["CREATE TABLE toolgate_audit (
         sha256 text NOT NULL
     );
     INSERT INTO toolgate_audit_head (id, seq, sha256)
-        VALUES (1, 0, '0000000000000000000000000000000000000000000000000000000000000000');"];
+        VALUES (1, 0, '0000000000000000000000000000000000000000000000000000000000000000');",
+    "CREATE TABLE toolgate_audit_checkpoints (
+        count bigint PRIMARY KEY,
+        line text NOT NULL
+    );",
+];
 
 /// How many rows an export reads per round trip.
 const EXPORT_PAGE: i64 = 1000;
@@ -46,6 +60,8 @@ type Answer = Result<AppendReceipt, AuditError>;
 pub struct PgAuditLog {
     store: PgStore,
     group: GroupCommit<AuditEntry, Answer>,
+    /// The key that signs checkpoints, and every how many records.
+    checkpoints: Option<(HmacKey, u64)>,
 }
 
 impl std::fmt::Debug for PgAuditLog {
@@ -69,12 +85,68 @@ impl PgAuditLog {
                         .to_owned(),
                 })
             }),
+            checkpoints: None,
         })
+    }
+
+    /// Signs a checkpoint with `key` in the append transaction that carries the chain past each
+    /// multiple of `every` records (0 is treated as 1), and at [`PgAuditLog::checkpoint`]. Every
+    /// replica appending to the chain should use the same key; keep it outside the database.
+    pub fn with_checkpoints(mut self, key: HmacKey, every: u64) -> Self {
+        self.checkpoints = Some((key, every.max(1)));
+        self
+    }
+
+    /// Signs a checkpoint of the chain's head now, unless the newest stored checkpoint already
+    /// covers it (or no key is set). Returns the checkpoint written.
+    pub fn checkpoint(&self) -> Result<Option<Checkpoint>, AuditError> {
+        let Some((key, _)) = self.checkpoints.clone() else {
+            return Ok(None);
+        };
+        self.store
+            .run(move |pool, database| async move {
+                let query = |what| query_error(&database, what);
+                let mut client = get(&pool, &database).await?;
+                let tx = client
+                    .transaction()
+                    .await
+                    .map_err(query("write an audit checkpoint"))?;
+                let head = tx
+                    .query_one(
+                        "SELECT seq, sha256 FROM toolgate_audit_head WHERE id = 1 FOR UPDATE",
+                        &[],
+                    )
+                    .await
+                    .map_err(query("lock the audit chain's head"))?;
+                let covered: i64 = tx
+                    .query_one(
+                        "SELECT coalesce(max(count), 0) FROM toolgate_audit_checkpoints",
+                        &[],
+                    )
+                    .await
+                    .map_err(query("read the newest audit checkpoint"))?
+                    .get(0);
+                let seq: i64 = head.get(0);
+                let Ok(sha256) = head.get::<_, String>(1).parse::<Sha256Digest>() else {
+                    return Ok(Err(corrupt_head()));
+                };
+                if seq <= covered {
+                    return Ok(Ok(None));
+                }
+                let checkpoint = sign(&tx, &key, seq, sha256, &database).await?;
+                tx.commit()
+                    .await
+                    .map_err(query("commit an audit checkpoint"))?;
+                Ok::<_, PgError>(Ok(Some(checkpoint)))
+            })
+            .and_then(|r| r)
+            .map_err(backend)?
     }
 
     /// Seals and commits one batch of entries in one transaction; answers every caller.
     fn commit_batch(&self, jobs: Vec<(AuditEntry, toolgate_storage::Caller<Answer>)>) {
         let entries: Vec<AuditEntry> = jobs.iter().map(|(entry, _)| entry.clone()).collect();
+        let checkpoints = self.checkpoints.clone();
         let outcome = self
             .store
             .run(move |pool, database| async move {
@@ -92,14 +164,10 @@ impl PgAuditLog {
                     .await
                     .map_err(query("lock the audit chain's head"))?;
                 let mut seq = u64::try_from(head.get::<_, i64>(0)).unwrap_or(0);
+                let before = seq;
                 let head_hex: String = head.get(1);
                 let Some(mut prev) = head_hex.parse::<Sha256Digest>().ok() else {
-                    return Ok(Err(AuditError::Backend {
-                        cause: format!(
-                            "the audit chain's head row holds {head_hex:?}, not a SHA-256; the \
-                             table was changed outside toolgate: verify it with `audit verify`"
-                        ),
-                    }));
+                    return Ok(Err(corrupt_head()));
                 };
                 let mut answers: Vec<Answer> = Vec::with_capacity(entries.len());
                 let insert = tx
@@ -139,6 +207,11 @@ impl PgAuditLog {
                 )
                 .await
                 .map_err(query("move the audit chain's head"))?;
+                if let Some((key, every)) = &checkpoints
+                    && before / every < seq / every
+                {
+                    sign(&tx, key, seq_param, prev, &database).await?;
+                }
                 tx.commit().await.map_err(query("commit audit records"))?;
                 Ok::<_, PgError>(Ok(answers))
             })
@@ -202,6 +275,30 @@ impl AuditSink for PgAuditLog {
         })
     }
 
+    fn export_checkpoints(&self, out: &mut dyn std::io::Write) -> Result<u64, AuditError> {
+        let lines: Vec<String> = self
+            .store
+            .run(|pool, database| async move {
+                let client = get(&pool, &database).await?;
+                let rows = client
+                    .query(
+                        "SELECT line FROM toolgate_audit_checkpoints ORDER BY count",
+                        &[],
+                    )
+                    .await
+                    .map_err(query_error(&database, "read the audit checkpoints"))?;
+                Ok::<_, PgError>(rows.iter().map(|row| row.get(0)).collect())
+            })
+            .and_then(|r| r)
+            .map_err(backend)?;
+        for line in &lines {
+            out.write_all(line.as_bytes())
+                .and_then(|()| out.write_all(b"\n"))
+                .map_err(|source| AuditError::Export { source })?;
+        }
+        Ok(u64::try_from(lines.len()).unwrap_or(u64::MAX))
+    }
+
     fn export(&self, out: &mut dyn std::io::Write) -> Result<u64, AuditError> {
         let mut after: i64 = 0;
         let mut count = 0u64;
@@ -237,6 +334,35 @@ impl AuditSink for PgAuditLog {
             }
             after = last;
         }
+    }
+}
+
+/// Signs `(seq, head)` and stores it in the transaction `tx`.
+async fn sign(
+    tx: &toolgate_storage::postgres::PgTransaction<'_>,
+    key: &HmacKey,
+    seq: i64,
+    head: Sha256Digest,
+    database: &str,
+) -> Result<Checkpoint, PgError> {
+    let checkpoint = Checkpoint::sign(key, u64::try_from(seq).unwrap_or(0), head, now_ns());
+    let line = checkpoint.line();
+    let line = String::from_utf8_lossy(line.strip_suffix(b"\n").unwrap_or(&line)).into_owned();
+    tx.execute(
+        "INSERT INTO toolgate_audit_checkpoints (count, line) VALUES ($1, $2)
+         ON CONFLICT (count) DO NOTHING",
+        &[&seq, &line],
+    )
+    .await
+    .map_err(query_error(database, "write an audit checkpoint"))?;
+    Ok(checkpoint)
+}
+
+fn corrupt_head() -> AuditError {
+    AuditError::Backend {
+        cause: "the audit chain's head row does not hold a SHA-256; the table was changed \
+                outside toolgate: verify it with `audit verify`"
+            .to_owned(),
     }
 }
 

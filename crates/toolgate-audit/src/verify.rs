@@ -446,50 +446,68 @@ impl CheckpointFile {
     /// Reads the file at `path` (no file: no checkpoints). An unterminated last line (a checkpoint
     /// write interrupted by a crash, never acknowledged) is ignored.
     fn load(path: PathBuf, key: Option<&HmacKey>) -> Result<Self, AuditError> {
-        let mut good = Vec::new();
-        let mut bad = None;
-        let mut lines = 0;
-        let exists = for_each_checkpoint_line(&path, |line_no, line| {
-            lines += 1;
-            let fault = match (Checkpoint::parse(line), key) {
-                (Err(detail), Some(_)) => Some(format!("not a checkpoint line: {detail}")),
-                (Err(_), None) => None,
-                (Ok(cp), None) => {
-                    good.push((line_no, cp));
-                    None
-                }
-                (Ok(cp), Some(key)) if cp.key_id != key.key_id() => Some(format!(
-                    "signed with key id {} but the given key has id {}; verify with the key the writer used",
-                    cp.key_id,
-                    key.key_id()
-                )),
-                (Ok(cp), Some(key)) if !cp.verify(key) => Some(format!(
-                    "the MAC of the checkpoint for {} records does not verify: the line was edited or forged",
-                    cp.count
-                )),
-                (Ok(cp), Some(_)) => {
-                    good.push((line_no, cp));
-                    None
-                }
-            };
-            if let (Some(detail), None) = (fault, &bad) {
-                bad = Some(Problem {
-                    line: line_no,
-                    kind: ProblemKind::BadCheckpointSignature,
-                    detail,
-                    seq: None,
-                    segment: None,
-                    checkpoint_file: Some(path.clone()),
-                });
-            }
-        })?;
-        Ok(CheckpointFile {
+        let mut file = CheckpointFile {
             path,
-            exists,
-            lines,
-            good,
-            bad,
-        })
+            exists: false,
+            lines: 0,
+            good: Vec::new(),
+            bad: None,
+        };
+        let path = file.path.clone();
+        file.exists = for_each_checkpoint_line(&path, |line_no, line| {
+            file.judge(key, line_no, line);
+        })?;
+        Ok(file)
+    }
+
+    /// The checkpoints a sink exported (`label` names where they are kept, in reports).
+    fn of_lines(label: PathBuf, bytes: &[u8], key: Option<&HmacKey>) -> Self {
+        let mut file = CheckpointFile {
+            path: label,
+            exists: true,
+            lines: 0,
+            good: Vec::new(),
+            bad: None,
+        };
+        // Reading from memory cannot fail.
+        let _ = checkpoint_lines(bytes, |line_no, line| file.judge(key, line_no, line));
+        file
+    }
+
+    /// Takes one line into `good`, or (with a key) the first failure into `bad`.
+    fn judge(&mut self, key: Option<&HmacKey>, line_no: u64, line: &[u8]) {
+        self.lines += 1;
+        let fault = match (Checkpoint::parse(line), key) {
+            (Err(detail), Some(_)) => Some(format!("not a checkpoint line: {detail}")),
+            (Err(_), None) => None,
+            (Ok(cp), None) => {
+                self.good.push((line_no, cp));
+                None
+            }
+            (Ok(cp), Some(key)) if cp.key_id != key.key_id() => Some(format!(
+                "signed with key id {} but the given key has id {}; verify with the key the writer used",
+                cp.key_id,
+                key.key_id()
+            )),
+            (Ok(cp), Some(key)) if !cp.verify(key) => Some(format!(
+                "the MAC of the checkpoint for {} records does not verify: the line was edited or forged",
+                cp.count
+            )),
+            (Ok(cp), Some(_)) => {
+                self.good.push((line_no, cp));
+                None
+            }
+        };
+        if let (Some(detail), None) = (fault, &self.bad) {
+            self.bad = Some(Problem {
+                line: line_no,
+                kind: ProblemKind::BadCheckpointSignature,
+                detail,
+                seq: None,
+                segment: None,
+                checkpoint_file: Some(self.path.clone()),
+            });
+        }
     }
 
     /// The file's path, and that it does not exist when so.
@@ -579,9 +597,46 @@ pub fn verify_file(path: &Path) -> Result<VerifyReport, AuditError> {
 /// stays bounded by [`MAX_LINE_BYTES`]), and the chain must reach the head the sink reported
 /// before the export began, so records cut off the end of a database table, which leave a
 /// well-formed shorter chain, are reported ([`ProblemKind::HeadMismatch`]). Records appended while
-/// it runs are verified too.
+/// it runs are verified too. See [`verify_sink_with`] to check signed checkpoints as well.
 pub fn verify_sink(sink: &dyn crate::AuditSink) -> Result<VerifyReport, AuditError> {
+    verify_sink_with(sink, None)
+}
+
+/// [`verify_sink`], and with `key` the chain is also checked against the signed checkpoints the
+/// sink keeps ([`crate::AuditSink::export_checkpoints`]), as [`verify`] checks a file log against
+/// its checkpoint file: a forged or edited checkpoint, a chain that disowns one (re-chained) or
+/// ends before one (cut, with the head row moved back too) is the problem; the report says how
+/// many records follow the newest checkpoint, and warns when there is none.
+pub fn verify_sink_with(
+    sink: &dyn crate::AuditSink,
+    key: Option<&HmacKey>,
+) -> Result<VerifyReport, AuditError> {
     let head = sink.head()?;
+    let checkpoints = match key {
+        Some(key) => {
+            let mut lines = Vec::new();
+            sink.export_checkpoints(&mut lines)?;
+            Some(CheckpointFile::of_lines(
+                PathBuf::from("the store's checkpoints"),
+                &lines,
+                Some(key),
+            ))
+        }
+        None => None,
+    };
+    let mut anchors: Vec<Anchor> = checkpoints.as_ref().map_or_else(Vec::new, |cps| {
+        cps.good
+            .iter()
+            .map(|(line, cp)| Anchor {
+                line: *line,
+                checkpoint: cp.clone(),
+                mirror_only: false,
+            })
+            .collect()
+    });
+    anchors.sort_by_key(|a| a.checkpoint.count);
+    let verified = u64::try_from(anchors.len()).unwrap_or(u64::MAX);
+    let newest = anchors.last().map_or(0, |a| a.checkpoint.count);
     let (reader, mut writer) = std::io::pipe().map_err(|source| AuditError::Export { source })?;
     let mut report = std::thread::scope(|scope| {
         let export = scope.spawn(move || {
@@ -589,13 +644,14 @@ pub fn verify_sink(sink: &dyn crate::AuditSink) -> Result<VerifyReport, AuditErr
             drop(writer);
             exported
         });
-        let report = verify_reader(reader);
+        let mut walker = Walker::new(anchors, None);
+        let walked = walker.walk(reader, None);
         let exported = export.join().unwrap_or_else(|_| {
             Err(AuditError::Export {
                 source: std::io::Error::other("the export thread panicked"),
             })
         });
-        exported.and(report)
+        exported.and(walked).map(|_| walker.finish())
     })?;
     let reached =
         report.records > head.seq || (report.records == head.seq && report.head == head.sha256);
@@ -611,6 +667,21 @@ pub fn verify_sink(sink: &dyn crate::AuditSink) -> Result<VerifyReport, AuditErr
             segment: None,
             checkpoint_file: None,
         });
+    }
+    if let Some(cps) = checkpoints {
+        if report.problem.is_none() {
+            report.records_after_checkpoint = Some(report.records.saturating_sub(newest));
+        }
+        if cps.lines == 0 {
+            report
+                .warnings
+                .push(no_checkpoints(&cps, None, report.records));
+        }
+        match cps.bad {
+            // Forged or damaged anchors come first: the chain was checked against the good ones.
+            Some(problem) => report.problem = Some(problem),
+            None => report.checkpoints_verified = verified,
+        }
     }
     Ok(report)
 }
@@ -636,9 +707,9 @@ struct Anchor {
 
 /// Calls `f(line number, line)` for every complete line of the checkpoint file; nothing when the
 /// file does not exist. Returns whether it exists.
-fn for_each_checkpoint_line(
+pub(crate) fn for_each_checkpoint_line(
     path: &Path,
-    mut f: impl FnMut(u64, &[u8]),
+    f: impl FnMut(u64, &[u8]),
 ) -> Result<bool, AuditError> {
     // Read-only, so a link (a mirror on another volume) is followed; never a FIFO or device.
     let file = match toolgate_storage::open_regular_read(path, Symlinks::Follow) {
@@ -652,21 +723,29 @@ fn for_each_checkpoint_line(
             });
         }
     };
-    let mut reader = BufReader::new(file);
+    checkpoint_lines(BufReader::new(file), f).map_err(|source| AuditError::Io {
+        action: "read the checkpoint file",
+        path: path.to_path_buf(),
+        source,
+    })?;
+    Ok(true)
+}
+
+/// Calls `f(line number, line)` for every complete line `reader` gives (an unterminated last
+/// line, a checkpoint write cut by a crash, is not one).
+fn checkpoint_lines(
+    mut reader: impl BufRead,
+    mut f: impl FnMut(u64, &[u8]),
+) -> std::io::Result<()> {
     let mut buf = Vec::new();
     let mut line_no = 0;
     loop {
         buf.clear();
         let read = (&mut reader)
             .take(u64::try_from(MAX_LINE_BYTES).unwrap_or(u64::MAX))
-            .read_until(b'\n', &mut buf)
-            .map_err(|source| AuditError::Io {
-                action: "read the checkpoint file",
-                path: path.to_path_buf(),
-                source,
-            })?;
+            .read_until(b'\n', &mut buf)?;
         if read == 0 || buf.last() != Some(&b'\n') {
-            return Ok(true);
+            return Ok(());
         }
         line_no += 1;
         buf.pop();

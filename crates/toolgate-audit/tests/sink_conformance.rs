@@ -203,3 +203,152 @@ fn the_file_head_and_export_include_other_writers() {
     assert_eq!(records, 2);
     assert!(verify_reader(bytes.as_slice()).unwrap().is_intact());
 }
+
+/// The sinks that keep signed checkpoints: the file log with a key, and PostgreSQL with one.
+/// Each returns the sink and a way to append and checkpoint on demand.
+struct Signed {
+    name: &'static str,
+    sink: Arc<dyn AuditSink>,
+    checkpoint: Box<dyn Fn()>,
+    _dir: Option<tempfile::TempDir>,
+}
+
+fn signed_sinks(key: &toolgate_canon::HmacKey, every: u64) -> Vec<Signed> {
+    let dir = tempfile::tempdir().unwrap();
+    let file = Arc::new(
+        FileAuditLog::open_with(
+            toolgate_audit::AuditConfig::new(dir.path().join("audit.jsonl"))
+                .checkpoint_key(key.clone())
+                .checkpoint_every(every),
+        )
+        .unwrap(),
+    );
+    #[allow(unused_mut)]
+    let mut sinks = vec![Signed {
+        name: "file",
+        sink: file.clone(),
+        checkpoint: Box::new(move || drop(file.checkpoint().unwrap())),
+        _dir: Some(dir),
+    }];
+    #[cfg(feature = "postgres")]
+    {
+        let url = toolgate_pgtest::PgCluster::shared()
+            .unwrap()
+            .create_database("audit_signed")
+            .unwrap();
+        let store = toolgate_storage::postgres::PgStore::connect(&url).unwrap();
+        let log = Arc::new(
+            toolgate_audit::PgAuditLog::open(store)
+                .unwrap()
+                .with_checkpoints(key.clone(), every),
+        );
+        sinks.push(Signed {
+            name: "postgres",
+            sink: log.clone(),
+            checkpoint: Box::new(move || drop(log.checkpoint().unwrap())),
+            _dir: None,
+        });
+    }
+    sinks
+}
+
+#[test]
+fn signed_checkpoints_are_exported_and_verify_in_place() {
+    let key = toolgate_canon::HmacKey::new(&[5; 32]).unwrap();
+    let other = toolgate_canon::HmacKey::new(&[6; 32]).unwrap();
+    for subject in signed_sinks(&key, 3) {
+        let (name, sink) = (subject.name, subject.sink.as_ref());
+        for i in 1..=7 {
+            sink.append(&entry(i)).unwrap();
+        }
+        // Every 3 records, then on demand for the last one.
+        (subject.checkpoint)();
+        let mut lines = Vec::new();
+        assert_eq!(sink.export_checkpoints(&mut lines).unwrap(), 3, "{name}");
+        let counts: Vec<u64> = String::from_utf8(lines)
+            .unwrap()
+            .lines()
+            .map(|line| {
+                serde_json::from_str::<Value>(line).unwrap()["count"]
+                    .as_u64()
+                    .unwrap()
+            })
+            .collect();
+        assert_eq!(counts, [3, 6, 7], "{name}");
+
+        let report = toolgate_audit::verify_sink_with(sink, Some(&key)).unwrap();
+        assert!(report.is_intact(), "{name}: {report}");
+        assert_eq!(report.checkpoints_verified, 3, "{name}");
+        assert_eq!(report.records_after_checkpoint, Some(0), "{name}");
+        let forged = toolgate_audit::verify_sink_with(sink, Some(&other)).unwrap();
+        assert_eq!(
+            forged.problem.map(|p| p.kind),
+            Some(toolgate_audit::ProblemKind::BadCheckpointSignature),
+            "{name}"
+        );
+        // Another record: the report says it is not covered yet.
+        sink.append(&entry(8)).unwrap();
+        let report = toolgate_audit::verify_sink_with(sink, Some(&key)).unwrap();
+        assert_eq!(report.records_after_checkpoint, Some(1), "{name}");
+    }
+}
+
+#[test]
+fn a_key_without_checkpoints_warns() {
+    let key = toolgate_canon::HmacKey::new(&[5; 32]).unwrap();
+    for subject in sinks() {
+        subject.sink.append(&entry(1)).unwrap();
+        let report = toolgate_audit::verify_sink_with(subject.sink.as_ref(), Some(&key)).unwrap();
+        assert!(report.problem.is_none(), "{}: {report}", subject.name);
+        assert_eq!(report.warnings.len(), 1, "{}: {report}", subject.name);
+    }
+}
+
+/// Someone who can write the database cuts records off the end and moves the head row back with
+/// them: a well-formed shorter chain that only a signed checkpoint exposes.
+#[cfg(feature = "postgres")]
+#[test]
+fn a_database_chain_cut_with_its_head_is_caught_by_a_checkpoint() {
+    let cluster = toolgate_pgtest::PgCluster::shared().unwrap();
+    let url = cluster.create_database("audit_cut").unwrap();
+    let db = url.rsplit('/').next().unwrap().to_owned();
+    let key = toolgate_canon::HmacKey::new(&[9; 32]).unwrap();
+    let store = toolgate_storage::postgres::PgStore::connect(&url).unwrap();
+    let log = toolgate_audit::PgAuditLog::open(store)
+        .unwrap()
+        .with_checkpoints(key.clone(), 4);
+    for i in 1..=5 {
+        log.append(&entry(i)).unwrap();
+    }
+    log.checkpoint().unwrap();
+    cluster
+        .psql(
+            &db,
+            "DELETE FROM toolgate_audit WHERE seq > 3;
+             UPDATE toolgate_audit_head SET seq = 3,
+                 sha256 = (SELECT sha256 FROM toolgate_audit WHERE seq = 3);",
+        )
+        .unwrap();
+    let unsigned = toolgate_audit::verify_sink(&log).unwrap();
+    assert!(
+        unsigned.is_intact(),
+        "without the key the cut is invisible: {unsigned}"
+    );
+    let report = toolgate_audit::verify_sink_with(&log, Some(&key)).unwrap();
+    assert_eq!(
+        report.problem.map(|p| p.kind),
+        Some(toolgate_audit::ProblemKind::TruncatedBeforeCheckpoint)
+    );
+    // An edited checkpoint line is a bad signature.
+    cluster
+        .psql(
+            &db,
+            "UPDATE toolgate_audit_checkpoints SET line = replace(line, '\"count\":4', '\"count\":3') WHERE count = 4",
+        )
+        .unwrap();
+    let report = toolgate_audit::verify_sink_with(&log, Some(&key)).unwrap();
+    assert_eq!(
+        report.problem.map(|p| p.kind),
+        Some(toolgate_audit::ProblemKind::BadCheckpointSignature)
+    );
+}

@@ -142,12 +142,12 @@ impl AuditStore {
         }
     }
 
-    /// Seals what was appended with a signed checkpoint, when the file log has a key.
+    /// Seals what was appended with a signed checkpoint, when the chain has a key.
     pub fn checkpoint(&self) -> anyhow::Result<Option<toolgate::audit::Checkpoint>> {
         match self {
             AuditStore::File(log) => Ok(log.checkpoint()?),
             #[cfg(feature = "postgres")]
-            AuditStore::Postgres(_) => Ok(None),
+            AuditStore::Postgres(log) => Ok(log.checkpoint()?),
         }
     }
 }
@@ -204,8 +204,7 @@ fn open_database_stores(
     let config = toolgate::ledger_effect_config(&options.ledger, policy);
     let effects = toolgate::effect::PgEffects::open(store.clone(), &config)
         .with_context(|| format!("cannot open the effect store in {}", store.database()))?;
-    let audit = toolgate::audit::PgAuditLog::open(store.clone())
-        .with_context(|| format!("cannot open the audit chain in {}", store.database()))?;
+    let audit = database_chain(options, &store)?;
     let kill_switch = database_switch(store.clone())?;
     tracing::info!(database = store.database(), "stores on PostgreSQL");
     Ok(Stores {
@@ -222,12 +221,9 @@ fn connect_store(
     options: &ServerOptions,
     url: &str,
 ) -> anyhow::Result<toolgate::storage::postgres::PgStore> {
-    if options.audit_key_file.is_some()
-        || options.checkpoint_mirror.is_some()
-        || options.segment_bytes.is_some()
-    {
+    if options.checkpoint_mirror.is_some() || options.segment_bytes.is_some() {
         anyhow::bail!(
-            "audit checkpoints and segments (--audit-key-file, --checkpoint-mirror, --segment-bytes) are not kept in a PostgreSQL store yet; leave them out with --store, or keep the audit log in the ledger"
+            "a checkpoint mirror and segments (--checkpoint-mirror, --segment-bytes) are options of the ledger's audit file, not of a PostgreSQL store; leave them out with --store (signed checkpoints, --audit-key-file, are kept in the database)"
         );
     }
     toolgate::storage::postgres::PgStore::connect(url)
@@ -249,9 +245,29 @@ fn database_switch(
 #[cfg(feature = "postgres")]
 fn database_audit(options: &ServerOptions, url: &str) -> anyhow::Result<AuditStore> {
     let store = connect_store(options, url)?;
-    let audit = toolgate::audit::PgAuditLog::open(store.clone())
+    Ok(AuditStore::Postgres(Arc::new(database_chain(
+        options, &store,
+    )?)))
+}
+
+/// The audit chain in the database of `store`, signing checkpoints with `--audit-key-file` (every
+/// `--checkpoint-every` records, and at clean shutdown) when it is given.
+#[cfg(feature = "postgres")]
+fn database_chain(
+    options: &ServerOptions,
+    store: &toolgate::storage::postgres::PgStore,
+) -> anyhow::Result<toolgate::audit::PgAuditLog> {
+    let chain = toolgate::audit::PgAuditLog::open(store.clone())
         .with_context(|| format!("cannot open the audit chain in {}", store.database()))?;
-    Ok(AuditStore::Postgres(Arc::new(audit)))
+    Ok(match &options.audit_key_file {
+        Some(path) => chain.with_checkpoints(
+            load_key(path)?,
+            options
+                .checkpoint_every
+                .unwrap_or(toolgate::audit::DEFAULT_CHECKPOINT_EVERY),
+        ),
+        None => chain,
+    })
 }
 
 #[cfg(not(feature = "postgres"))]
@@ -612,8 +628,27 @@ pub async fn serve_stdio(server: BuiltServer) -> anyhow::Result<()> {
 /// (`toolgate::audit::verify_sink`: the chain must reach the head the database records).
 pub fn verify_ledger(options: &ServerOptions) -> anyhow::Result<VerifyReport> {
     if let Some(url) = &options.store {
-        let audit = database_audit(options, url)?;
-        return Ok(toolgate::audit::verify_sink(audit.sink().as_ref())?);
+        if options.checkpoint_mirror.is_some() {
+            anyhow::bail!(
+                "a PostgreSQL store keeps its checkpoints in the database, without a mirror file: leave out --checkpoint-mirror"
+            );
+        }
+        let key = options
+            .audit_key_file
+            .as_deref()
+            .map(load_key)
+            .transpose()?;
+        let audit = database_audit(
+            &ServerOptions {
+                audit_key_file: None,
+                ..options.clone()
+            },
+            url,
+        )?;
+        return Ok(toolgate::audit::verify_sink_with(
+            audit.sink().as_ref(),
+            key.as_ref(),
+        )?);
     }
     let path = options.ledger.join(AUDIT_FILE);
     if !path.exists() {

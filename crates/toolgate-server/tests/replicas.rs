@@ -679,3 +679,70 @@ fn rights_set_through_the_store_apply_to_every_replica_on_its_next_call() {
     assert!(changes[0].starts_with("rights set: sha256:"), "{changes:?}");
     assert_store_verifies(&envs[2], &url);
 }
+
+#[test]
+fn replicas_sign_checkpoints_of_the_shared_chain_and_verify_catches_a_cut() {
+    let cluster = PgCluster::shared().unwrap();
+    let url = database("signed");
+    let db = url.rsplit('/').next().unwrap().to_owned();
+    let envs: Vec<TestEnv> = (0..3).map(|_| TestEnv::new()).collect();
+    let key = envs[2].path("audit.key");
+    std::fs::write(&key, [7u8; 32]).unwrap();
+    let signed = |env: &TestEnv| {
+        let mut command = command(env, &url);
+        command
+            .arg("--audit-key-file")
+            .arg(&key)
+            .args(["--checkpoint-every", "4"]);
+        let mut server = Server::spawn(command, &stderr_path(env));
+        server.discover();
+        server
+    };
+    let (mut a, mut b) = (signed(&envs[0]), signed(&envs[1]));
+    for i in 0..5 {
+        for (server, name) in [(&mut a, "a"), (&mut b, "b")] {
+            let id = format!("req-signed-{name}-{i:04}");
+            assert_eq!(note_status(&server.write_note(&id, "signed")), "committed");
+        }
+    }
+    // A clean shutdown signs the head too.
+    assert!(a.close().success());
+    assert!(b.close().success());
+
+    let verify = |extra: &[&str]| {
+        let mut args = vec!["audit", "verify", "--key-file", key.to_str().unwrap()];
+        args.extend_from_slice(extra);
+        operator(&envs[2], &url, &args)
+    };
+    let output = verify(&["--format", "json"]);
+    assert!(output.status.success(), "{}", output_text(&output));
+    let report: Value = serde_json::from_slice(&output.stdout).unwrap();
+    assert_eq!(report["records"], json!(10), "{report}");
+    assert!(report["checkpoints_verified"].as_u64().unwrap() >= 3, "{report}");
+    assert_eq!(report["records_after_checkpoint"], json!(0), "{report}");
+
+    // Someone with write access to the database cuts the chain and moves its head back with it:
+    // a well-formed shorter chain that only the signed checkpoints expose.
+    cluster
+        .psql(
+            &db,
+            "DELETE FROM toolgate_audit WHERE seq > 6;
+             UPDATE toolgate_audit_head SET seq = 6,
+                 sha256 = (SELECT sha256 FROM toolgate_audit WHERE seq = 6);",
+        )
+        .unwrap();
+    let unsigned = operator(&envs[2], &url, &["audit", "verify"]);
+    assert!(unsigned.status.success(), "{}", output_text(&unsigned));
+    let output = verify(&[]);
+    assert_eq!(output.status.code(), Some(1), "{}", output_text(&output));
+    assert!(
+        output_text(&output).contains("cut from the end"),
+        "{}",
+        output_text(&output)
+    );
+
+    // A mirror file is an option of the ledger's log, refused with a store.
+    let mirror = envs[2].path("mirror.jsonl");
+    let output = verify(&["--checkpoint-mirror", mirror.to_str().unwrap()]);
+    assert_eq!(output.status.code(), Some(2), "{}", output_text(&output));
+}

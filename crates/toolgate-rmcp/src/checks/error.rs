@@ -1,4 +1,4 @@
-//! The error type of the file-backed guards (kill switch and rights file).
+//! The error type of the guards kept in files or a database (kill switch and rights).
 //!
 //! Every message names the cause and the fix. Messages carry paths of configuration files (which
 //! the operator chose) but never caller input such as tool arguments.
@@ -29,9 +29,9 @@ pub enum GuardError {
         problem: String,
     },
 
-    /// The kill switch's PostgreSQL database failed; nothing was changed.
+    /// The PostgreSQL database of the kill switch or the rights failed; nothing was changed.
     #[cfg(feature = "postgres")]
-    #[error("the kill switch's database failed: {0}; retry once the database is reachable")]
+    #[error("{0}; retry once the database is reachable")]
     Database(#[from] toolgate_storage::postgres::PgError),
 
     /// An operating system call on the ledger directory failed.

@@ -502,15 +502,27 @@ pub(crate) struct RightsCheck {
 }
 
 impl RightsCheck {
-    /// The hidden-tool reason when the rights file does not grant `name` to `principal`.
-    pub(crate) fn refusal(&self, principal: &str, name: &str) -> Option<String> {
+    /// What the rights say of `name` for `principal`: `None` when granted, else the refusal.
+    fn refusal<'a>(&self, principal: &str, name: &str) -> Option<super::Verdict<'a>> {
         let rights = self.file.as_ref()?;
         match rights.rights(principal) {
             Ok(granted) if granted.allows(name) => None,
-            Ok(_) => Some("rights".to_owned()),
+            Ok(_) => Some(super::Verdict::Hide("rights".to_owned())),
+            // A database that cannot be read is an outage, not a secret: the caller learns it.
+            #[cfg(feature = "postgres")]
+            Err(error @ GuardError::Database(_)) => {
+                tracing::error!(%error, "the rights cannot be read; refusing every call");
+                Some(super::Verdict::Fail {
+                    reason: "rights_unavailable".to_owned(),
+                    error: rmcp::ErrorData::internal_error(
+                        format!("the rights cannot be read ({error}); nothing was executed"),
+                        None,
+                    ),
+                })
+            }
             Err(error) => {
                 tracing::error!(%error, "the rights file is unusable; refusing every call");
-                Some("rights_unavailable".to_owned())
+                Some(super::Verdict::Hide("rights_unavailable".to_owned()))
             }
         }
     }
@@ -518,10 +530,8 @@ impl RightsCheck {
 
 impl super::Check for RightsCheck {
     fn admit<'a>(&'a self, call: &'a super::Call<'a>) -> super::Verdict<'a> {
-        match self.refusal(call.principal, call.name) {
-            Some(reason) => super::Verdict::Hide(reason),
-            None => super::Verdict::Pass,
-        }
+        self.refusal(call.principal, call.name)
+            .unwrap_or(super::Verdict::Pass)
     }
 
     fn lists(&self, _state: &crate::state::GateState, principal: &str, tool: &str) -> bool {
