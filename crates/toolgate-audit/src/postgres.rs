@@ -156,11 +156,14 @@ impl PgAuditLog {
                     .transaction()
                     .await
                     .map_err(query("append audit records"))?;
-                let head = tx
-                    .query_one(
+                let lock_head = tx
+                    .prepare_cached(
                         "SELECT seq, sha256 FROM toolgate_audit_head WHERE id = 1 FOR UPDATE",
-                        &[],
                     )
+                    .await
+                    .map_err(query("lock the audit chain's head"))?;
+                let head = tx
+                    .query_one(&lock_head, &[])
                     .await
                     .map_err(query("lock the audit chain's head"))?;
                 let mut seq = u64::try_from(head.get::<_, i64>(0)).unwrap_or(0);
@@ -171,7 +174,9 @@ impl PgAuditLog {
                 };
                 let mut answers: Vec<Answer> = Vec::with_capacity(entries.len());
                 let insert = tx
-                    .prepare("INSERT INTO toolgate_audit (seq, sha256, line) VALUES ($1, $2, $3)")
+                    .prepare_cached(
+                        "INSERT INTO toolgate_audit (seq, sha256, line) VALUES ($1, $2, $3)",
+                    )
                     .await
                     .map_err(query("append audit records"))?;
                 for entry in &entries {
@@ -201,12 +206,15 @@ impl PgAuditLog {
                     }));
                 }
                 let seq_param = i64::try_from(seq).unwrap_or(i64::MAX);
-                tx.execute(
-                    "UPDATE toolgate_audit_head SET seq = $1, sha256 = $2 WHERE id = 1",
-                    &[&seq_param, &prev.to_hex()],
-                )
-                .await
-                .map_err(query("move the audit chain's head"))?;
+                let move_head = tx
+                    .prepare_cached(
+                        "UPDATE toolgate_audit_head SET seq = $1, sha256 = $2 WHERE id = 1",
+                    )
+                    .await
+                    .map_err(query("move the audit chain's head"))?;
+                tx.execute(&move_head, &[&seq_param, &prev.to_hex()])
+                    .await
+                    .map_err(query("move the audit chain's head"))?;
                 if let Some((key, every)) = &checkpoints
                     && before / every < seq / every
                 {

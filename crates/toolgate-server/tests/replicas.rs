@@ -718,7 +718,10 @@ fn replicas_sign_checkpoints_of_the_shared_chain_and_verify_catches_a_cut() {
     assert!(output.status.success(), "{}", output_text(&output));
     let report: Value = serde_json::from_slice(&output.stdout).unwrap();
     assert_eq!(report["records"], json!(10), "{report}");
-    assert!(report["checkpoints_verified"].as_u64().unwrap() >= 3, "{report}");
+    assert!(
+        report["checkpoints_verified"].as_u64().unwrap() >= 3,
+        "{report}"
+    );
     assert_eq!(report["records_after_checkpoint"], json!(0), "{report}");
 
     // Someone with write access to the database cuts the chain and moves its head back with it:

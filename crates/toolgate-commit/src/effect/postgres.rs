@@ -74,8 +74,21 @@ const MIGRATIONS: &[&str] = &["CREATE TABLE toolgate_effects (
     CREATE INDEX toolgate_effects_finished ON toolgate_effects (finished_ns)
         WHERE finished_ns IS NOT NULL;"];
 
-const COLUMNS: &str = "state, fingerprint, owner_key, owner_nonce, lease_until_ns, created_ns, \
-                       finished_ns, result, error, retryable, principal, tool";
+/// The columns a record is read from, in `to_record`'s terms.
+macro_rules! columns {
+    () => {
+        "state, fingerprint, owner_key, owner_nonce, lease_until_ns, created_ns, finished_ns, \
+         result, error, retryable, principal, tool"
+    };
+}
+const COLUMNS: &str = columns!();
+
+/// One record by name, without a lock.
+const READ_ONE: &str = concat!(
+    "SELECT ",
+    columns!(),
+    " FROM toolgate_effects WHERE name = $1"
+);
 
 /// An [`EffectBackend`] on PostgreSQL, shared by every replica that opens the same database.
 #[derive(Debug)]
@@ -206,12 +219,18 @@ impl PgEffects {
                         .await
                         .map_err(&query)?;
                 }
-                let n = tx
-                    .execute(
+                let store_outcome = tx
+                    .prepare_cached(
                         "UPDATE toolgate_effects SET state = $2, result = $3, error = $4, \
                          retryable = $5, finished_ns = $6 \
                          WHERE name = $1 AND state = 'in_progress' AND owner_key = $7 \
                          AND owner_nonce = $8",
+                    )
+                    .await
+                    .map_err(&query)?;
+                let n = tx
+                    .execute(
+                        &store_outcome,
                         &[
                             &name,
                             &state_name,
@@ -316,6 +335,28 @@ impl EffectBackend for PgEffects {
         let claimed = self.store.run(move |pool, database| async move {
             let query = query_error(&database, "claim an idempotency key");
             let mut client = get(&pool, &database).await?;
+            // A finished record answers from one read, without a transaction or a row lock:
+            // it changes only by a prune after its retention window, so the answer is as true
+            // as the read (a replay, a conflict, a failure not to retry). In progress, absent,
+            // or to be retried: decided below, under the row lock.
+            let select = client.prepare_cached(READ_ONE).await.map_err(&query)?;
+            if let Some(row) = client.query_opt(&select, &[&hex]).await.map_err(&query)?
+                && let Ok(existing) = to_record(&row, row.get::<_, i64>("owner_key") == key)
+                && !existing.state.is_in_progress()
+            {
+                match decide(
+                    &existing,
+                    Path::new(NAME),
+                    &request,
+                    kind,
+                    now,
+                    Liveness::Live,
+                ) {
+                    Ok(Decision::Take) => {}
+                    Ok(decision) => return Ok(Ok(Claimed::Decided(decision))),
+                    Err(e) => return Ok(Err(e)),
+                }
+            }
             let tx = client.transaction().await.map_err(&query)?;
             if kind == EffectKind::Idempotent {
                 tx.batch_execute("SET LOCAL synchronous_commit = off")
@@ -323,12 +364,18 @@ impl EffectBackend for PgEffects {
                     .map_err(&query)?;
             }
             let row = Row::of(&fresh);
-            let inserted = tx
-                .execute(
+            let claim = tx
+                .prepare_cached(
                     "INSERT INTO toolgate_effects (name, principal, tool, state, fingerprint, \
                      owner_key, owner_nonce, owner_pid, lease_until_ns, created_ns) \
                      VALUES ($1, $2, $3, 'in_progress', $4, $5, $6, $7, $8, $9) \
                      ON CONFLICT (name) DO NOTHING",
+                )
+                .await
+                .map_err(&query)?;
+            let inserted = tx
+                .execute(
+                    &claim,
                     &[
                         &hex,
                         &row.principal,

@@ -33,10 +33,12 @@ fn halt_of(row: &toolgate_storage::postgres::PgRow) -> Halt {
 pub(super) fn status(store: &PgStore) -> Result<Option<Halt>, PgError> {
     store.run(|pool, database| async move {
         let client = get(&pool, &database).await?;
-        let row = client
-            .query_opt("SELECT by_name, reason, since_ns FROM toolgate_halt", &[])
+        let query = query_error(&database, "read the kill switch");
+        let read = client
+            .prepare_cached("SELECT by_name, reason, since_ns FROM toolgate_halt")
             .await
-            .map_err(query_error(&database, "read the kill switch"))?;
+            .map_err(&query)?;
+        let row = client.query_opt(&read, &[]).await.map_err(&query)?;
         Ok(row.as_ref().map(halt_of))
     })?
 }

@@ -55,15 +55,16 @@ impl RightsRow {
             .store
             .run(move |pool, database| async move {
                 let client = get(&pool, &database).await?;
-                client
-                    .query_opt(
+                let query = query_error(&database, "read the rights");
+                let read = client
+                    .prepare_cached(
                         "SELECT version, CASE WHEN version = $1 THEN NULL ELSE document END,
                              document IS NULL
                          FROM toolgate_rights",
-                        &[&known],
                     )
                     .await
-                    .map_err(query_error(&database, "read the rights"))
+                    .map_err(&query)?;
+                client.query_opt(&read, &[&known]).await.map_err(&query)
             })
             .and_then(|row| row);
         let grants = match row {
