@@ -4,20 +4,23 @@
 //! per record holding its canonical line (the exact bytes of the file format, without the
 //! newline), and `toolgate_audit_head`, one row with the chain's last `seq` and `sha256`.
 //!
-//! **One sequencer**: an append transaction locks the head row (`SELECT .. FOR UPDATE`), seals
-//! its records onto it exactly as [`crate::FileAuditLog`] does (same fields, same RFC 8785 line,
-//! same `prev_sha256`), inserts them and moves the head, then commits. Appenders of every replica
-//! queue on that row lock, so `seq` runs 1, 2, 3... without gaps or forks, and a failed
-//! transaction changes nothing. **Group commit**: the concurrent appenders of one process share a
-//! transaction (the storage floor's [`toolgate_storage::GroupCommit`]): the first becomes the
-//! leader, seals every queued entry in order and commits once for all. An append returns after
-//! its transaction committed with `synchronous_commit` as configured (`on` by default): durable.
+//! **One sequencer**: the head row. An append is one statement (one round trip, one commit):
+//! it seals its records onto the head this process last saw, exactly as [`crate::FileAuditLog`]
+//! does (same fields, same RFC 8785 line, same `prev_sha256`), and moves the head row to the new
+//! head only if the row still holds the old one, inserting the records only then (a
+//! compare-and-set: concurrent appenders of every replica queue on the row's lock, and the later
+//! ones find the head moved, change nothing, read the head and seal again). So `seq` runs 1, 2,
+//! 3... without gaps or forks, and a failed append changes nothing. **Group commit**: the
+//! concurrent appenders of one process share a statement (the storage floor's
+//! [`toolgate_storage::GroupCommit`]): the first becomes the leader, seals every queued entry in
+//! order and commits once for all. An append returns after its statement committed with
+//! `synchronous_commit` as configured (`on` by default): durable.
 //! [`AuditSink::export`] writes the lines in `seq` order, one per line: the bytes of an
 //! `audit.jsonl` that `audit verify` and any independent verifier accept.
 //!
 //! **Checkpoints** (schema version 2, `toolgate_audit_checkpoints (count, line)`): with a key
-//! ([`PgAuditLog::with_checkpoints`]), the append transaction that carries the chain past a
-//! multiple of `every` records also stores a signed checkpoint of its new head, in the checkpoint
+//! ([`PgAuditLog::with_checkpoints`]), the append that carries the chain past a multiple of
+//! `every` records also stores, in the same statement, a signed checkpoint of its new head, in the checkpoint
 //! file's line format; [`PgAuditLog::checkpoint`] signs the head on demand (at clean shutdown).
 //! Whoever can write the database can rewrite the chain and its head row together, but cannot
 //! sign: [`crate::verify_sink_with`] with the key finds the re-chained or cut chain.
@@ -62,6 +65,9 @@ pub struct PgAuditLog {
     group: GroupCommit<AuditEntry, Answer>,
     /// The key that signs checkpoints, and every how many records.
     checkpoints: Option<(HmacKey, u64)>,
+    /// The head this process last appended to or read: where the next append starts sealing
+    /// (`None`: read it first).
+    known_head: std::sync::Mutex<Option<(u64, Sha256Digest)>>,
 }
 
 impl std::fmt::Debug for PgAuditLog {
@@ -86,6 +92,7 @@ impl PgAuditLog {
                 })
             }),
             checkpoints: None,
+            known_head: std::sync::Mutex::new(None),
         })
     }
 
@@ -143,105 +150,204 @@ impl PgAuditLog {
             .map_err(backend)?
     }
 
-    /// Seals and commits one batch of entries in one transaction; answers every caller.
+    /// Seals and commits one batch of entries in one statement; answers every caller.
     fn commit_batch(&self, jobs: Vec<(AuditEntry, toolgate_storage::Caller<Answer>)>) {
         let entries: Vec<AuditEntry> = jobs.iter().map(|(entry, _)| entry.clone()).collect();
         let checkpoints = self.checkpoints.clone();
+        let guess = *self.known_head();
         let outcome = self
             .store
             .run(move |pool, database| async move {
                 let query = |what| query_error(&database, what);
-                let mut client = get(&pool, &database).await?;
-                let tx = client
-                    .transaction()
+                let client = get(&pool, &database).await?;
+                let append = client
+                    .prepare_cached(APPEND)
                     .await
                     .map_err(query("append audit records"))?;
-                let lock_head = tx
-                    .prepare_cached(
-                        "SELECT seq, sha256 FROM toolgate_audit_head WHERE id = 1 FOR UPDATE",
-                    )
-                    .await
-                    .map_err(query("lock the audit chain's head"))?;
-                let head = tx
-                    .query_one(&lock_head, &[])
-                    .await
-                    .map_err(query("lock the audit chain's head"))?;
-                let mut seq = u64::try_from(head.get::<_, i64>(0)).unwrap_or(0);
-                let before = seq;
-                let head_hex: String = head.get(1);
-                let Some(mut prev) = head_hex.parse::<Sha256Digest>().ok() else {
-                    return Ok(Err(corrupt_head()));
+                let mut head = match guess {
+                    Some(head) => head,
+                    None => match read_head(&client, &database).await? {
+                        Ok(head) => head,
+                        Err(e) => return Ok(Err(e)),
+                    },
                 };
-                let mut answers: Vec<Answer> = Vec::with_capacity(entries.len());
-                let insert = tx
-                    .prepare_cached(
-                        "INSERT INTO toolgate_audit (seq, sha256, line) VALUES ($1, $2, $3)",
-                    )
-                    .await
-                    .map_err(query("append audit records"))?;
-                for entry in &entries {
-                    let ts = now_ns();
-                    let sealed = seal(entry, Vec::new(), ts, seq + 1, prev);
-                    if sealed.line.len() > MAX_LINE_BYTES {
-                        answers.push(Err(AuditError::RecordTooLarge {
-                            len: sealed.line.len(),
-                            max: MAX_LINE_BYTES,
-                        }));
-                        continue;
+                for _ in 0..MAX_APPEND_TRIES {
+                    let batch = Batch::seal(&entries, head, checkpoints.as_ref());
+                    if batch.seqs.is_empty() {
+                        return Ok(Ok((batch.answers, head)));
                     }
-                    let line = String::from_utf8_lossy(
-                        sealed.line.strip_suffix(b"\n").unwrap_or(&sealed.line),
-                    )
-                    .into_owned();
-                    seq += 1;
-                    let seq_param = i64::try_from(seq).unwrap_or(i64::MAX);
-                    tx.execute(&insert, &[&seq_param, &sealed.sha256.to_hex(), &line])
+                    let moved: i64 = client
+                        .query_one(
+                            &append,
+                            &[
+                                &i64::try_from(head.0).unwrap_or(i64::MAX),
+                                &head.1.to_hex(),
+                                &i64::try_from(batch.head.0).unwrap_or(i64::MAX),
+                                &batch.head.1.to_hex(),
+                                &batch.seqs,
+                                &batch.shas,
+                                &batch.lines,
+                                &batch.checkpoint,
+                            ],
+                        )
                         .await
-                        .map_err(query("append audit records"))?;
-                    prev = sealed.sha256;
-                    answers.push(Ok(AppendReceipt {
-                        seq,
-                        sha256: sealed.sha256,
-                        ts,
-                    }));
+                        .map_err(query("append audit records"))?
+                        .get(0);
+                    if moved == 1 {
+                        return Ok(Ok((batch.answers, batch.head)));
+                    }
+                    // Another replica appended since this one last saw the head: seal again on
+                    // the head as it is now.
+                    head = match read_head(&client, &database).await? {
+                        Ok(head) => head,
+                        Err(e) => return Ok(Err(e)),
+                    };
                 }
-                let seq_param = i64::try_from(seq).unwrap_or(i64::MAX);
-                let move_head = tx
-                    .prepare_cached(
-                        "UPDATE toolgate_audit_head SET seq = $1, sha256 = $2 WHERE id = 1",
-                    )
-                    .await
-                    .map_err(query("move the audit chain's head"))?;
-                tx.execute(&move_head, &[&seq_param, &prev.to_hex()])
-                    .await
-                    .map_err(query("move the audit chain's head"))?;
-                if let Some((key, every)) = &checkpoints
-                    && before / every < seq / every
-                {
-                    sign(&tx, key, seq_param, prev, &database).await?;
-                }
-                tx.commit().await.map_err(query("commit audit records"))?;
-                Ok::<_, PgError>(Ok(answers))
+                Ok::<_, PgError>(Err(AuditError::Backend {
+                    cause: format!(
+                        "the audit chain's head moved under {MAX_APPEND_TRIES} attempts in a row \
+                         to append; nothing of this batch was committed, retry"
+                    ),
+                }))
             })
             .and_then(|r| r);
-        match outcome {
-            Ok(Ok(answers)) => {
+        let answers = match outcome {
+            Ok(Ok((answers, head))) => {
+                *self.known_head() = Some(head);
+                Ok(answers)
+            }
+            Ok(Err(e)) => Err(e),
+            Err(e) => Err(backend(e)),
+        };
+        match answers {
+            Ok(answers) => {
                 for ((_, caller), answer) in jobs.into_iter().zip(answers) {
                     caller.answer(answer);
                 }
             }
-            Ok(Err(e)) => {
-                for (_, caller) in jobs {
-                    caller.answer(Err(e.duplicate()));
-                }
-            }
             Err(e) => {
-                let e = backend(e);
+                // The statement's outcome may be unknown: the next append reads the head first.
+                *self.known_head() = None;
                 for (_, caller) in jobs {
                     caller.answer(Err(e.duplicate()));
                 }
             }
         }
+    }
+
+    fn known_head(&self) -> std::sync::MutexGuard<'_, Option<(u64, Sha256Digest)>> {
+        // Only ever assigned whole; a guess at worst, checked by the append itself.
+        self.known_head
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+/// How many times one batch is sealed again on a head that moved before the append gives up.
+const MAX_APPEND_TRIES: usize = 1000;
+
+/// One append, in one statement: the head moves from `($1, $2)` to `($3, $4)` only if it is still
+/// `($1, $2)` (the row's lock orders concurrent appenders; a later one finds the head moved and
+/// changes nothing), the records are inserted only if it moved, and so is the checkpoint `$8`
+/// when one is due. Answers 1 when appended, 0 when the head had moved.
+const APPEND: &str = "WITH moved AS (
+        UPDATE toolgate_audit_head SET seq = $3, sha256 = $4
+        WHERE id = 1 AND seq = $1 AND sha256 = $2
+        RETURNING seq
+    ), added AS (
+        INSERT INTO toolgate_audit (seq, sha256, line)
+        SELECT s, h, l FROM unnest($5::int8[], $6::text[], $7::text[]) AS x(s, h, l)
+        WHERE EXISTS (SELECT 1 FROM moved)
+        RETURNING 1
+    ), signed AS (
+        INSERT INTO toolgate_audit_checkpoints (count, line)
+        SELECT seq, $8 FROM moved WHERE $8::text IS NOT NULL
+        ON CONFLICT (count) DO NOTHING
+        RETURNING 1
+    )
+    SELECT count(*) FROM moved";
+
+/// The chain's head as stored.
+async fn read_head(
+    client: &toolgate_storage::postgres::PgClient,
+    database: &str,
+) -> Result<Result<(u64, Sha256Digest), AuditError>, PgError> {
+    let read = client
+        .prepare_cached("SELECT seq, sha256 FROM toolgate_audit_head WHERE id = 1")
+        .await
+        .map_err(query_error(database, "read the audit chain's head"))?;
+    let row = client
+        .query_one(&read, &[])
+        .await
+        .map_err(query_error(database, "read the audit chain's head"))?;
+    let seq = u64::try_from(row.get::<_, i64>(0)).unwrap_or(0);
+    Ok(row
+        .get::<_, String>(1)
+        .parse::<Sha256Digest>()
+        .map(|sha256| (seq, sha256))
+        .map_err(|_| corrupt_head()))
+}
+
+/// A batch sealed onto one head: the rows to insert, the head after them, each caller's answer,
+/// and the checkpoint line when the batch passes a multiple of the checkpoint interval.
+struct Batch {
+    seqs: Vec<i64>,
+    shas: Vec<String>,
+    lines: Vec<String>,
+    head: (u64, Sha256Digest),
+    answers: Vec<Answer>,
+    checkpoint: Option<String>,
+}
+
+impl Batch {
+    fn seal(
+        entries: &[AuditEntry],
+        head: (u64, Sha256Digest),
+        checkpoints: Option<&(HmacKey, u64)>,
+    ) -> Self {
+        let (mut seq, mut prev) = head;
+        let mut batch = Batch {
+            seqs: Vec::with_capacity(entries.len()),
+            shas: Vec::with_capacity(entries.len()),
+            lines: Vec::with_capacity(entries.len()),
+            head,
+            answers: Vec::with_capacity(entries.len()),
+            checkpoint: None,
+        };
+        for entry in entries {
+            let ts = now_ns();
+            let sealed = seal(entry, Vec::new(), ts, seq + 1, prev);
+            if sealed.line.len() > MAX_LINE_BYTES {
+                batch.answers.push(Err(AuditError::RecordTooLarge {
+                    len: sealed.line.len(),
+                    max: MAX_LINE_BYTES,
+                }));
+                continue;
+            }
+            seq += 1;
+            prev = sealed.sha256;
+            batch.seqs.push(i64::try_from(seq).unwrap_or(i64::MAX));
+            batch.shas.push(sealed.sha256.to_hex());
+            batch.lines.push(
+                String::from_utf8_lossy(sealed.line.strip_suffix(b"\n").unwrap_or(&sealed.line))
+                    .into_owned(),
+            );
+            batch.answers.push(Ok(AppendReceipt {
+                seq,
+                sha256: sealed.sha256,
+                ts,
+            }));
+        }
+        batch.head = (seq, prev);
+        if let Some((key, every)) = checkpoints
+            && head.0 / every < seq / every
+        {
+            let line = Checkpoint::sign(key, seq, prev, now_ns()).line();
+            batch.checkpoint = Some(
+                String::from_utf8_lossy(line.strip_suffix(b"\n").unwrap_or(&line)).into_owned(),
+            );
+        }
+        batch
     }
 }
 

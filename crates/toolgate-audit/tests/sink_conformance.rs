@@ -352,3 +352,43 @@ fn a_database_chain_cut_with_its_head_is_caught_by_a_checkpoint() {
         Some(toolgate_audit::ProblemKind::BadCheckpointSignature)
     );
 }
+
+/// Two replicas' logs on one database: each starts sealing on the head it last saw, which the
+/// other keeps moving; alternating and concurrent appends still leave one chain without gaps.
+#[cfg(feature = "postgres")]
+#[test]
+fn two_database_replicas_append_to_one_chain() {
+    let url = toolgate_pgtest::PgCluster::shared()
+        .unwrap()
+        .create_database("audit_two")
+        .unwrap();
+    let replica = || {
+        let store = toolgate_storage::postgres::PgStore::connect(&url).unwrap();
+        Arc::new(toolgate_audit::PgAuditLog::open(store).unwrap())
+    };
+    let (a, b) = (replica(), replica());
+    for i in 0..10 {
+        let receipt = if i % 2 == 0 { &a } else { &b }.append(&entry(i)).unwrap();
+        assert_eq!(receipt.seq, i + 1);
+    }
+    let handles: Vec<_> = [a.clone(), b.clone()]
+        .into_iter()
+        .enumerate()
+        .map(|(n, log)| {
+            thread::spawn(move || {
+                for i in 0..100 {
+                    log.append(&entry(1000 * (n as u64 + 1) + i)).unwrap();
+                }
+            })
+        })
+        .collect();
+    for handle in handles {
+        handle.join().unwrap();
+    }
+    let (records, bytes) = exported(a.as_ref());
+    assert_eq!(records, 210);
+    let report = verify_reader(bytes.as_slice()).unwrap();
+    assert!(report.is_intact(), "{report}");
+    assert_eq!(b.head().unwrap().seq, 210);
+    assert!(toolgate_audit::verify_sink(b.as_ref()).unwrap().is_intact());
+}
