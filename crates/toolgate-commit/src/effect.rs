@@ -1324,6 +1324,39 @@ impl EffectStore {
         wait: &mut InProgressWait,
     ) -> Result<Attempt, EffectError> {
         let name = record_name(&req.scope, &req.key)?;
+        // A settled record this store has read is answered without the lock or a batch. An
+        // unsafe effect's answer must still rest on a durable line, as under the lock.
+        let quick = {
+            let journal = self.journal();
+            match journal.records.record(&name) {
+                Some(record)
+                    if kind == EffectKind::Idempotent
+                        || !journal
+                            .records
+                            .relies_on_undurable(&name, self.durable_offset(journal.epoch)) =>
+                {
+                    settled(
+                        record,
+                        &self.journal_path,
+                        req,
+                        kind,
+                        now_ns(SystemTime::now()),
+                        self.config.completed_ttl,
+                    )?
+                }
+                _ => None,
+            }
+        };
+        if let Some(decision) = quick {
+            return answer(
+                decision,
+                name,
+                req,
+                wait,
+                &self.counters,
+                &self.journal_path,
+            );
+        }
         let job = Job::Begin {
             req: req.clone(),
             name,
@@ -2077,6 +2110,36 @@ impl EffectStore {
 /// What a stored record means for `req`.
 /// What `begin` does with the latest record of the key (shared by every backend); `live` is what
 /// the backend knows of the record's owner (only read for an `in_progress` record).
+/// How long before the end of its retention window a finished record stops being answered
+/// without the store's lock (a margin for the clocks of the processes or replicas that prune).
+const SETTLED_MARGIN: Duration = Duration::from_secs(60);
+
+/// The answer for a finished record that is still well inside its retention window: a replay, a
+/// conflict or a failure not to retry. Such a record changes only by a prune, which cannot touch
+/// it yet, so every backend may answer it from what it read without the lock that `begin` takes.
+/// `None` (decide under the lock) for a record in progress, near or past the end of its window,
+/// or to be retried.
+fn settled(
+    record: &Record,
+    path: &Path,
+    req: &EffectRequest,
+    kind: EffectKind,
+    now: u64,
+    retention: Duration,
+) -> Result<Option<Decision>, EffectError> {
+    let Some(finished) = record.finished_ns else {
+        return Ok(None);
+    };
+    let window = retention.saturating_sub(SETTLED_MARGIN).as_nanos();
+    if record.state.is_in_progress() || u128::from(now.saturating_sub(finished)) >= window {
+        return Ok(None);
+    }
+    match decide(record, path, req, kind, now, Liveness::Live)? {
+        Decision::Take => Ok(None),
+        decision => Ok(Some(decision)),
+    }
+}
+
 fn decide(
     record: &Record,
     path: &Path,

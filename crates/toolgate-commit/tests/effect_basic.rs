@@ -688,3 +688,39 @@ fn a_result_too_large_for_a_journal_line_is_refused_and_nothing_is_written() {
         other => panic!("expected Replay, got {other:?}"),
     }
 }
+
+/// A settled record (finished, well inside its retention window) is answered without the
+/// store's cross-process lock: a replay and a conflict go through while another process holds
+/// it (without the quick path this test waits for the lock and fails at the timeout).
+#[test]
+fn a_settled_record_is_answered_without_the_lock() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = std::sync::Arc::new(open(dir.path()));
+    execute(
+        &store,
+        &req("k1", "a"),
+        EffectKind::Unsafe,
+        &json!({"n": 1}),
+    );
+    // Another process's hold of the store's lock (a flock of another open file description).
+    let holder = toolgate_storage::LockFile::open(dir.path().join(".lock")).unwrap();
+    let held = holder.lock().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let worker = {
+        let store = std::sync::Arc::clone(&store);
+        std::thread::spawn(move || {
+            let replay = store.begin(&req("k1", "a"), EffectKind::Unsafe);
+            let conflict = store.begin(&req("k1", "b"), EffectKind::Unsafe);
+            tx.send((replay, conflict)).unwrap();
+        })
+    };
+    let answers = rx.recv_timeout(Duration::from_secs(120));
+    drop(held);
+    worker.join().unwrap();
+    let (replay, conflict) = answers.expect("answered while another process holds the lock");
+    assert!(matches!(replay.unwrap(), Begin::Replay(v) if v == json!({"n": 1})));
+    assert!(
+        matches!(conflict, Err(EffectError::Conflict { .. })),
+        "{conflict:?}"
+    );
+}

@@ -51,7 +51,7 @@ use super::record::{
 use super::{
     Attempt, Begin, CounterTable, Counters, Decision, EffectBackend, EffectConfig, EffectError,
     EffectKind, EffectRequest, EffectStatus, InProgressWait, Resolution, Scope, Ticket, answer,
-    decide, in_progress, record_name, resolvable,
+    decide, in_progress, record_name, resolvable, settled,
 };
 
 /// The schema of component `effects`, one entry per version.
@@ -332,28 +332,20 @@ impl EffectBackend for PgEffects {
         fresh.owner.register_live();
         let owner = fresh.owner;
         let (hex, key, request) = (name.to_hex(), self.owner_key, req.clone());
+        let retention = self.completed_ttl;
         let claimed = self.store.run(move |pool, database| async move {
             let query = query_error(&database, "claim an idempotency key");
             let mut client = get(&pool, &database).await?;
-            // A finished record answers from one read, without a transaction or a row lock:
-            // it changes only by a prune after its retention window, so the answer is as true
-            // as the read (a replay, a conflict, a failure not to retry). In progress, absent,
-            // or to be retried: decided below, under the row lock.
+            // A settled record answers from one read, without a transaction or a row lock
+            // (`settled`). In progress, absent, or to be retried: decided below, under the row
+            // lock.
             let select = client.prepare_cached(READ_ONE).await.map_err(&query)?;
             if let Some(row) = client.query_opt(&select, &[&hex]).await.map_err(&query)?
                 && let Ok(existing) = to_record(&row, row.get::<_, i64>("owner_key") == key)
-                && !existing.state.is_in_progress()
             {
-                match decide(
-                    &existing,
-                    Path::new(NAME),
-                    &request,
-                    kind,
-                    now,
-                    Liveness::Live,
-                ) {
-                    Ok(Decision::Take) => {}
-                    Ok(decision) => return Ok(Ok(Claimed::Decided(decision))),
+                match settled(&existing, Path::new(NAME), &request, kind, now, retention) {
+                    Ok(None) => {}
+                    Ok(Some(decision)) => return Ok(Ok(Claimed::Decided(decision))),
                     Err(e) => return Ok(Err(e)),
                 }
             }
