@@ -1347,22 +1347,12 @@ impl EffectStore {
                 _ => None,
             }
         };
-        if let Some(decision) = quick {
-            return answer(
-                decision,
-                name,
-                req,
-                wait,
-                &self.counters,
-                &self.journal_path,
-            );
-        }
         let job = Job::Begin {
             req: req.clone(),
             name,
             kind,
         };
-        let decision = match self.submit(job)? {
+        let decision = match quick.map_or_else(|| self.submit(job), |d| Ok(Answer::Begin(d)))? {
             Answer::Begin(decision) => decision,
             Answer::Execute {
                 owner,

@@ -24,6 +24,7 @@ use std::sync::mpsc;
 use std::time::Duration;
 
 pub use deadpool_postgres::{Object as PgClient, Pool as PgPool};
+pub use tokio_postgres::types::ToSql as PgToSql;
 pub use tokio_postgres::{Error as PgDriverError, Row as PgRow, Transaction as PgTransaction};
 
 /// The most connections one store value opens.

@@ -7,7 +7,7 @@
 
 use std::collections::HashMap;
 
-use toolgate_storage::postgres::{PgError, PgStore, get, query_error};
+use toolgate_storage::postgres::{PgError, PgStore, PgToSql, get, query_error};
 
 use super::{Bucket, Limit, Limited};
 
@@ -36,6 +36,17 @@ struct Columns {
 }
 
 impl Columns {
+    /// The five columns as the statements' `$1..$5`.
+    fn params(&self) -> [&(dyn PgToSql + Sync); 5] {
+        [
+            &self.keys,
+            &self.units,
+            &self.at,
+            &self.burst,
+            &self.per_minute,
+        ]
+    }
+
     fn push(&mut self, key: &str, bucket: &Bucket) {
         self.keys.push(key.to_owned());
         self.units.push(bucket.units.to_string());
@@ -86,13 +97,7 @@ pub(super) fn take(
              FROM unnest($1::text[], $2::text[], $3::int8[], $4::int8[], $5::int8[]) AS x(k, u, a, b, p)
              ORDER BY k
              ON CONFLICT (key) DO NOTHING",
-            &[
-                &columns.keys,
-                &columns.units,
-                &columns.at,
-                &columns.burst,
-                &columns.per_minute,
-            ],
+            &columns.params(),
         )
         .await
         .map_err(query("create a rate limit bucket"))?;
@@ -135,13 +140,7 @@ pub(super) fn take(
              SET units = x.u::numeric, at_ns = x.a, burst = x.b, per_minute = x.p
              FROM unnest($1::text[], $2::text[], $3::int8[], $4::int8[], $5::int8[]) AS x(k, u, a, b, p)
              WHERE b.key = x.k",
-            &[
-                &columns.keys,
-                &columns.units,
-                &columns.at,
-                &columns.burst,
-                &columns.per_minute,
-            ],
+            &columns.params(),
         )
         .await
         .map_err(query("update the rate limit buckets"))?;
