@@ -96,7 +96,7 @@ impl PgAuditLog {
         })
     }
 
-    /// Signs a checkpoint with `key` in the append transaction that carries the chain past each
+    /// Signs a checkpoint with `key` in the append statement that carries the chain past each
     /// multiple of `every` records (0 is treated as 1), and at [`PgAuditLog::checkpoint`]. Every
     /// replica appending to the chain should use the same key; keep it outside the database.
     pub fn with_checkpoints(mut self, key: HmacKey, every: u64) -> Self {

@@ -9,7 +9,9 @@
 //!
 //! # Decisions
 //!
-//! `begin` is one transaction: `INSERT .. ON CONFLICT (name) DO NOTHING` claims an absent key;
+//! `begin` first reads the row without a lock: a settled record (finished, well inside its
+//! retention window) is answered from that read alone (`settled`, shared with the file store).
+//! Otherwise it is one transaction: `INSERT .. ON CONFLICT (name) DO NOTHING` claims an absent key;
 //! otherwise `SELECT .. FOR UPDATE` locks the row, the shared `decide` judges it exactly as the
 //! other backends do, and a takeover or retry rewrites it in the same transaction. Concurrent
 //! begins of one key, from any replica, are serialized by the row lock: one executes.
