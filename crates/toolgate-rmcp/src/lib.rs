@@ -21,6 +21,8 @@ pub mod contract;
 pub mod fuzzing;
 mod gate;
 pub mod harness;
+#[cfg(feature = "http")]
+pub mod http;
 mod permit;
 mod principal;
 mod refusal;

@@ -94,9 +94,16 @@ pub struct FromExtensions;
 
 impl PrincipalSource for FromExtensions {
     fn principal(&self, extensions: &Extensions) -> Option<Arc<str>> {
-        extensions
-            .get::<VerifiedPrincipal>()
-            .map(|verified| Arc::clone(&verified.0))
+        let verified = extensions.get::<VerifiedPrincipal>();
+        // Over Streamable HTTP, rmcp hands the handler the HTTP request's parts, whose extensions
+        // hold what the authentication layer verified.
+        #[cfg(feature = "http")]
+        let verified = verified.or_else(|| {
+            extensions
+                .get::<axum::http::request::Parts>()
+                .and_then(|parts| parts.extensions.get::<VerifiedPrincipal>())
+        });
+        verified.map(|verified| Arc::clone(&verified.0))
     }
 }
 

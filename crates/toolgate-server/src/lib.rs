@@ -356,6 +356,22 @@ fn check_contract(options: &ServerOptions, live: &Lockfile) -> anyhow::Result<()
 /// The order is deliberate: an invalid policy or a contract that does not match its attestation
 /// must stop the process before anything is created or written under the ledger directory.
 pub fn build(options: &ServerOptions) -> anyhow::Result<BuiltServer> {
+    build_gate(options, false)
+}
+
+/// As [`build`], for Streamable HTTP: each request's principal is the one its API token
+/// authenticates (`toolgate::FromExtensions`), never `--principal`.
+#[cfg(feature = "http")]
+pub fn build_for_http(options: &ServerOptions) -> anyhow::Result<BuiltServer> {
+    if options.principal.is_some() {
+        anyhow::bail!(
+            "over HTTP each request's principal is the one its API token names: leave out --principal / TOOLGATE_PRINCIPAL and create a token per principal with `{SERVER_NAME} token create --principal NAME`"
+        );
+    }
+    build_gate(options, true)
+}
+
+fn build_gate(options: &ServerOptions, per_request: bool) -> anyhow::Result<BuiltServer> {
     if let Some(principal) = &options.principal
         && !toolgate::canon::names::is_principal_name(principal)
     {
@@ -450,12 +466,6 @@ pub fn build(options: &ServerOptions) -> anyhow::Result<BuiltServer> {
         .policy(policy)
         .audit(sink)
         .effect_store(Arc::clone(&effects))
-        .principal(
-            options
-                .principal
-                .clone()
-                .unwrap_or_else(|| "local".to_owned()),
-        )
         .server_name(SERVER_NAME)
         // The audit log and the effect store are opened above (fault hooks, shutdown handles);
         // the ledger gives the rest of the documented layout: the kill switch.
@@ -464,6 +474,16 @@ pub fn build(options: &ServerOptions) -> anyhow::Result<BuiltServer> {
         .preflight(Arc::new(tools::NotesPreflight))
         .contract(&live)
         .contract_changes(changes);
+    let gated = if per_request {
+        gated.principal_source(toolgate::FromExtensions)
+    } else {
+        gated.principal(
+            options
+                .principal
+                .clone()
+                .unwrap_or_else(|| "local".to_owned()),
+        )
+    };
     let gated = match kill_switch {
         Some(switch) => gated.kill_switch(switch),
         None => gated,
@@ -618,6 +638,131 @@ pub async fn serve_stdio(server: BuiltServer) -> anyhow::Result<()> {
         tracing::info!(count = checkpoint.count, "audit checkpoint at shutdown");
     }
     session
+}
+
+/// Serves `server` over Streamable HTTP at `http://ADDR/mcp` until SIGINT or SIGTERM, every
+/// request authenticated by an API token of the ledger (`docs/http.md`). Says where it listens on
+/// stderr (`serving Streamable HTTP at http://HOST:PORT/mcp`, the port resolved when `ADDR`
+/// asks for port 0).
+#[cfg(feature = "http")]
+pub async fn serve_http(server: BuiltServer, addr: std::net::SocketAddr) -> anyhow::Result<()> {
+    let BuiltServer {
+        gated,
+        audit,
+        effects,
+        options,
+    } = server;
+    spawn_reload_on_sighup(options.clone(), gated.policy_handle())?;
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .with_context(|| format!("cannot listen on {addr}"))?;
+    let local = listener
+        .local_addr()
+        .context("cannot read the bound address")?;
+    let resource = format!("http://{local}{}", toolgate::http::MCP_PATH);
+    let http = toolgate::http::HttpOptions::new(resource.clone());
+    let tokens =
+        toolgate::http::tokens::ApiTokens::new(&options.ledger).with_storage(options.storage());
+    let router = toolgate::http::router(gated, tokens, audit.sink(), &http);
+    // The one line a supervisor (or a test) reads to find the port.
+    tracing::info!(%resource, "serving Streamable HTTP");
+    #[allow(clippy::print_stderr)]
+    {
+        eprintln!("{SERVER_NAME}: serving Streamable HTTP at {resource}");
+    }
+    let served = axum::serve(listener, router)
+        .with_graceful_shutdown(shutdown_signal())
+        .await
+        .context("the HTTP server failed");
+    tokio::task::spawn_blocking(move || effects.sync())
+        .await
+        .context("the shutdown sync task failed")?
+        .context("cannot make the effect store durable at shutdown")?;
+    let checkpoint = tokio::task::spawn_blocking(move || audit.checkpoint())
+        .await
+        .context("the shutdown checkpoint task failed")?;
+    if let Some(checkpoint) = checkpoint.context("cannot write the shutdown audit checkpoint")? {
+        tracing::info!(count = checkpoint.count, "audit checkpoint at shutdown");
+    }
+    served
+}
+
+/// Resolves at SIGINT or SIGTERM.
+#[cfg(feature = "http")]
+async fn shutdown_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    match (
+        signal(SignalKind::interrupt()),
+        signal(SignalKind::terminate()),
+    ) {
+        (Ok(mut interrupt), Ok(mut terminate)) => {
+            tokio::select! {
+                _ = interrupt.recv() => {}
+                _ = terminate.recv() => {}
+            }
+        }
+        // No signal handling: serve until killed.
+        _ => std::future::pending().await,
+    }
+}
+
+/// Creates an API token for `principal` (valid for `valid_for`, or until revoked) and records
+/// `admin/token` with its id (never the token). Returns the token, to show once.
+#[cfg(feature = "http")]
+pub fn create_token(
+    options: &ServerOptions,
+    principal: &str,
+    valid_for: Option<std::time::Duration>,
+) -> anyhow::Result<toolgate::http::tokens::NewToken> {
+    let audit = operator_audit(options)?;
+    let tokens =
+        toolgate::http::tokens::ApiTokens::new(&options.ledger).with_storage(options.storage());
+    let created = tokens.create(principal, valid_for, std::time::SystemTime::now())?;
+    let reason = format!("created token {} for {principal}", created.info.id);
+    record_token_change(&audit, &created.info.id, reason)?;
+    Ok(created)
+}
+
+/// Revokes the API token `id` from the next request on, and records it.
+#[cfg(feature = "http")]
+pub fn revoke_token(
+    options: &ServerOptions,
+    id: &str,
+) -> anyhow::Result<toolgate::http::tokens::TokenInfo> {
+    let audit = operator_audit(options)?;
+    let tokens =
+        toolgate::http::tokens::ApiTokens::new(&options.ledger).with_storage(options.storage());
+    let revoked = tokens.revoke(id, std::time::SystemTime::now())?;
+    let reason = format!("revoked token {id} of {}", revoked.principal);
+    record_token_change(&audit, id, reason)?;
+    Ok(revoked)
+}
+
+/// The API tokens of the ledger, oldest first.
+#[cfg(feature = "http")]
+pub fn list_tokens(
+    options: &ServerOptions,
+) -> anyhow::Result<Vec<toolgate::http::tokens::TokenInfo>> {
+    Ok(toolgate::http::tokens::ApiTokens::new(&options.ledger).list()?)
+}
+
+#[cfg(feature = "http")]
+fn record_token_change(audit: &AuditStore, id: &str, reason: String) -> anyhow::Result<()> {
+    let mut entry = toolgate::audit::AuditEntry::tool_call(
+        "operator",
+        "tokens",
+        toolgate::audit::Decision::Allow,
+        toolgate::audit::Outcome::Reloaded,
+        toolgate::canon::Sha256Digest::of(id.as_bytes()),
+    )
+    .with_reason(reason);
+    entry.method = "admin/token".to_owned();
+    audit
+        .sink()
+        .append(&entry)
+        .context("the token change took place but could not be audited")?;
+    audit.checkpoint()?;
+    Ok(())
 }
 
 /// Verifies `LEDGER_DIR/audit.jsonl` (and its rotated segments) with the ledger options the

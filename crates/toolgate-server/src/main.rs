@@ -81,8 +81,18 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
-    /// Serve MCP over stdio (the default).
-    Serve,
+    /// Serve MCP over stdio (the default), or over Streamable HTTP with --http.
+    Serve {
+        /// Serve Streamable HTTP at http://ADDR/mcp instead of stdio, every request
+        /// authenticated by an API token (`token create`); port 0 picks a free port.
+        #[arg(long, value_name = "ADDR")]
+        http: Option<std::net::SocketAddr>,
+    },
+    /// API tokens for `serve --http` (stored as hashes in the ledger; every change audited).
+    Token {
+        #[command(subcommand)]
+        command: TokenCommand,
+    },
     /// Audit log tools.
     Audit {
         #[command(subcommand)]
@@ -119,6 +129,26 @@ enum Command {
     Contract {
         #[command(subcommand)]
         command: ContractCommand,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum TokenCommand {
+    /// Create a token for a principal and print it (once: only its hash is kept).
+    Create {
+        /// The principal the token authenticates.
+        #[arg(long)]
+        principal: String,
+        /// Seconds the token is accepted for (default: until revoked).
+        #[arg(long)]
+        expires_in: Option<u64>,
+    },
+    /// List the tokens: id, principal, expiry, revocation.
+    List,
+    /// Revoke a token by id; the next request with it is refused.
+    Revoke {
+        /// The token's id (from `token create` or `token list`).
+        id: String,
     },
 }
 
@@ -253,6 +283,78 @@ fn serving_runtime() -> std::io::Result<tokio::runtime::Runtime> {
 /// them allocate from the one heap above. `benches/calls.rs` measures the concurrent rate.
 const BLOCKING_THREADS: usize = 16;
 
+#[cfg(feature = "http")]
+fn serve_http(paths: &ServerOptions, addr: std::net::SocketAddr) -> ExitCode {
+    let server = match toolgate_server::build_for_http(paths) {
+        Ok(server) => server,
+        Err(error) => return fail(&error),
+    };
+    let runtime = match serving_runtime() {
+        Ok(runtime) => runtime,
+        Err(error) => return fail(&error.into()),
+    };
+    match runtime.block_on(toolgate_server::serve_http(server, addr)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => fail(&error),
+    }
+}
+
+#[cfg(not(feature = "http"))]
+fn serve_http(_: &ServerOptions, _: std::net::SocketAddr) -> ExitCode {
+    fail(&no_http())
+}
+
+#[cfg(not(feature = "http"))]
+fn no_http() -> anyhow::Error {
+    anyhow::anyhow!(
+        "this build of toolgate-server has no HTTP support (feature `http`); build it with the feature or serve stdio"
+    )
+}
+
+#[cfg(feature = "http")]
+fn token_command(paths: &ServerOptions, command: TokenCommand) -> ExitCode {
+    let done = match command {
+        TokenCommand::Create {
+            principal,
+            expires_in,
+        } => toolgate_server::create_token(
+            paths,
+            &principal,
+            expires_in.map(std::time::Duration::from_secs),
+        )
+        .map(|created| {
+            // The token itself on stdout, alone on its line, for scripts; shown only this once.
+            println!("{}", created.token);
+            eprintln!(
+                "token {} for {}: shown once, only its hash is kept",
+                created.info.id, created.info.principal
+            );
+        }),
+        TokenCommand::List => toolgate_server::list_tokens(paths).map(|tokens| {
+            for token in tokens {
+                let state = match (token.revoked_ns, token.expires_ns) {
+                    (Some(at), _) => format!("revoked at {at}"),
+                    (None, Some(at)) => format!("expires at {at}"),
+                    (None, None) => "no expiry".to_owned(),
+                };
+                println!("{} {} {state}", token.id, token.principal);
+            }
+        }),
+        TokenCommand::Revoke { id } => toolgate_server::revoke_token(paths, &id).map(|token| {
+            println!("revoked token {} of {}", token.id, token.principal);
+        }),
+    };
+    match done {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => fail(&error),
+    }
+}
+
+#[cfg(not(feature = "http"))]
+fn token_command(_: &ServerOptions, _: TokenCommand) -> ExitCode {
+    fail(&no_http())
+}
+
 /// Prints a one-line reason on stderr (the full cause chain, joined) and returns exit code 2.
 fn fail(error: &anyhow::Error) -> ExitCode {
     eprintln!("toolgate-server: {error:#}");
@@ -309,8 +411,8 @@ fn main() -> ExitCode {
         max_in_flight: cli.max_in_flight,
         max_line_bytes: cli.max_line_bytes,
     };
-    match cli.command.unwrap_or(Command::Serve) {
-        Command::Serve => {
+    match cli.command.unwrap_or(Command::Serve { http: None }) {
+        Command::Serve { http: None } => {
             let server = match toolgate_server::build(&paths) {
                 Ok(server) => server,
                 Err(error) => return fail(&error),
@@ -324,6 +426,8 @@ fn main() -> ExitCode {
                 Err(error) => fail(&error),
             }
         }
+        Command::Serve { http: Some(addr) } => serve_http(&paths, addr),
+        Command::Token { command } => token_command(&paths, command),
         Command::Audit {
             command: AuditCommand::Verify { key_file, format },
         } => {

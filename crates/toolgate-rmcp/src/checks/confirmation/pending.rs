@@ -395,6 +395,11 @@ fn summary_step(wrong_summaries: u32, matches: bool) -> (TokenState, Result<(), 
 #[cfg(feature = "postgres")]
 mod postgres;
 
+// Without the feature `postgres` the store is memory only, and the matches below have one arm.
+#[cfg_attr(
+    not(feature = "postgres"),
+    allow(clippy::infallible_destructuring_match)
+)]
 impl PendingActions {
     /// Pending actions in this process's memory. Tokens live `ttl` (clamped to [`MAX_TTL`]) and
     /// are remembered `ttl` after that.
@@ -685,6 +690,8 @@ mod tests {
     fn the_token_itself_is_not_stored() {
         let p = PendingActions::new(TTL);
         let token = issue(&p, "alice", t(0));
+        // Irrefutable without the feature `postgres`.
+        #[allow(irrefutable_let_patterns)]
         let Store::Memory(state) = &p.store else {
             unreachable!("PendingActions::new keeps them in memory")
         };

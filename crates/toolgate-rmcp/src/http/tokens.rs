@@ -1,0 +1,423 @@
+//! Static API tokens for self-hosted HTTP deployments: created by the operator, shown once,
+//! stored only as their SHA-256 in `LEDGER_DIR/tokens.json`, each naming the principal it
+//! authenticates and an optional expiry; listed and revoked by id. The file is read again on
+//! every request, so a revocation applies to the next one.
+//!
+//! A token is `tgt_` followed by 64 lowercase hex characters (32 bytes from the operating
+//! system's generator). Its id, the first 12 hex characters of its SHA-256, names it in lists,
+//! revocations and the audit log; the token itself is never written anywhere.
+//!
+//! File (version 1, strict: unknown keys are refused):
+//! `{"version":1,"tokens":[{"id":"…","sha256":"…","principal":"alice","created_ns":"…",
+//! "expires_ns":"…"|null,"revoked_ns":"…"|null}]}` (times are decimal strings of nanoseconds since
+//! the epoch). Changes are read-modify-write under a lock file and written through the storage
+//! floor's durable replace (temporary file, fdatasync, rename, directory fsync).
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use serde::{Deserialize, Serialize};
+use subtle::ConstantTimeEq as _;
+use toolgate_canon::Sha256Digest;
+use toolgate_storage::{FsStorage, LockFile, Storage, Symlinks};
+
+use crate::VerifiedPrincipal;
+
+/// The type prefix of a toolgate API token.
+pub const TOKEN_PREFIX: &str = "tgt_";
+/// The token file in the ledger directory.
+pub const TOKENS_FILE: &str = "tokens.json";
+/// The largest token file read.
+const MAX_TOKENS_FILE_BYTES: u64 = 4 * 1024 * 1024;
+
+/// What the operator sees of a token: everything but the secret.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TokenInfo {
+    /// The token's public id (12 hex characters of its SHA-256).
+    pub id: String,
+    /// Hex SHA-256 of the token.
+    sha256: String,
+    /// The principal it authenticates.
+    pub principal: String,
+    /// When it was created, ns since the epoch.
+    #[serde(with = "ns_text")]
+    pub created_ns: u64,
+    /// When it stops being accepted, if ever.
+    #[serde(with = "ns_text_opt")]
+    pub expires_ns: Option<u64>,
+    /// When it was revoked, if it was.
+    #[serde(with = "ns_text_opt")]
+    pub revoked_ns: Option<u64>,
+}
+
+/// A token just created: the secret (show it once) and its record.
+#[derive(Clone)]
+pub struct NewToken {
+    /// The token to hand to the client. Not stored anywhere.
+    pub token: String,
+    /// Its record.
+    pub info: TokenInfo,
+}
+
+impl std::fmt::Debug for NewToken {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NewToken")
+            .field("token", &"<redacted>")
+            .field("info", &self.info)
+            .finish()
+    }
+}
+
+#[derive(Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct TokensFile {
+    version: u64,
+    tokens: Vec<TokenInfo>,
+}
+
+/// Why the token store could not be read or changed. Messages name the file and the fix.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum TokenError {
+    /// The file could not be read or written.
+    #[error("cannot {action} the token file {path}: {source}; check the ledger directory")]
+    Io {
+        /// What was being done.
+        action: &'static str,
+        /// The token file.
+        path: PathBuf,
+        /// The cause.
+        source: std::io::Error,
+    },
+    /// The file is not a valid token file (edited by hand?); nothing is accepted until it is.
+    #[error(
+        "the token file {path} is invalid: {problem}; restore it from a backup or remove it and create the tokens again"
+    )]
+    Invalid {
+        /// The token file.
+        path: PathBuf,
+        /// What is wrong.
+        problem: String,
+    },
+    /// No token has this id.
+    #[error("no token has the id {id:?}; `token list` shows the ids")]
+    UnknownId {
+        /// The id given.
+        id: String,
+    },
+    /// The principal name is not a valid principal.
+    #[error(
+        "invalid principal {name:?}: use 1 to 128 characters from A-Z, a-z, 0-9, '_', '.', '@', ':' and '-'"
+    )]
+    InvalidPrincipal {
+        /// The name given.
+        name: String,
+    },
+    /// The operating system's random number generator failed; no token was created.
+    #[error("cannot draw a token from the operating system's random number generator: {cause}")]
+    Random {
+        /// The generator's error.
+        cause: String,
+    },
+}
+
+/// Why a presented token is refused (the HTTP layer answers 401 with this code).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refusal {
+    /// No `Authorization: Bearer` header.
+    Missing,
+    /// Not a token of this server (malformed, unknown).
+    Invalid,
+    /// Past its expiry.
+    Expired,
+    /// Revoked by the operator.
+    Revoked,
+    /// The token store cannot be read (fail closed).
+    Unavailable,
+}
+
+impl Refusal {
+    /// A short stable code, for the audit log and the `WWW-Authenticate` error description.
+    pub fn code(self) -> &'static str {
+        match self {
+            Refusal::Missing => "missing_token",
+            Refusal::Invalid => "invalid_token",
+            Refusal::Expired => "expired_token",
+            Refusal::Revoked => "revoked_token",
+            Refusal::Unavailable => "token_store_unavailable",
+        }
+    }
+}
+
+/// The API tokens of one ledger directory.
+#[derive(Debug, Clone)]
+pub struct ApiTokens {
+    dir: PathBuf,
+    path: PathBuf,
+    storage: Arc<dyn Storage>,
+}
+
+impl ApiTokens {
+    /// The tokens of `ledger_dir` (`tokens.json`). Touches nothing on disk.
+    pub fn new(ledger_dir: impl Into<PathBuf>) -> Self {
+        let dir = ledger_dir.into();
+        ApiTokens {
+            path: dir.join(TOKENS_FILE),
+            dir,
+            storage: Arc::new(FsStorage),
+        }
+    }
+
+    /// Writes through `storage` (tests pass a fault-injecting one).
+    pub fn with_storage(mut self, storage: Arc<dyn Storage>) -> Self {
+        self.storage = storage;
+        self
+    }
+
+    /// The token file.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    fn io(&self, action: &'static str) -> impl Fn(std::io::Error) -> TokenError + '_ {
+        move |source| TokenError::Io {
+            action,
+            path: self.path.clone(),
+            source,
+        }
+    }
+
+    fn read(&self) -> Result<Vec<TokenInfo>, TokenError> {
+        let bytes =
+            toolgate_storage::read_regular(&self.path, MAX_TOKENS_FILE_BYTES, Symlinks::Refuse)
+                .map_err(self.io("read"))?;
+        let Some(bytes) = bytes else {
+            return Ok(Vec::new());
+        };
+        let invalid = |problem: String| TokenError::Invalid {
+            path: self.path.clone(),
+            problem,
+        };
+        if bytes.len() as u64 > MAX_TOKENS_FILE_BYTES {
+            return Err(invalid(format!(
+                "it is larger than {MAX_TOKENS_FILE_BYTES} bytes"
+            )));
+        }
+        let file: TokensFile =
+            serde_json::from_slice(&bytes).map_err(|e| invalid(e.to_string()))?;
+        if file.version != 1 {
+            return Err(invalid(format!(
+                "version {} is not 1, the only version this build reads",
+                file.version
+            )));
+        }
+        Ok(file.tokens)
+    }
+
+    /// Runs `change` on the tokens under the lock and writes the result durably.
+    fn update<T>(
+        &self,
+        change: impl FnOnce(&mut Vec<TokenInfo>) -> Result<T, TokenError>,
+    ) -> Result<T, TokenError> {
+        toolgate_storage::create_dir_durably(self.storage.as_ref(), &self.dir)
+            .map_err(|e| self.io("create the directory of")(e.source))?;
+        let lock =
+            LockFile::open(self.dir.join(".tokens.lock")).map_err(|e| self.io("lock")(e.source))?;
+        let _held = lock.lock().map_err(|e| self.io("lock")(e.source))?;
+        let mut tokens = self.read()?;
+        let answer = change(&mut tokens)?;
+        let mut bytes = serde_json::to_vec_pretty(&TokensFile { version: 1, tokens })
+            .map_err(|e| self.io("encode")(std::io::Error::other(e)))?;
+        bytes.push(b'\n');
+        toolgate_storage::replace_file(self.storage.as_ref(), &self.dir, TOKENS_FILE, &bytes)
+            .map_err(|e| self.io("write")(e.source))?;
+        Ok(answer)
+    }
+
+    /// Creates a token for `principal`, valid for `valid_for` (or until revoked).
+    pub fn create(
+        &self,
+        principal: &str,
+        valid_for: Option<Duration>,
+        now: SystemTime,
+    ) -> Result<NewToken, TokenError> {
+        if !toolgate_canon::names::is_principal_name(principal) {
+            return Err(TokenError::InvalidPrincipal {
+                name: principal.to_owned(),
+            });
+        }
+        let mut secret = [0u8; 32];
+        getrandom::fill(&mut secret).map_err(|e| TokenError::Random {
+            cause: e.to_string(),
+        })?;
+        let token = format!(
+            "{TOKEN_PREFIX}{}",
+            Sha256Digest::from_bytes(secret).to_hex()
+        );
+        let sha256 = Sha256Digest::of(token.as_bytes()).to_hex();
+        let created_ns = ns(now);
+        let info = TokenInfo {
+            id: sha256[..12].to_owned(),
+            sha256,
+            principal: principal.to_owned(),
+            created_ns,
+            expires_ns: valid_for.map(|d| {
+                created_ns.saturating_add(u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
+            }),
+            revoked_ns: None,
+        };
+        let stored = info.clone();
+        self.update(move |tokens| {
+            tokens.push(stored);
+            Ok(())
+        })?;
+        Ok(NewToken { token, info })
+    }
+
+    /// Every token, oldest first.
+    pub fn list(&self) -> Result<Vec<TokenInfo>, TokenError> {
+        self.read()
+    }
+
+    /// Revokes the token `id` from now on; revoking a revoked token keeps its first revocation.
+    pub fn revoke(&self, id: &str, now: SystemTime) -> Result<TokenInfo, TokenError> {
+        self.update(|tokens| {
+            let token = tokens
+                .iter_mut()
+                .find(|t| t.id == id)
+                .ok_or_else(|| TokenError::UnknownId { id: id.to_owned() })?;
+            token.revoked_ns.get_or_insert(ns(now));
+            Ok(token.clone())
+        })
+    }
+
+    /// The principal `presented` authenticates at `now` (with the token's id), or why not.
+    pub fn verify(
+        &self,
+        presented: &str,
+        now: SystemTime,
+    ) -> Result<(VerifiedPrincipal, String), Refusal> {
+        let well_formed = presented.strip_prefix(TOKEN_PREFIX).is_some_and(|hex| {
+            hex.len() == 64 && hex.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
+        });
+        if !well_formed {
+            return Err(Refusal::Invalid);
+        }
+        let tokens = self.read().map_err(|error| {
+            tracing::error!(%error, "the token file is unusable; refusing every request");
+            Refusal::Unavailable
+        })?;
+        let sha256 = Sha256Digest::of(presented.as_bytes()).to_hex();
+        let token = tokens
+            .iter()
+            .find(|t| bool::from(t.sha256.as_bytes().ct_eq(sha256.as_bytes())))
+            .ok_or(Refusal::Invalid)?;
+        if token.revoked_ns.is_some() {
+            return Err(Refusal::Revoked);
+        }
+        if token.expires_ns.is_some_and(|at| ns(now) >= at) {
+            return Err(Refusal::Expired);
+        }
+        let principal = VerifiedPrincipal::new(&token.principal).map_err(|_| Refusal::Invalid)?;
+        Ok((principal, token.id.clone()))
+    }
+}
+
+fn ns(t: SystemTime) -> u64 {
+    t.duration_since(UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
+}
+
+/// Nanosecond times as decimal strings (JSON numbers lose precision past 2^53).
+mod ns_text {
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub(super) fn serialize<S: Serializer>(v: &u64, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&v.to_string())
+    }
+
+    pub(super) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<u64, D::Error> {
+        String::deserialize(d)?
+            .parse()
+            .map_err(serde::de::Error::custom)
+    }
+}
+
+mod ns_text_opt {
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub(super) fn serialize<S: Serializer>(v: &Option<u64>, s: S) -> Result<S::Ok, S::Error> {
+        match v {
+            Some(v) => s.serialize_str(&v.to_string()),
+            None => s.serialize_none(),
+        }
+    }
+
+    pub(super) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
+        Option::<String>::deserialize(d)?
+            .map(|text| text.parse().map_err(serde::de::Error::custom))
+            .transpose()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn t(secs: u64) -> SystemTime {
+        UNIX_EPOCH + Duration::from_secs(1_700_000_000 + secs)
+    }
+
+    #[test]
+    fn created_tokens_verify_until_expired_or_revoked_and_are_stored_as_hashes() {
+        let dir = tempfile::tempdir().unwrap();
+        let tokens = ApiTokens::new(dir.path());
+        let alice = tokens
+            .create("alice", Some(Duration::from_secs(60)), t(0))
+            .unwrap();
+        let bob = tokens.create("bob", None, t(0)).unwrap();
+        assert!(alice.token.starts_with(TOKEN_PREFIX));
+        assert!(!format!("{alice:?}").contains(&alice.token));
+        let file = std::fs::read_to_string(tokens.path()).unwrap();
+        assert!(!file.contains(&alice.token) && !file.contains(&alice.token[4..]));
+
+        let (principal, id) = tokens.verify(&alice.token, t(1)).unwrap();
+        assert_eq!(
+            (principal.name(), id.as_str()),
+            ("alice", alice.info.id.as_str())
+        );
+        assert_eq!(tokens.verify(&alice.token, t(60)), Err(Refusal::Expired));
+        assert_eq!(
+            tokens.verify(&bob.token, t(1_000_000)).unwrap().0.name(),
+            "bob"
+        );
+        tokens.revoke(&bob.info.id, t(2)).unwrap();
+        assert_eq!(tokens.verify(&bob.token, t(3)), Err(Refusal::Revoked));
+
+        let other = format!("{TOKEN_PREFIX}{}", "a".repeat(64));
+        for bad in ["", "tgt_", "Bearer x", &other, &alice.token.to_uppercase()] {
+            assert_eq!(tokens.verify(bad, t(1)), Err(Refusal::Invalid), "{bad}");
+        }
+        assert_eq!(tokens.list().unwrap().len(), 2);
+        assert!(matches!(
+            tokens.revoke("nope", t(1)),
+            Err(TokenError::UnknownId { .. })
+        ));
+        assert!(matches!(
+            tokens.create("not a name", None, t(1)),
+            Err(TokenError::InvalidPrincipal { .. })
+        ));
+    }
+
+    #[test]
+    fn a_broken_file_refuses_every_token() {
+        let dir = tempfile::tempdir().unwrap();
+        let tokens = ApiTokens::new(dir.path());
+        let alice = tokens.create("alice", None, t(0)).unwrap();
+        std::fs::write(tokens.path(), "{\"version\":1,\"tokens\":[],\"extra\":1}").unwrap();
+        assert_eq!(tokens.verify(&alice.token, t(1)), Err(Refusal::Unavailable));
+        assert!(matches!(tokens.list(), Err(TokenError::Invalid { .. })));
+    }
+}
