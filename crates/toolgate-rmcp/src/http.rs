@@ -5,7 +5,7 @@
 //!   ([`tokens::ApiTokens`]) on every request. A request without a valid token gets 401 with
 //!   `WWW-Authenticate: Bearer resource_metadata="…", error="invalid_token"` and is audited (the
 //!   reason code and the token's id when there is one, never the token); nothing reaches rmcp.
-//!   The verified principal goes into the request's extensions as a [`VerifiedPrincipal`], where
+//!   The verified principal goes into the request's extensions as a [`crate::VerifiedPrincipal`], where
 //!   the gate's [`crate::FromExtensions`] finds it: the principal comes from the credential only.
 //! - **Sessions** (the 2025-11-25 flow): a session is bound to the principal that opened it; a
 //!   request on it with another principal's token gets 404, as for an unknown session. The
