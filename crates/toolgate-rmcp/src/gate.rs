@@ -1021,6 +1021,11 @@ impl<H: ServerHandler> ServerHandler for Gated<H> {
                     REJECT_ACTION,
                 ));
         }
+        // With a principal per request the list is this caller's: no shared cache may serve it
+        // to another (2026-07-28 `cacheScope`).
+        if self.principals.without_request().is_none() {
+            result.cache_scope = Some(rmcp::model::CacheScope::Private);
+        }
         Ok(result)
     }
 

@@ -253,6 +253,8 @@ fn every_request_is_authenticated_and_served_as_its_tokens_principal() {
         names.contains(&"write_note") && !names.contains(&"rm_rf"),
         "{names:?}"
     );
+    // Filtered for this principal: not for a shared cache.
+    assert_eq!(listed["result"]["cacheScope"], json!("private"), "{listed}");
     let (_, first) = server.call(&alice, 5, "tools/call", note_call("req-http-0001"));
     assert_eq!(status_of(&first), "committed");
     let (_, again) = server.call(&alice, 6, "tools/call", note_call("req-http-0001"));
