@@ -625,8 +625,13 @@ pub async fn serve_stdio(server: BuiltServer) -> anyhow::Result<()> {
         Err(rmcp::service::ServerInitializeError::ConnectionClosed(_)) => Ok(()),
         Err(error) => Err(error).context("the MCP session could not start"),
     };
-    // Clean shutdown: make the idempotent outcomes durable, then seal what was appended with a
-    // checkpoint (when a key is configured).
+    shut_down(effects, audit).await?;
+    session
+}
+
+/// Clean shutdown: makes the idempotent outcomes durable, then seals what was appended with a
+/// checkpoint (when a key is configured).
+async fn shut_down(effects: Arc<dyn EffectBackend>, audit: AuditStore) -> anyhow::Result<()> {
     tokio::task::spawn_blocking(move || effects.sync())
         .await
         .context("the shutdown sync task failed")?
@@ -637,7 +642,7 @@ pub async fn serve_stdio(server: BuiltServer) -> anyhow::Result<()> {
     if let Some(checkpoint) = checkpoint.context("cannot write the shutdown audit checkpoint")? {
         tracing::info!(count = checkpoint.count, "audit checkpoint at shutdown");
     }
-    session
+    Ok(())
 }
 
 /// Serves `server` over Streamable HTTP at `http://ADDR/mcp` until SIGINT or SIGTERM, every
@@ -661,8 +666,7 @@ pub async fn serve_http(server: BuiltServer, addr: std::net::SocketAddr) -> anyh
         .context("cannot read the bound address")?;
     let resource = format!("http://{local}{}", toolgate::http::MCP_PATH);
     let http = toolgate::http::HttpOptions::new(resource.clone());
-    let tokens =
-        toolgate::http::tokens::ApiTokens::new(&options.ledger).with_storage(options.storage());
+    let tokens = api_tokens(&options);
     let router = toolgate::http::router(gated, tokens, audit.sink(), &http);
     // The one line a supervisor (or a test) reads to find the port.
     tracing::info!(%resource, "serving Streamable HTTP");
@@ -674,17 +678,14 @@ pub async fn serve_http(server: BuiltServer, addr: std::net::SocketAddr) -> anyh
         .with_graceful_shutdown(shutdown_signal())
         .await
         .context("the HTTP server failed");
-    tokio::task::spawn_blocking(move || effects.sync())
-        .await
-        .context("the shutdown sync task failed")?
-        .context("cannot make the effect store durable at shutdown")?;
-    let checkpoint = tokio::task::spawn_blocking(move || audit.checkpoint())
-        .await
-        .context("the shutdown checkpoint task failed")?;
-    if let Some(checkpoint) = checkpoint.context("cannot write the shutdown audit checkpoint")? {
-        tracing::info!(count = checkpoint.count, "audit checkpoint at shutdown");
-    }
+    shut_down(effects, audit).await?;
     served
+}
+
+/// The API tokens of the ledger, written through the configured storage.
+#[cfg(feature = "http")]
+fn api_tokens(options: &ServerOptions) -> toolgate::http::tokens::ApiTokens {
+    toolgate::http::tokens::ApiTokens::new(&options.ledger).with_storage(options.storage())
 }
 
 /// Resolves at SIGINT or SIGTERM.
@@ -715,8 +716,7 @@ pub fn create_token(
     valid_for: Option<std::time::Duration>,
 ) -> anyhow::Result<toolgate::http::tokens::NewToken> {
     let audit = operator_audit(options)?;
-    let tokens =
-        toolgate::http::tokens::ApiTokens::new(&options.ledger).with_storage(options.storage());
+    let tokens = api_tokens(options);
     let created = tokens.create(principal, valid_for, std::time::SystemTime::now())?;
     let reason = format!("created token {} for {principal}", created.info.id);
     record_token_change(&audit, &created.info.id, reason)?;
@@ -730,8 +730,7 @@ pub fn revoke_token(
     id: &str,
 ) -> anyhow::Result<toolgate::http::tokens::TokenInfo> {
     let audit = operator_audit(options)?;
-    let tokens =
-        toolgate::http::tokens::ApiTokens::new(&options.ledger).with_storage(options.storage());
+    let tokens = api_tokens(options);
     let revoked = tokens.revoke(id, std::time::SystemTime::now())?;
     let reason = format!("revoked token {id} of {}", revoked.principal);
     record_token_change(&audit, id, reason)?;
@@ -743,7 +742,7 @@ pub fn revoke_token(
 pub fn list_tokens(
     options: &ServerOptions,
 ) -> anyhow::Result<Vec<toolgate::http::tokens::TokenInfo>> {
-    Ok(toolgate::http::tokens::ApiTokens::new(&options.ledger).list()?)
+    Ok(api_tokens(options).list()?)
 }
 
 #[cfg(feature = "http")]
