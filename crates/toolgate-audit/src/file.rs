@@ -600,20 +600,15 @@ impl FileAuditLog {
             .file_name()
             .map(|n| n.to_string_lossy().into_owned())
             .unwrap_or_default();
-        let entry = AuditEntry {
-            request_id: "recovery".into(),
-            method: "audit/recover".into(),
-            name: "audit".into(),
-            decision: Decision::Allow,
-            outcome: crate::Outcome::Recovered,
-            args_digest: torn_sha256,
-            reason: Some("torn_tail".into()),
-            policy_digest: None,
-            contract_digest: None,
-            principal: None,
-            separate_reason: None,
-            dropped_fields: None,
-        };
+        let mut entry = AuditEntry::tool_call(
+            "recovery",
+            "audit",
+            Decision::Allow,
+            crate::Outcome::Recovered,
+            torn_sha256,
+        )
+        .with_reason("torn_tail");
+        entry.method = "audit/recover".into();
         let torn_bytes = u64::try_from(torn.len()).unwrap_or(u64::MAX);
         let extra = vec![
             ("torn_bytes", Value::from(torn_bytes)),

@@ -102,6 +102,17 @@ pub struct AuditEntry {
     /// (written as `dropped_fields`, only when present: the gate sets it, 0 included, on every
     /// allow record of a tool whose results it filters).
     pub dropped_fields: Option<u64>,
+    /// The transport the request came through when it authenticates its callers (written as
+    /// `channel`, only when present), e.g. `"http"`.
+    pub channel: Option<String>,
+    /// The caller's tenant, from its verified credential (written as `tenant`, only when present).
+    pub tenant: Option<String>,
+    /// The name the client declared for itself (`clientInfo.name`; written as `client_name`, only
+    /// when present). Caller text: bounded like `principal`, and never an identity.
+    pub client_name: Option<String>,
+    /// The version the client declared (`clientInfo.version`; written as `client_version`, only
+    /// when present). Bounded like `client_name`.
+    pub client_version: Option<String>,
 }
 
 impl AuditEntry {
@@ -126,6 +137,10 @@ impl AuditEntry {
             principal: None,
             separate_reason: None,
             dropped_fields: None,
+            channel: None,
+            tenant: None,
+            client_name: None,
+            client_version: None,
         }
     }
 
@@ -156,6 +171,25 @@ impl AuditEntry {
     /// The same entry with a `separate_reason` field.
     pub fn with_separate_reason(mut self, reason: impl Into<String>) -> Self {
         self.separate_reason = Some(reason.into());
+        self
+    }
+
+    /// The same entry with a `channel` field.
+    pub fn with_channel(mut self, channel: impl Into<String>) -> Self {
+        self.channel = Some(channel.into());
+        self
+    }
+
+    /// The same entry with a `tenant` field.
+    pub fn with_tenant(mut self, tenant: impl Into<String>) -> Self {
+        self.tenant = Some(tenant.into());
+        self
+    }
+
+    /// The same entry with `client_name` and `client_version` fields.
+    pub fn with_client(mut self, name: impl Into<String>, version: impl Into<String>) -> Self {
+        self.client_name = Some(name.into());
+        self.client_version = Some(version.into());
         self
     }
 

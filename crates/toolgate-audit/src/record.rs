@@ -154,7 +154,17 @@ pub(crate) fn seal(
         .separate_reason
         .as_deref()
         .map(|reason| Bounded::of(reason, MAX_REASON_BYTES));
-    let mut members: Vec<(&str, Field<'_>)> = Vec::with_capacity(14 + extra.len());
+    let [channel, tenant, client_name, client_version] = [
+        &entry.channel,
+        &entry.tenant,
+        &entry.client_name,
+        &entry.client_version,
+    ]
+    .map(|text| {
+        text.as_deref()
+            .map(|text| Bounded::of(text, MAX_TEXT_FIELD_BYTES))
+    });
+    let mut members: Vec<(&str, Field<'_>)> = Vec::with_capacity(18 + extra.len());
     members.extend([
         ("ts", Field::Number(ts)),
         ("request_id", Field::Text(request_id.text())),
@@ -179,12 +189,26 @@ pub(crate) fn seal(
         members.push(("dropped_fields", Field::Number(dropped)));
     }
     for (key, field) in [
+        ("channel", &channel),
+        ("tenant", &tenant),
+        ("client_name", &client_name),
+        ("client_version", &client_version),
+    ] {
+        if let Some(field) = field {
+            members.push((key, Field::Text(field.text())));
+        }
+    }
+    for (key, field) in [
         ("request_id_bytes", Some(&request_id)),
         ("method_bytes", Some(&method)),
         ("name_bytes", Some(&name)),
         ("reason_bytes", reason.as_ref()),
         ("principal_bytes", principal.as_ref()),
         ("separate_reason_bytes", separate_reason.as_ref()),
+        ("channel_bytes", channel.as_ref()),
+        ("tenant_bytes", tenant.as_ref()),
+        ("client_name_bytes", client_name.as_ref()),
+        ("client_version_bytes", client_version.as_ref()),
     ] {
         if let Some(bytes) = field.and_then(Bounded::bytes) {
             members.push((key, Field::Number(bytes)));
@@ -435,6 +459,7 @@ fn integers_only(value: &Value) -> bool {
 mod tests {
     use super::*;
     use crate::Decision;
+    use serde_json::json;
 
     #[test]
     fn sealed_line_passes_check_and_links_to_prev() {
@@ -552,6 +577,43 @@ mod tests {
         );
         assert_eq!(record["separate_reason_bytes"], long.len());
         assert_eq!(record["dropped_fields"], 7);
+    }
+
+    #[test]
+    fn caller_fields_are_written_only_when_present_and_bounded() {
+        let plain = AuditEntry::tool_call(
+            "r",
+            "write_note",
+            Decision::Allow,
+            crate::Outcome::Committed,
+            Sha256Digest::of(b"{}"),
+        );
+        let record: Value =
+            serde_json::from_slice(&seal(&plain, vec![], 1, 1, Sha256Digest::ZERO).line).unwrap();
+        for key in ["channel", "tenant", "client_name", "client_version"] {
+            assert!(record.get(key).is_none(), "{key}");
+        }
+        let long = "v".repeat(MAX_TEXT_FIELD_BYTES + 1);
+        let entry = plain
+            .with_channel("http")
+            .with_tenant("acme")
+            .with_client("probe \"x\"", long.as_str());
+        let sealed = seal(&entry, vec![], 1, 1, Sha256Digest::ZERO);
+        check_line(sealed.line.strip_suffix(b"\n").unwrap()).unwrap();
+        let record: Value = serde_json::from_slice(&sealed.line).unwrap();
+        assert_eq!(
+            (
+                &record["channel"],
+                &record["tenant"],
+                &record["client_name"]
+            ),
+            (&json!("http"), &json!("acme"), &json!("probe \"x\""))
+        );
+        assert_eq!(
+            record["client_version"],
+            format!("sha256:{}", Sha256Digest::of(long.as_bytes()))
+        );
+        assert_eq!(record["client_version_bytes"], long.len());
     }
 
     #[test]

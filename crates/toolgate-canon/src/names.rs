@@ -28,9 +28,36 @@ pub fn is_tool_name(s: &str) -> bool {
     is_name(s, b"_.-")
 }
 
+/// The OAuth scope grammar in words, for error messages.
+pub const SCOPE_GRAMMAR: &str =
+    "1 to 128 printable ASCII characters without spaces, '\"' or '\\' (RFC 6749, section 3.3)";
+
+/// Whether `s` is an OAuth scope token (RFC 6749, section 3.3: `%x21 / %x23-5B / %x5D-7E`), at
+/// most [`MAX_NAME_BYTES`]: [`SCOPE_GRAMMAR`].
+pub fn is_scope(s: &str) -> bool {
+    (1..=MAX_NAME_BYTES).contains(&s.len())
+        && s.bytes()
+            .all(|b| b == 0x21 || (0x23..=0x5b).contains(&b) || (0x5d..=0x7e).contains(&b))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn scopes() {
+        for ok in [
+            "notes:write",
+            "read",
+            "https://api.example/notes.write",
+            "!",
+        ] {
+            assert!(is_scope(ok), "{ok}");
+        }
+        for bad in ["", "a b", "a\"b", "a\\b", "é", &"s".repeat(129)] {
+            assert!(!is_scope(bad), "{bad}");
+        }
+    }
 
     #[test]
     fn the_grammars() {

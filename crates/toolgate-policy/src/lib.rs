@@ -216,6 +216,8 @@ pub struct Policy {
     pub(crate) versions: BTreeMap<String, Versioned>,
     pub(crate) duplicates: BTreeMap<String, DuplicateGuard>,
     pub(crate) results: BTreeMap<String, ResultFields>,
+    /// Tool -> the OAuth scopes that grant it (any one suffices).
+    pub(crate) scopes: BTreeMap<String, BTreeSet<String>>,
     pub(crate) digest: Sha256Digest,
 }
 
@@ -444,6 +446,12 @@ impl Policy {
         if self.halt_exempt(tool) {
             map.insert("halt_exempt".to_owned(), Value::Bool(true));
         }
+        if let Some(scopes) = self.required_scopes(tool) {
+            map.insert(
+                "scopes".to_owned(),
+                serde_json::to_value(scopes).unwrap_or(Value::Null),
+            );
+        }
         if let Some(untrusted) = self.untrusted_output(tool) {
             map.insert(
                 "untrusted_output".to_owned(),
@@ -563,6 +571,18 @@ impl Policy {
         self.effects
             .iter()
             .map(|(tool, class)| (tool.as_str(), *class))
+    }
+
+    /// The scopes of which a caller with scoped credentials (an OAuth token, an API token created
+    /// with scopes) must hold one to see and call `tool` (`scopes`: scope -> tools). Empty when no
+    /// scope names the tool: then the credential's scopes do not matter for it.
+    pub fn required_scopes(&self, tool: &str) -> Option<&BTreeSet<String>> {
+        self.scopes.get(tool)
+    }
+
+    /// Every scope the policy names, sorted (for the protected resource metadata).
+    pub fn scopes_supported(&self) -> BTreeSet<&str> {
+        self.scopes.values().flatten().map(String::as_str).collect()
     }
 
     /// Whether `tool` keeps working while the kill switch is engaged (`kill_switch.exempt`; only

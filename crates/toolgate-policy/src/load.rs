@@ -346,6 +346,20 @@ impl Policy {
             results.insert(tool, compiled);
         }
 
+        let mut scopes: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+        for (scope, tools) in raw.scopes.0 {
+            if !toolgate_canon::names::is_scope(&scope) {
+                return Err(invalid(format!(
+                    "scopes has the scope {scope:?}: a scope is {}",
+                    toolgate_canon::names::SCOPE_GRAMMAR
+                )));
+            }
+            for tool in tool_names(tools, &format!("scopes.{scope}"))? {
+                reach.require("scopes", &tool)?;
+                scopes.entry(tool).or_default().insert(scope.clone());
+            }
+        }
+
         for (name, rules) in compiled_principal_rules {
             if let Some(section) = principals.get_mut(&name) {
                 section.arg_rules = rules;
@@ -368,6 +382,7 @@ impl Policy {
             versions,
             duplicates,
             results,
+            scopes,
             digest: Sha256Digest::of_json(&loose),
         })
     }

@@ -83,6 +83,8 @@ pub(crate) struct RawPolicy {
     pub(crate) duplicates: UniqueMap<RawDuplicates>,
     #[serde(default)]
     pub(crate) results: UniqueMap<RawResults>,
+    #[serde(default)]
+    pub(crate) scopes: UniqueMap<Vec<String>>,
 }
 
 /// `arg_rules.<tool>.<field>` as written.

@@ -296,3 +296,53 @@ fn new_per_tool_settings_enter_the_fingerprint_only_when_present() {
     );
     assert_eq!(explicit.fingerprint("t"), implicit.fingerprint("t"));
 }
+
+#[test]
+fn scopes_name_the_tools_they_grant() {
+    let p = load(json!({"version": 1, "allow": ["r", "w", "free"],
+        "scopes": {"notes:read": ["r", "w"], "notes:write": ["w"]}}));
+    let names = |tool: &str| -> Vec<String> {
+        p.required_scopes(tool)
+            .map(|s| s.iter().cloned().collect())
+            .unwrap_or_default()
+    };
+    assert_eq!(names("r"), ["notes:read"]);
+    assert_eq!(names("w"), ["notes:read", "notes:write"]);
+    assert!(p.required_scopes("free").is_none());
+    assert_eq!(
+        p.scopes_supported().into_iter().collect::<Vec<_>>(),
+        ["notes:read", "notes:write"]
+    );
+    // A scope changes the fingerprint of the tools it names only.
+    let without = load(json!({"version": 1, "allow": ["r", "w", "free"]}));
+    assert_ne!(p.fingerprint("w"), without.fingerprint("w"));
+    assert_eq!(p.fingerprint("free"), without.fingerprint("free"));
+}
+
+#[test]
+fn scopes_refuse_bad_names_and_unallowed_tools() {
+    for (policy, needle) in [
+        (
+            json!({"version": 1, "allow": ["r"], "scopes": {"a b": ["r"]}}),
+            "scope \"a b\"",
+        ),
+        (
+            json!({"version": 1, "allow": ["r"], "scopes": {"": ["r"]}}),
+            "scope \"\"",
+        ),
+        (
+            json!({"version": 1, "allow": ["r"], "scopes": {"s": ["other"]}}),
+            "scopes names `other`",
+        ),
+        (
+            json!({"version": 1, "allow": ["r"], "scopes": {"s": "r"}}),
+            "expected a sequence",
+        ),
+    ] {
+        let error = Policy::from_json(&policy.to_string())
+            .err()
+            .unwrap_or_else(|| panic!("{policy} loaded"))
+            .to_string();
+        assert!(error.contains(needle), "{policy}: {error}");
+    }
+}

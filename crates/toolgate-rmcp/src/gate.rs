@@ -195,6 +195,24 @@ fn missing_fix(parts: &[&'static str]) -> String {
         .join("; ")
 }
 
+/// Who makes one request: the principal, the credential it came with (tenant, scopes, channel;
+/// none over stdio) and what the client declared of itself (name, version).
+#[derive(Debug, Clone)]
+pub(crate) struct Caller {
+    pub(crate) principal: Arc<str>,
+    pub(crate) credential: Option<crate::VerifiedPrincipal>,
+    pub(crate) client: Option<(String, String)>,
+}
+
+impl Caller {
+    /// Whether the caller's credential reaches `tool` under the policy's `scopes`.
+    pub(crate) fn grants(&self, policy: &Policy, tool: &str) -> bool {
+        self.credential
+            .as_ref()
+            .is_none_or(|credential| credential.grants(policy.required_scopes(tool)))
+    }
+}
+
 /// A `ServerHandler` whose tools are decided by a [`Policy`], audited, and reachable only with a
 /// [`Permit`].
 ///
@@ -739,36 +757,77 @@ impl<H: ServerHandler> Gated<H> {
     pub(crate) fn entry(
         &self,
         state: &GateState,
-        principal: &str,
+        caller: &Caller,
         request_id: String,
         name: &str,
         decision: AuditDecision,
         outcome: Outcome,
         args_digest: Sha256Digest,
     ) -> AuditEntry {
-        let entry = AuditEntry::tool_call(request_id, name, decision, outcome, args_digest)
+        let mut entry = AuditEntry::tool_call(request_id, name, decision, outcome, args_digest)
             .with_policy_digest(state.policy.digest())
-            .with_principal(principal);
+            .with_principal(&*caller.principal);
+        if let Some(credential) = &caller.credential {
+            entry.channel = credential.channel().map(str::to_owned);
+            entry.tenant = credential.tenant().map(str::to_owned);
+        }
+        if let Some((name, version)) = &caller.client {
+            entry = entry.with_client(name, version);
+        }
         match state.tool_contract_digests.get(name) {
             Some(digest) => entry.with_contract_digest(*digest),
             None => entry,
         }
     }
 
-    /// Whether tools/list shows `tool` to `principal`: the inner handler resolves it and every
-    /// check lists it.
-    pub(crate) fn listed(&self, state: &GateState, principal: &str, tool: &str) -> bool {
-        self.inner.get_tool(tool).is_some() && self.checks.lists(state, principal, tool)
+    /// Whether tools/list shows `tool` to `caller`: the inner handler resolves it, the caller's
+    /// credential holds a scope it needs, and every check lists it.
+    pub(crate) fn listed(&self, state: &GateState, caller: &Caller, tool: &str) -> bool {
+        self.inner.get_tool(tool).is_some()
+            && caller.grants(&state.policy, tool)
+            && self.checks.lists(state, &caller.principal, tool)
     }
 
-    /// The principal of a request, or the JSON-RPC error refusing a request without one.
-    fn principal_of(&self, extensions: &rmcp::model::Extensions) -> Result<Arc<str>, McpError> {
-        self.principals.principal(extensions).ok_or_else(|| {
+    /// Who makes a request, or the JSON-RPC error refusing a request without a principal.
+    pub(crate) fn caller_of(
+        &self,
+        context: &RequestContext<RoleServer>,
+    ) -> Result<Caller, McpError> {
+        let principal = self.principals.principal(&context.extensions).ok_or_else(|| {
             McpError::invalid_request(
                 "the request carries no verified principal; the transport must authenticate the caller",
                 None,
             )
+        })?;
+        let credential = self.principals.credential(&context.extensions);
+        // What the client says of itself, recorded with the calls of authenticated transports:
+        // the request's own `_meta` (2026-07-28), else the session's `initialize` (2025-11-25).
+        // rmcp stands in its own identity for a stateless request's missing one: not the client's.
+        let client = credential.as_ref().and_then(|_| {
+            context.meta.client_info().or_else(|| {
+                context
+                    .peer
+                    .peer_info()
+                    .map(|info| info.client_info.clone())
+                    .filter(|info| *info != rmcp::model::Implementation::default())
+            })
+        });
+        Ok(Caller {
+            principal,
+            credential,
+            client: client.map(|info| (info.name, info.version)),
         })
+    }
+
+    /// The JSON-RPC error that refuses a call of `tool` now because the kill switch is on; `None`
+    /// when the call may go on (no halt, or the policy exempts the tool). Reads the switch (a
+    /// file or the database): call it off the async threads.
+    #[cfg(feature = "http")]
+    pub(crate) fn halted_for(&self, tool: &str) -> Option<McpError> {
+        if self.state.snapshot().policy.halt_exempt(tool) {
+            return None;
+        }
+        self.checks.kill_switch.halted()
     }
 
     /// The contract digest published to clients, if any.
@@ -996,20 +1055,20 @@ impl<H: ServerHandler> ServerHandler for Gated<H> {
         request: Option<PaginatedRequestParams>,
         context: RequestContext<RoleServer>,
     ) -> Result<ListToolsResult, McpError> {
-        let principal = self.principal_of(&context.extensions)?;
+        let caller = self.caller_of(&context)?;
         let mut result = self.inner.list_tools(request, context).await?;
         let state = self.state.snapshot();
         // Listed exactly when callable: the inner handler resolves it and every check shows it
-        // to this principal.
+        // to this caller.
         result.tools.retain(|tool| {
-            !self.confirmations_offered(&tool.name) && self.listed(&state, &principal, &tool.name)
+            !self.confirmations_offered(&tool.name) && self.listed(&state, &caller, &tool.name)
         });
         for tool in &mut result.tools {
             self.checks.describe(&state, tool);
             // The gate's own answers (refusals, previews) carry structured content too.
             crate::refusal::admit_gate_results(tool);
         }
-        if self.offers_confirmation(&state, &principal) {
+        if self.offers_confirmation(&state, &caller) {
             result
                 .tools
                 .push(crate::checks::confirmation::confirmation_tool(
@@ -1043,8 +1102,13 @@ impl<H: ServerHandler> ServerHandler for Gated<H> {
                 .filter(|_| state.policy.visible(name));
         };
         if self.confirmations_offered(name) {
+            let caller = Caller {
+                principal,
+                credential: None,
+                client: None,
+            };
             return self
-                .offers_confirmation(&state, &principal)
+                .offers_confirmation(&state, &caller)
                 .then(|| crate::checks::confirmation::confirmation_tool(name));
         }
         self.inner

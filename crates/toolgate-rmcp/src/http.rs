@@ -1,26 +1,36 @@
 //! Streamable HTTP (feature `http`): the gated handler behind rmcp's `StreamableHttpService`,
 //! mounted at `/mcp` of an axum router, with every request authenticated before it reaches rmcp.
 //!
-//! - **Authentication**: `Authorization: Bearer <token>`, checked against the static API tokens
-//!   ([`tokens::ApiTokens`]) on every request. A request without a valid token gets 401 with
-//!   `WWW-Authenticate: Bearer resource_metadata="…", error="invalid_token"` and is audited (the
-//!   reason code and the token's id when there is one, never the token); nothing reaches rmcp.
-//!   The verified principal goes into the request's extensions as a [`crate::VerifiedPrincipal`], where
-//!   the gate's [`crate::FromExtensions`] finds it: the principal comes from the credential only.
+//! - **Authentication** ([`Authentication`]): `Authorization: Bearer <token>` on every request,
+//!   either a static API token of the ledger ([`tokens::ApiTokens`], `tgt_…`) or an OAuth 2.1
+//!   access token (a JWT checked against the issuer's keys, [`oauth::JwtVerifier`]). A request
+//!   without a valid token gets 401 with `WWW-Authenticate: Bearer resource_metadata="…",
+//!   error="invalid_token"` and is audited (the reason code, never the token); nothing reaches
+//!   rmcp. The verified principal (with its tenant and scopes) goes into the request's extensions
+//!   as a [`crate::VerifiedPrincipal`], where the gate's [`crate::FromExtensions`] finds it: the
+//!   principal comes from the credential only.
+//! - **Scopes**: a `tools/call` of a tool the policy puts under scopes (`scopes`) that the
+//!   credential does not hold gets 403 with `error="insufficient_scope", scope="…"`; tools/list
+//!   leaves such tools out.
+//! - **Kill switch**: while it is on, a `tools/call` of a tool it stops gets 503 with
+//!   `Retry-After` and the JSON-RPC error in the body; the connection stays usable.
 //! - **Sessions** (the 2025-11-25 flow): a session is bound to the principal that opened it; a
 //!   request on it with another principal's token gets 404, as for an unknown session. The
-//!   2026-07-28 flow is stateless.
+//!   2026-07-28 flow is stateless; rmcp checks its `Mcp-Method` / `Mcp-Name` headers against the
+//!   body (400, JSON-RPC -32020).
 //! - **Transport hygiene** from rmcp's service: `Host` allow-list (loopback by default),
 //!   `Origin` validation (an allow-list; loopback origins by default, and a present Origin that is
 //!   not listed is 403), the body size limit (413).
 //! - **Protected resource metadata** (RFC 9728) at `/.well-known/oauth-protected-resource`.
 
+pub mod oauth;
 pub mod tokens;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::SystemTime;
 
+use axum::body::Body;
 use axum::extract::{Request, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::middleware::Next;
@@ -28,11 +38,13 @@ use axum::response::{IntoResponse, Response};
 use rmcp::ServerHandler;
 use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
 use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
+use serde_json::{Map, Value, json};
 use toolgate_audit::{AuditEntry, AuditSink, Decision, Outcome};
 use toolgate_canon::Sha256Digest;
 
-use crate::Gated;
-use tokens::{ApiTokens, Refusal};
+use crate::{Gated, VerifiedPrincipal};
+use oauth::JwtVerifier;
+use tokens::ApiTokens;
 
 /// The MCP endpoint's path.
 pub const MCP_PATH: &str = "/mcp";
@@ -40,6 +52,110 @@ pub const MCP_PATH: &str = "/mcp";
 pub const METADATA_PATH: &str = "/.well-known/oauth-protected-resource";
 /// The default body limit.
 pub const DEFAULT_MAX_BODY_BYTES: usize = 4 * 1024 * 1024;
+/// The default `Retry-After` of a call refused by the kill switch, in seconds.
+pub const DEFAULT_RETRY_AFTER_SECS: u64 = 30;
+
+/// Why a request is not authenticated (the HTTP layer answers 401, or 503 when the server
+/// cannot judge, with [`Refusal::code`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Refusal {
+    /// No `Authorization: Bearer` header.
+    Missing,
+    /// Not a token of this server: malformed, unknown, or a signature that does not verify.
+    Invalid,
+    /// Past its expiry (`exp`, or an API token's expiry).
+    Expired,
+    /// Before its `nbf`.
+    NotYetValid,
+    /// Revoked by the operator.
+    Revoked,
+    /// Issued by another issuer (`iss`), or without one.
+    WrongIssuer,
+    /// Issued for another audience than this server, or for none (`aud`).
+    WrongAudience,
+    /// Signed with a key the issuer's key set does not hold (or without a `kid`).
+    UnknownKey,
+    /// An algorithm that is not accepted (`none`, HMAC, unknown) or not the key's.
+    Algorithm,
+    /// The subject (or the configured tenant claim) is missing or not a valid name.
+    InvalidSubject,
+    /// The token store cannot be read (fail closed: 503).
+    Unavailable,
+    /// The issuer's key set could not be fetched and no key is known (503).
+    KeysUnavailable,
+}
+
+impl Refusal {
+    /// A short stable code, for the audit log and the response body.
+    pub fn code(self) -> &'static str {
+        match self {
+            Refusal::Missing => "missing_token",
+            Refusal::Invalid => "invalid_token",
+            Refusal::Expired => "expired_token",
+            Refusal::NotYetValid => "token_not_yet_valid",
+            Refusal::Revoked => "revoked_token",
+            Refusal::WrongIssuer => "wrong_issuer",
+            Refusal::WrongAudience => "wrong_audience",
+            Refusal::UnknownKey => "unknown_key",
+            Refusal::Algorithm => "algorithm_not_accepted",
+            Refusal::InvalidSubject => "invalid_subject",
+            Refusal::Unavailable => "token_store_unavailable",
+            Refusal::KeysUnavailable => "jwks_unavailable",
+        }
+    }
+
+    /// Whether the server, not the credential, is at fault (503 rather than 401).
+    fn is_server_fault(self) -> bool {
+        matches!(self, Refusal::Unavailable | Refusal::KeysUnavailable)
+    }
+}
+
+/// Which credentials the front door accepts: static API tokens, OAuth access tokens, or both (a
+/// token with the API tokens' prefix goes to the API tokens, any other to OAuth).
+#[derive(Debug, Clone, Default)]
+pub struct Authentication {
+    tokens: Option<ApiTokens>,
+    oauth: Option<JwtVerifier>,
+}
+
+impl Authentication {
+    /// Accepts nothing yet.
+    pub fn new() -> Self {
+        Authentication::default()
+    }
+
+    /// Accepts the API tokens of `tokens`.
+    pub fn api_tokens(mut self, tokens: ApiTokens) -> Self {
+        self.tokens = Some(tokens);
+        self
+    }
+
+    /// Accepts the OAuth access tokens `verifier` verifies.
+    pub fn oauth(mut self, verifier: JwtVerifier) -> Self {
+        self.oauth = Some(verifier);
+        self
+    }
+
+    /// The principal `token` proves (and an API token's id), or why not.
+    async fn verify(&self, token: &str) -> Result<(VerifiedPrincipal, Option<String>), Refusal> {
+        if token.starts_with(tokens::TOKEN_PREFIX) {
+            let Some(tokens) = self.tokens.clone() else {
+                return Err(Refusal::Invalid);
+            };
+            let token = token.to_owned();
+            // The token file is read on every request (a revocation applies to the next one).
+            return crate::blocking::run(move || tokens.verify(&token, SystemTime::now()))
+                .await
+                .map_err(|_| Refusal::Unavailable)?
+                .map(|(principal, id)| (principal, Some(id)));
+        }
+        match &self.oauth {
+            Some(oauth) => oauth.verify(token).await.map(|principal| (principal, None)),
+            None => Err(Refusal::Invalid),
+        }
+    }
+}
 
 /// How the HTTP front door is configured.
 #[derive(Debug, Clone)]
@@ -53,6 +169,8 @@ pub struct HttpOptions {
     pub allowed_origins: Vec<String>,
     /// The largest request body accepted (413 beyond).
     pub max_body_bytes: usize,
+    /// The `Retry-After` of calls refused by the kill switch, in seconds.
+    pub retry_after_secs: u64,
 }
 
 impl HttpOptions {
@@ -68,6 +186,7 @@ impl HttpOptions {
                 "http://[::1]:*".to_owned(),
             ],
             max_body_bytes: DEFAULT_MAX_BODY_BYTES,
+            retry_after_secs: DEFAULT_RETRY_AFTER_SECS,
         }
     }
 
@@ -86,20 +205,39 @@ impl HttpOptions {
     }
 }
 
+/// What the gate answers for the front door, whatever the wrapped handler.
+trait GateView: Send + Sync {
+    fn policy(&self) -> Arc<toolgate_policy::Policy>;
+    fn halted_for(&self, tool: &str) -> Option<rmcp::ErrorData>;
+}
+
+impl<H: ServerHandler + Send + Sync + 'static> GateView for Gated<H> {
+    fn policy(&self) -> Arc<toolgate_policy::Policy> {
+        Gated::policy(self)
+    }
+
+    fn halted_for(&self, tool: &str) -> Option<rmcp::ErrorData> {
+        Gated::halted_for(self, tool)
+    }
+}
+
 /// What the authentication layer shares across requests.
 struct Door {
-    tokens: ApiTokens,
+    auth: Authentication,
+    gate: Arc<dyn GateView>,
     audit: Arc<dyn AuditSink>,
-    challenge: HeaderValue,
+    metadata_url: String,
+    max_body_bytes: usize,
+    retry_after: HeaderValue,
     /// Legacy sessions and the principal that opened each.
     sessions: Mutex<HashMap<String, Arc<str>>>,
 }
 
-/// The axum router serving `gated` at [`MCP_PATH`] behind token authentication, with the
-/// protected resource metadata. Mount it in a server of your own, or serve it as is.
+/// The axum router serving `gated` at [`MCP_PATH`] behind `auth`, with the protected resource
+/// metadata. Mount it in a server of your own, or serve it as is.
 pub fn router<H>(
     gated: Gated<H>,
-    tokens: ApiTokens,
+    auth: Authentication,
     audit: Arc<dyn AuditSink>,
     options: &HttpOptions,
 ) -> axum::Router
@@ -113,27 +251,31 @@ where
     config = config.enforce_origin_validation();
     config.max_request_body_bytes = options.max_body_bytes;
     config.json_response = true;
+    let service_gate = Arc::clone(&gated);
     let service = StreamableHttpService::new(
-        move || Ok(Arc::clone(&gated)),
+        move || Ok(Arc::clone(&service_gate)),
         Arc::new(LocalSessionManager::default()),
         config,
     );
-    let challenge = HeaderValue::from_str(&format!(
-        "Bearer resource_metadata=\"{}\", error=\"invalid_token\"",
-        options.metadata_url()
-    ))
-    .unwrap_or_else(|_| HeaderValue::from_static("Bearer error=\"invalid_token\""));
-    let door = Arc::new(Door {
-        tokens,
-        audit,
-        challenge,
-        sessions: Mutex::new(HashMap::new()),
-    });
-    let metadata = serde_json::json!({
+    let policy = gated.policy();
+    let mut metadata = json!({
         "resource": options.resource,
         "bearer_methods_supported": ["header"],
-        "authorization_servers": [],
+        "authorization_servers": auth.oauth.iter().map(|o| o.options().issuer.clone()).collect::<Vec<_>>(),
         "resource_name": "toolgate",
+    });
+    let scopes: Vec<&str> = policy.scopes_supported().into_iter().collect();
+    if !scopes.is_empty() {
+        metadata["scopes_supported"] = json!(scopes);
+    }
+    let door = Arc::new(Door {
+        auth,
+        gate: gated,
+        audit,
+        metadata_url: options.metadata_url(),
+        max_body_bytes: options.max_body_bytes,
+        retry_after: HeaderValue::from(options.retry_after_secs),
+        sessions: Mutex::new(HashMap::new()),
     });
     axum::Router::new()
         .route_service(MCP_PATH, service)
@@ -150,10 +292,10 @@ where
 /// The session id header of the 2025-11-25 flow.
 const SESSION_HEADER: &str = "mcp-session-id";
 
-async fn authenticate(State(door): State<Arc<Door>>, mut request: Request, next: Next) -> Response {
+async fn authenticate(State(door): State<Arc<Door>>, request: Request, next: Next) -> Response {
     let verified = match bearer(request.headers()) {
         None => Err(Refusal::Missing),
-        Some(token) => door.tokens.verify(token, SystemTime::now()),
+        Some(token) => door.auth.verify(token).await,
     };
     let principal = match verified {
         Ok((principal, _id)) => principal,
@@ -172,8 +314,16 @@ async fn authenticate(State(door): State<Arc<Door>>, mut request: Request, next:
             return StatusCode::NOT_FOUND.into_response();
         }
     }
-    request.extensions_mut().insert(principal);
     let deleting = request.method() == axum::http::Method::DELETE;
+    let mut request = if request.method() == axum::http::Method::POST {
+        match screen(&door, &principal, request).await {
+            Ok(request) => request,
+            Err(response) => return response,
+        }
+    } else {
+        request
+    };
+    request.extensions_mut().insert(principal);
     let response = next.run(request).await;
     if let Some(opened) = response
         .headers()
@@ -188,6 +338,92 @@ async fn authenticate(State(door): State<Arc<Door>>, mut request: Request, next:
         sessions(&door).remove(&id);
     }
     response
+}
+
+/// A `tools/call` the front door decides before rmcp sees it: its JSON-RPC id, tool and
+/// arguments' digest.
+struct Call {
+    id: Value,
+    name: String,
+    args_digest: Sha256Digest,
+}
+
+/// Reads the body of a POST (up to the limit) and answers a `tools/call` the caller's scopes do
+/// not reach (403) or the kill switch stops (503); gives the request back otherwise.
+async fn screen(
+    door: &Door,
+    principal: &VerifiedPrincipal,
+    request: Request,
+) -> Result<Request, Response> {
+    let (parts, body) = request.into_parts();
+    let bytes = axum::body::to_bytes(body, door.max_body_bytes)
+        .await
+        .map_err(|_| {
+            (
+                StatusCode::PAYLOAD_TOO_LARGE,
+                axum::Json(json!({"error": "body_too_large", "limit_bytes": door.max_body_bytes})),
+            )
+                .into_response()
+        })?;
+    if let Some(call) = tools_call(&bytes) {
+        let required = door.gate.policy().required_scopes(&call.name).cloned();
+        if !principal.grants(required.as_ref()) {
+            let scopes = required.into_iter().flatten().collect::<Vec<_>>().join(" ");
+            record(door, principal, &call, "insufficient_scope").await;
+            let mut response = (
+                StatusCode::FORBIDDEN,
+                axum::Json(json!({"error": "insufficient_scope", "scope": scopes})),
+            )
+                .into_response();
+            let challenge = format!(
+                "Bearer error=\"insufficient_scope\", scope=\"{scopes}\", resource_metadata=\"{}\"",
+                door.metadata_url
+            );
+            if let Ok(value) = HeaderValue::from_str(&challenge) {
+                response
+                    .headers_mut()
+                    .insert(header::WWW_AUTHENTICATE, value);
+            }
+            return Err(response);
+        }
+        let gate = Arc::clone(&door.gate);
+        let tool = call.name.clone();
+        let halted = crate::blocking::run(move || gate.halted_for(&tool))
+            .await
+            .unwrap_or_else(|cancelled| {
+                Some(rmcp::ErrorData::internal_error(cancelled.to_string(), None))
+            });
+        if let Some(error) = halted {
+            record(door, principal, &call, "kill_switch").await;
+            let body = json!({"jsonrpc": "2.0", "id": call.id, "error": error});
+            let mut response = (StatusCode::SERVICE_UNAVAILABLE, axum::Json(body)).into_response();
+            response
+                .headers_mut()
+                .insert(header::RETRY_AFTER, door.retry_after.clone());
+            return Err(response);
+        }
+    }
+    Ok(Request::from_parts(parts, Body::from(bytes)))
+}
+
+/// The `tools/call` request in `body`, if it is one (anything else is rmcp's to answer).
+fn tools_call(body: &[u8]) -> Option<Call> {
+    let message: Map<String, Value> = serde_json::from_slice(body).ok()?;
+    if message.get("method").and_then(Value::as_str) != Some("tools/call") {
+        return None;
+    }
+    let params = message.get("params")?.as_object()?;
+    let name = params.get("name")?.as_str()?.to_owned();
+    let arguments = params
+        .get("arguments")
+        .and_then(Value::as_object)
+        .cloned()
+        .unwrap_or_default();
+    Some(Call {
+        id: message.get("id").cloned().unwrap_or(Value::Null),
+        name,
+        args_digest: Sha256Digest::of_json_object(&arguments),
+    })
 }
 
 fn sessions(door: &Door) -> std::sync::MutexGuard<'_, HashMap<String, Arc<str>>> {
@@ -205,7 +441,44 @@ fn bearer(headers: &HeaderMap) -> Option<&str> {
         .filter(|token| !token.is_empty())
 }
 
-/// 401 with the challenge, after auditing the refusal (its code, never the token).
+/// Audits a call the front door refused, under the caller's principal, channel and tenant.
+async fn record(door: &Door, principal: &VerifiedPrincipal, call: &Call, reason: &str) {
+    let name = match toolgate_policy::ToolName::new(&call.name) {
+        Ok(_) => call.name.clone(),
+        Err(_) => format!("sha256:{}", Sha256Digest::of(call.name.as_bytes())),
+    };
+    let mut entry = AuditEntry::tool_call(
+        format!("rpc:{}", call.id),
+        name,
+        Decision::Deny,
+        Outcome::NotExecuted,
+        call.args_digest,
+    )
+    .with_reason(reason)
+    .with_principal(principal.name())
+    .with_policy_digest(door.gate.policy().digest());
+    entry.channel = principal.channel().map(str::to_owned);
+    entry.tenant = principal.tenant().map(str::to_owned);
+    append(door, entry).await;
+}
+
+async fn append(door: &Door, entry: AuditEntry) {
+    let audit = Arc::clone(&door.audit);
+    let recorded = if audit.may_block() {
+        crate::blocking::run(move || audit.append(&entry))
+            .await
+            .map_err(|e| e.to_string())
+            .and_then(|r| r.map_err(|e| e.to_string()))
+    } else {
+        audit.append(&entry).map_err(|e| e.to_string())
+    };
+    if let Err(error) = recorded {
+        tracing::error!(%error, "could not audit a request the HTTP front door refused");
+    }
+}
+
+/// 401 (503 when the server cannot judge) with the challenge, after auditing the refusal (its
+/// code, never the token).
 async fn refuse(door: &Door, refusal: Refusal) -> Response {
     let mut entry = AuditEntry::tool_call(
         "http",
@@ -214,32 +487,24 @@ async fn refuse(door: &Door, refusal: Refusal) -> Response {
         Outcome::NotExecuted,
         Sha256Digest::of(b""),
     )
-    .with_reason(refusal.code());
+    .with_reason(refusal.code())
+    .with_channel("http");
     entry.method = "http/authenticate".to_owned();
-    let audit = Arc::clone(&door.audit);
-    let recorded = if audit.may_block() {
-        tokio::task::spawn_blocking(move || audit.append(&entry))
-            .await
-            .map_err(|e| e.to_string())
-            .and_then(|r| r.map_err(|e| e.to_string()))
-    } else {
-        audit.append(&entry).map_err(|e| e.to_string())
-    };
-    if let Err(error) = recorded {
-        tracing::error!(%error, "could not audit a refused request");
-    }
-    let status = if refusal == Refusal::Unavailable {
+    append(door, entry).await;
+    let status = if refusal.is_server_fault() {
         StatusCode::SERVICE_UNAVAILABLE
     } else {
         StatusCode::UNAUTHORIZED
     };
-    let mut response = (
-        status,
-        axum::Json(serde_json::json!({"error": refusal.code()})),
-    )
-        .into_response();
-    response
-        .headers_mut()
-        .insert(header::WWW_AUTHENTICATE, door.challenge.clone());
+    let mut response = (status, axum::Json(json!({"error": refusal.code()}))).into_response();
+    let challenge = format!(
+        "Bearer resource_metadata=\"{}\", error=\"invalid_token\"",
+        door.metadata_url
+    );
+    if let Ok(value) = HeaderValue::from_str(&challenge) {
+        response
+            .headers_mut()
+            .insert(header::WWW_AUTHENTICATE, value);
+    }
     response
 }

@@ -7,6 +7,7 @@
 //! exactly-once keys and of pending confirmations, and is recorded in every audit line. It never
 //! comes from a tool's arguments.
 
+use std::collections::BTreeSet;
 use std::fmt;
 use std::sync::Arc;
 
@@ -23,6 +24,12 @@ pub trait PrincipalSource: Send + Sync + fmt::Debug + 'static {
     /// `None` (the default) for sources that depend on the request; the gate then answers such a
     /// lookup from the policy's top level, without any principal's section or rights.
     fn without_request(&self) -> Option<Arc<str>> {
+        None
+    }
+
+    /// The whole credential of the request (tenant, scopes, channel), for sources that verify
+    /// one; `None` (the default) for sources that only name the principal.
+    fn credential(&self, _extensions: &Extensions) -> Option<VerifiedPrincipal> {
         None
     }
 }
@@ -70,21 +77,91 @@ impl PrincipalSource for FixedPrincipal {
 }
 
 /// An identity the transport verified (a bearer token's subject, an API token's principal), put
-/// into the request's extensions by the layer that verified it. Only code that authenticates may
-/// construct one; the gate never derives it from anything the caller sends in MCP messages.
+/// into the request's extensions by the layer that verified it, with what the credential says
+/// besides: the tenant, the scopes, and the channel it came through. Only code that authenticates
+/// may construct one; the gate never derives it from anything the caller sends in MCP messages.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct VerifiedPrincipal(Arc<str>);
+pub struct VerifiedPrincipal {
+    name: Arc<str>,
+    tenant: Option<Arc<str>>,
+    scopes: Option<Arc<BTreeSet<String>>>,
+    channel: Option<&'static str>,
+}
 
 impl VerifiedPrincipal {
     /// The verified identity `name`, if it is a valid principal name.
     pub fn new(name: &str) -> Result<Self, InvalidPrincipal> {
-        checked(name).map(VerifiedPrincipal)
+        Ok(VerifiedPrincipal {
+            name: checked(name)?,
+            tenant: None,
+            scopes: None,
+            channel: None,
+        })
+    }
+
+    /// The same identity in `tenant` (a name with the principal names' rules), recorded in the
+    /// audit log and consulted by the per-tenant kill switch.
+    pub fn with_tenant(mut self, tenant: &str) -> Result<Self, InvalidPrincipal> {
+        self.tenant = Some(checked(tenant)?);
+        Ok(self)
+    }
+
+    /// The same identity limited to `scopes`: a tool the policy puts under scopes (`scopes` in
+    /// the policy) is hidden and refused unless one of them is here. Without this call the
+    /// credential is not scoped and the scopes do not apply.
+    pub fn with_scopes(mut self, scopes: impl IntoIterator<Item = String>) -> Self {
+        self.scopes = Some(Arc::new(scopes.into_iter().collect()));
+        self
+    }
+
+    /// The same identity, recorded as having come through `channel` (`"http"`).
+    pub fn with_channel(mut self, channel: &'static str) -> Self {
+        self.channel = Some(channel);
+        self
     }
 
     /// The name.
     pub fn name(&self) -> &str {
-        &self.0
+        &self.name
     }
+
+    /// The tenant, if the credential names one.
+    pub fn tenant(&self) -> Option<&str> {
+        self.tenant.as_deref()
+    }
+
+    /// The scopes, if the credential is scoped.
+    pub fn scopes(&self) -> Option<&BTreeSet<String>> {
+        self.scopes.as_deref()
+    }
+
+    /// The channel, if the verifying layer named it.
+    pub fn channel(&self) -> Option<&'static str> {
+        self.channel
+    }
+
+    /// Whether this credential may reach a tool that needs one of `required` (`None`: the tool
+    /// needs no scope). An unscoped credential reaches every tool.
+    pub fn grants(&self, required: Option<&BTreeSet<String>>) -> bool {
+        match (self.scopes.as_deref(), required) {
+            (Some(held), Some(required)) => required.iter().any(|scope| held.contains(scope)),
+            _ => true,
+        }
+    }
+}
+
+/// The [`VerifiedPrincipal`] of a request: in its extensions, or, over Streamable HTTP, in the
+/// extensions of the HTTP request's parts that rmcp attaches (where the authentication layer put
+/// it).
+pub(crate) fn verified(extensions: &Extensions) -> Option<&VerifiedPrincipal> {
+    let verified = extensions.get::<VerifiedPrincipal>();
+    #[cfg(feature = "http")]
+    let verified = verified.or_else(|| {
+        extensions
+            .get::<axum::http::request::Parts>()
+            .and_then(|parts| parts.extensions.get::<VerifiedPrincipal>())
+    });
+    verified
 }
 
 /// The principal is the [`VerifiedPrincipal`] in the request's extensions; a request without one
@@ -94,16 +171,11 @@ pub struct FromExtensions;
 
 impl PrincipalSource for FromExtensions {
     fn principal(&self, extensions: &Extensions) -> Option<Arc<str>> {
-        let verified = extensions.get::<VerifiedPrincipal>();
-        // Over Streamable HTTP, rmcp hands the handler the HTTP request's parts, whose extensions
-        // hold what the authentication layer verified.
-        #[cfg(feature = "http")]
-        let verified = verified.or_else(|| {
-            extensions
-                .get::<axum::http::request::Parts>()
-                .and_then(|parts| parts.extensions.get::<VerifiedPrincipal>())
-        });
-        verified.map(|verified| Arc::clone(&verified.0))
+        verified(extensions).map(|verified| Arc::clone(&verified.name))
+    }
+
+    fn credential(&self, extensions: &Extensions) -> Option<VerifiedPrincipal> {
+        verified(extensions).cloned()
     }
 }
 
@@ -128,5 +200,19 @@ mod tests {
             FromExtensions.principal(&extensions).as_deref(),
             Some("alice@example")
         );
+    }
+
+    #[test]
+    fn scopes_limit_only_scoped_tools() {
+        let required: BTreeSet<String> = ["notes:write".to_owned()].into();
+        let unscoped = VerifiedPrincipal::new("a").unwrap_or_else(|e| panic!("{e}"));
+        assert!(unscoped.grants(Some(&required)) && unscoped.grants(None));
+        let reader = unscoped.clone().with_scopes(["notes:read".to_owned()]);
+        assert!(!reader.grants(Some(&required)) && reader.grants(None));
+        let writer = unscoped.with_scopes(["notes:write".to_owned()]);
+        assert!(writer.grants(Some(&required)));
+        assert!(writer.clone().with_tenant("bad tenant").is_err());
+        let acme = writer.with_tenant("acme").unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(acme.tenant(), Some("acme"));
     }
 }

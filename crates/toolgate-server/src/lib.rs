@@ -650,7 +650,12 @@ async fn shut_down(effects: Arc<dyn EffectBackend>, audit: AuditStore) -> anyhow
 /// stderr (`serving Streamable HTTP at http://HOST:PORT/mcp`, the port resolved when `ADDR`
 /// asks for port 0).
 #[cfg(feature = "http")]
-pub async fn serve_http(server: BuiltServer, addr: std::net::SocketAddr) -> anyhow::Result<()> {
+pub async fn serve_http(server: BuiltServer, config: HttpConfig) -> anyhow::Result<()> {
+    let HttpConfig {
+        addr,
+        public_url,
+        oauth,
+    } = config;
     let BuiltServer {
         gated,
         audit,
@@ -664,10 +669,24 @@ pub async fn serve_http(server: BuiltServer, addr: std::net::SocketAddr) -> anyh
     let local = listener
         .local_addr()
         .context("cannot read the bound address")?;
-    let resource = format!("http://{local}{}", toolgate::http::MCP_PATH);
-    let http = toolgate::http::HttpOptions::new(resource.clone());
-    let tokens = api_tokens(&options);
-    let router = toolgate::http::router(gated, tokens, audit.sink(), &http);
+    let resource =
+        public_url.unwrap_or_else(|| format!("http://{local}{}", toolgate::http::MCP_PATH));
+    let mut http = toolgate::http::HttpOptions::new(resource.clone());
+    if let Some(host) = resource
+        .parse::<axum::http::Uri>()
+        .ok()
+        .and_then(|uri| uri.authority().map(|a| a.host().to_owned()))
+    {
+        http.allowed_hosts.push(host);
+    }
+    let mut auth = toolgate::http::Authentication::new().api_tokens(api_tokens(&options));
+    if let Some(mut oauth) = oauth {
+        if oauth.audience.is_empty() {
+            oauth.audience.clone_from(&resource);
+        }
+        auth = auth.oauth(toolgate::http::oauth::JwtVerifier::new(oauth)?);
+    }
+    let router = toolgate::http::router(gated, auth, audit.sink(), &http);
     // The one line a supervisor (or a test) reads to find the port.
     tracing::info!(%resource, "serving Streamable HTTP");
     #[allow(clippy::print_stderr)]
@@ -680,6 +699,19 @@ pub async fn serve_http(server: BuiltServer, addr: std::net::SocketAddr) -> anyh
         .context("the HTTP server failed");
     shut_down(effects, audit).await?;
     served
+}
+
+/// Where and how `serve --http` serves.
+#[cfg(feature = "http")]
+#[derive(Debug, Clone)]
+pub struct HttpConfig {
+    /// The address to listen on (port 0 picks a free port).
+    pub addr: std::net::SocketAddr,
+    /// The server's public canonical URI (behind a proxy); default `http://ADDR/mcp`.
+    pub public_url: Option<String>,
+    /// OAuth access tokens accepted besides the API tokens; an empty audience means the
+    /// server's canonical URI.
+    pub oauth: Option<toolgate::http::oauth::OAuthOptions>,
 }
 
 /// The API tokens of the ledger, written through the configured storage.
@@ -707,18 +739,17 @@ async fn shutdown_signal() {
     }
 }
 
-/// Creates an API token for `principal` (valid for `valid_for`, or until revoked) and records
-/// `admin/token` with its id (never the token). Returns the token, to show once.
+/// Creates an API token as `spec` says and records `admin/token` with its id (never the
+/// token). Returns the token, to show once.
 #[cfg(feature = "http")]
 pub fn create_token(
     options: &ServerOptions,
-    principal: &str,
-    valid_for: Option<std::time::Duration>,
+    spec: &toolgate::http::tokens::TokenSpec,
 ) -> anyhow::Result<toolgate::http::tokens::NewToken> {
     let audit = operator_audit(options)?;
     let tokens = api_tokens(options);
-    let created = tokens.create(principal, valid_for, std::time::SystemTime::now())?;
-    let reason = format!("created token {} for {principal}", created.info.id);
+    let created = tokens.create(spec, std::time::SystemTime::now())?;
+    let reason = format!("created token {} for {}", created.info.id, spec.principal);
     record_token_change(&audit, &created.info.id, reason)?;
     Ok(created)
 }

@@ -84,9 +84,12 @@ enum Command {
     /// Serve MCP over stdio (the default), or over Streamable HTTP with --http.
     Serve {
         /// Serve Streamable HTTP at http://ADDR/mcp instead of stdio, every request
-        /// authenticated by an API token (`token create`); port 0 picks a free port.
+        /// authenticated by an API token (`token create`) or an OAuth access token
+        /// (--oauth-issuer); port 0 picks a free port.
         #[arg(long, value_name = "ADDR")]
         http: Option<std::net::SocketAddr>,
+        #[command(flatten)]
+        web: HttpArgs,
     },
     /// API tokens for `serve --http` (stored as hashes in the ledger; every change audited).
     Token {
@@ -132,6 +135,38 @@ enum Command {
     },
 }
 
+/// The options of `serve --http`.
+#[derive(Debug, Default, clap::Args)]
+struct HttpArgs {
+    /// The server's public canonical URI, when it is reached through a proxy (the audience OAuth
+    /// tokens must name, and the resource of the metadata); default http://ADDR/mcp.
+    #[arg(long, env = "TOOLGATE_PUBLIC_URL", requires = "http")]
+    public_url: Option<String>,
+    /// Accept OAuth access tokens (JWTs) of this issuer: `iss` must equal it.
+    #[arg(long, env = "TOOLGATE_OAUTH_ISSUER", requires_all = ["http", "oauth_jwks_url"])]
+    oauth_issuer: Option<String>,
+    /// The issuer's JSON Web Key Set (https://, or http:// on loopback), fetched on the first
+    /// token and again when a token names a key it does not hold.
+    #[arg(long, env = "TOOLGATE_OAUTH_JWKS_URL", requires = "oauth_issuer")]
+    oauth_jwks_url: Option<String>,
+    /// The audience tokens must name (default: the server's canonical URI).
+    #[arg(long, env = "TOOLGATE_OAUTH_AUDIENCE", requires = "oauth_issuer")]
+    oauth_audience: Option<String>,
+    /// The claim naming the principal (default `sub`).
+    #[arg(
+        long,
+        env = "TOOLGATE_OAUTH_PRINCIPAL_CLAIM",
+        requires = "oauth_issuer"
+    )]
+    oauth_principal_claim: Option<String>,
+    /// The claim naming the tenant; tokens without it are refused.
+    #[arg(long, env = "TOOLGATE_OAUTH_TENANT_CLAIM", requires = "oauth_issuer")]
+    oauth_tenant_claim: Option<String>,
+    /// The shortest time between two fetches of the key set, in seconds (default 10).
+    #[arg(long, env = "TOOLGATE_OAUTH_JWKS_COOLDOWN", requires = "oauth_issuer")]
+    oauth_jwks_cooldown: Option<u64>,
+}
+
 #[derive(Debug, Subcommand)]
 enum TokenCommand {
     /// Create a token for a principal and print it (once: only its hash is kept).
@@ -142,6 +177,13 @@ enum TokenCommand {
         /// Seconds the token is accepted for (default: until revoked).
         #[arg(long)]
         expires_in: Option<u64>,
+        /// The principal's tenant (recorded in the audit log; the per-tenant kill switch).
+        #[arg(long)]
+        tenant: Option<String>,
+        /// Limit the token to this scope (repeat for several): tools the policy puts under
+        /// scopes are then reachable only with one of theirs. Default: not scoped.
+        #[arg(long = "scope", value_name = "SCOPE")]
+        scopes: Vec<String>,
     },
     /// List the tokens: id, principal, expiry, revocation.
     List,
@@ -284,7 +326,27 @@ fn serving_runtime() -> std::io::Result<tokio::runtime::Runtime> {
 const BLOCKING_THREADS: usize = 16;
 
 #[cfg(feature = "http")]
-fn serve_http(paths: &ServerOptions, addr: std::net::SocketAddr) -> ExitCode {
+fn serve_http(paths: &ServerOptions, addr: std::net::SocketAddr, web: HttpArgs) -> ExitCode {
+    let oauth = web.oauth_issuer.map(|issuer| {
+        let mut oauth = toolgate::http::oauth::OAuthOptions::new(
+            issuer,
+            web.oauth_jwks_url.unwrap_or_default(),
+            web.oauth_audience.unwrap_or_default(),
+        );
+        if let Some(claim) = web.oauth_principal_claim {
+            oauth.principal_claim = claim;
+        }
+        oauth.tenant_claim = web.oauth_tenant_claim;
+        if let Some(secs) = web.oauth_jwks_cooldown {
+            oauth.refetch_cooldown = std::time::Duration::from_secs(secs);
+        }
+        oauth
+    });
+    let config = toolgate_server::HttpConfig {
+        addr,
+        public_url: web.public_url,
+        oauth,
+    };
     let server = match toolgate_server::build_for_http(paths) {
         Ok(server) => server,
         Err(error) => return fail(&error),
@@ -293,14 +355,14 @@ fn serve_http(paths: &ServerOptions, addr: std::net::SocketAddr) -> ExitCode {
         Ok(runtime) => runtime,
         Err(error) => return fail(&error.into()),
     };
-    match runtime.block_on(toolgate_server::serve_http(server, addr)) {
+    match runtime.block_on(toolgate_server::serve_http(server, config)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => fail(&error),
     }
 }
 
 #[cfg(not(feature = "http"))]
-fn serve_http(_: &ServerOptions, _: std::net::SocketAddr) -> ExitCode {
+fn serve_http(_: &ServerOptions, _: std::net::SocketAddr, _: HttpArgs) -> ExitCode {
     fail(&no_http())
 }
 
@@ -317,10 +379,16 @@ fn token_command(paths: &ServerOptions, command: TokenCommand) -> ExitCode {
         TokenCommand::Create {
             principal,
             expires_in,
+            tenant,
+            scopes,
         } => toolgate_server::create_token(
             paths,
-            &principal,
-            expires_in.map(std::time::Duration::from_secs),
+            &toolgate::http::tokens::TokenSpec {
+                principal,
+                tenant,
+                scopes: (!scopes.is_empty()).then_some(scopes),
+                valid_for: expires_in.map(std::time::Duration::from_secs),
+            },
         )
         .map(|created| {
             // The token itself on stdout, alone on its line, for scripts; shown only this once.
@@ -411,8 +479,12 @@ fn main() -> ExitCode {
         max_in_flight: cli.max_in_flight,
         max_line_bytes: cli.max_line_bytes,
     };
-    match cli.command.unwrap_or(Command::Serve { http: None }) {
-        Command::Serve { http: None } => {
+    let command = cli.command.unwrap_or(Command::Serve {
+        http: None,
+        web: HttpArgs::default(),
+    });
+    match command {
+        Command::Serve { http: None, .. } => {
             let server = match toolgate_server::build(&paths) {
                 Ok(server) => server,
                 Err(error) => return fail(&error),
@@ -426,7 +498,10 @@ fn main() -> ExitCode {
                 Err(error) => fail(&error),
             }
         }
-        Command::Serve { http: Some(addr) } => serve_http(&paths, addr),
+        Command::Serve {
+            http: Some(addr),
+            web,
+        } => serve_http(&paths, addr, web),
         Command::Token { command } => token_command(&paths, command),
         Command::Audit {
             command: AuditCommand::Verify { key_file, format },

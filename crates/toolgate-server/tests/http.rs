@@ -47,8 +47,12 @@ impl Drop for HttpServer {
 
 impl HttpServer {
     fn start(env: &TestEnv) -> HttpServer {
+        HttpServer::start_with(env, &[])
+    }
+
+    fn start_with(env: &TestEnv, args: &[&str]) -> HttpServer {
         let mut command = env.command();
-        command.args(["serve", "--http", "127.0.0.1:0"]);
+        command.args(["serve", "--http", "127.0.0.1:0"]).args(args);
         let mut child = command
             .stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -135,10 +139,11 @@ impl HttpServer {
 
     /// A JSON-RPC request of the 2026-07-28 flow, with its headers, as `token`'s holder.
     fn call(&self, token: &str, id: u64, method: &str, mut params: Value) -> (u16, Value) {
-        params["_meta"] = json!({
-            "io.modelcontextprotocol/protocolVersion": "2026-07-28",
-            "io.modelcontextprotocol/clientCapabilities": {}
-        });
+        if !params["_meta"].is_object() {
+            params["_meta"] = json!({});
+        }
+        params["_meta"]["io.modelcontextprotocol/protocolVersion"] = json!("2026-07-28");
+        params["_meta"]["io.modelcontextprotocol/clientCapabilities"] = json!({});
         let name = params
             .get("name")
             .and_then(Value::as_str)
@@ -412,5 +417,455 @@ fn a_session_belongs_to_the_principal_that_opened_it() {
     let status = common::wait_exit(&mut server.child, Duration::from_secs(120))
         .expect("the server stops on SIGTERM");
     assert!(status.success(), "{status:?}");
+    assert!(env.audit_verify().status.success());
+}
+
+// --- OAuth 2.1 access tokens ------------------------------------------------------------------
+
+mod issuer {
+    //! A local authorization server's half that matters here: keys it generates, a JWKS it
+    //! serves on loopback (counting fetches, swappable for a rotation), tokens it signs.
+
+    use std::io::{BufRead, BufReader, Write};
+    use std::net::TcpListener;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::{Arc, Mutex};
+    use std::time::{SystemTime, UNIX_EPOCH};
+
+    use base64::Engine as _;
+    use base64::engine::general_purpose::URL_SAFE_NO_PAD as B64;
+    use jsonwebtoken::{Algorithm, EncodingKey, Header};
+    use ring::rand::SystemRandom;
+    use ring::signature::{self, KeyPair as _};
+    use serde_json::{Value, json};
+
+    pub(super) const ISSUER: &str = "https://issuer.test";
+
+    /// A signing key and its public JWK.
+    pub(super) struct Key {
+        pub(super) kid: String,
+        pub(super) alg: Algorithm,
+        encoding: EncodingKey,
+        pub(super) jwk: Value,
+        /// The raw public key (what an HMAC-confusion attacker would use as the secret).
+        pub(super) public: Vec<u8>,
+    }
+
+    impl Key {
+        pub(super) fn ed25519(kid: &str) -> Key {
+            let pkcs8 = signature::Ed25519KeyPair::generate_pkcs8(&SystemRandom::new()).unwrap();
+            let pair = signature::Ed25519KeyPair::from_pkcs8(pkcs8.as_ref()).unwrap();
+            let public = pair.public_key().as_ref().to_vec();
+            Key {
+                kid: kid.to_owned(),
+                alg: Algorithm::EdDSA,
+                encoding: EncodingKey::from_ed_der(pkcs8.as_ref()),
+                jwk: json!({"kty": "OKP", "crv": "Ed25519", "x": B64.encode(&public),
+                    "kid": kid, "alg": "EdDSA", "use": "sig"}),
+                public,
+            }
+        }
+
+        pub(super) fn p256(kid: &str) -> Key {
+            let rng = SystemRandom::new();
+            let alg = &signature::ECDSA_P256_SHA256_FIXED_SIGNING;
+            let pkcs8 = signature::EcdsaKeyPair::generate_pkcs8(alg, &rng).unwrap();
+            let pair = signature::EcdsaKeyPair::from_pkcs8(alg, pkcs8.as_ref(), &rng).unwrap();
+            let public = pair.public_key().as_ref().to_vec();
+            Key {
+                kid: kid.to_owned(),
+                alg: Algorithm::ES256,
+                encoding: EncodingKey::from_ec_der(pkcs8.as_ref()),
+                jwk: json!({"kty": "EC", "crv": "P-256", "x": B64.encode(&public[1..33]),
+                    "y": B64.encode(&public[33..]), "kid": kid}),
+                public,
+            }
+        }
+
+        /// `claims` signed with this key.
+        pub(super) fn sign(&self, claims: &Value) -> String {
+            let mut header = Header::new(self.alg);
+            header.kid = Some(self.kid.clone());
+            jsonwebtoken::encode(&header, claims, &self.encoding).unwrap()
+        }
+    }
+
+    pub(super) fn now() -> u64 {
+        SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap()
+            .as_secs()
+    }
+
+    /// Claims valid for five minutes.
+    pub(super) fn claims(audience: &str, subject: &str, scope: &str) -> Value {
+        json!({"iss": ISSUER, "aud": audience, "sub": subject, "scope": scope,
+            "iat": now(), "exp": now() + 300})
+    }
+
+    /// A token with any header, signed with HMAC-SHA256 under `secret` (or unsigned when
+    /// `secret` is `None`, as `alg: none` tokens are).
+    pub(super) fn forged(header: &Value, claims: &Value, secret: Option<&[u8]>) -> String {
+        let message = format!(
+            "{}.{}",
+            B64.encode(header.to_string()),
+            B64.encode(claims.to_string())
+        );
+        let signature = secret.map_or_else(String::new, |secret| {
+            let key = ring::hmac::Key::new(ring::hmac::HMAC_SHA256, secret);
+            B64.encode(ring::hmac::sign(&key, message.as_bytes()).as_ref())
+        });
+        format!("{message}.{signature}")
+    }
+
+    /// The JWKS endpoint: serves the current key set, counts fetches.
+    pub(super) struct Jwks {
+        pub(super) url: String,
+        pub(super) fetches: Arc<AtomicUsize>,
+        keys: Arc<Mutex<Value>>,
+    }
+
+    impl Jwks {
+        pub(super) fn serve(keys: &[&Key]) -> Jwks {
+            let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+            let url = format!("http://{}/jwks", listener.local_addr().unwrap());
+            let fetches = Arc::new(AtomicUsize::new(0));
+            let set = Arc::new(Mutex::new(Value::Null));
+            let jwks = Jwks {
+                url,
+                fetches: Arc::clone(&fetches),
+                keys: Arc::clone(&set),
+            };
+            jwks.publish(keys);
+            std::thread::spawn(move || {
+                for stream in listener.incoming() {
+                    let Ok(mut stream) = stream else { continue };
+                    let mut reader = BufReader::new(stream.try_clone().unwrap());
+                    let mut line = String::new();
+                    while reader.read_line(&mut line).is_ok_and(|n| n > 0) {
+                        if line == "\r\n" {
+                            break;
+                        }
+                        line.clear();
+                    }
+                    fetches.fetch_add(1, Ordering::SeqCst);
+                    let body = set.lock().unwrap().to_string();
+                    let _ = write!(
+                        stream,
+                        "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                        body.len()
+                    );
+                }
+            });
+            jwks
+        }
+
+        /// Replaces the published keys (a rotation).
+        pub(super) fn publish(&self, keys: &[&Key]) {
+            *self.keys.lock().unwrap() =
+                json!({"keys": keys.iter().map(|k| k.jwk.clone()).collect::<Vec<_>>()});
+        }
+
+        pub(super) fn fetched(&self) -> usize {
+            self.fetches.load(Ordering::SeqCst)
+        }
+    }
+}
+
+/// A policy that puts `write_note` under the scope `notes:write`.
+fn scoped_policy(env: &TestEnv) {
+    let mut policy: Value =
+        serde_json::from_str(&std::fs::read_to_string(&env.policy).unwrap()).unwrap();
+    policy["scopes"] = json!({"notes:write": ["write_note"]});
+    std::fs::write(&env.policy, policy.to_string()).unwrap();
+}
+
+fn listed_names(reply: &Value) -> Vec<String> {
+    reply["result"]["tools"]
+        .as_array()
+        .unwrap_or_else(|| panic!("{reply}"))
+        .iter()
+        .filter_map(|t| t["name"].as_str().map(str::to_owned))
+        .collect()
+}
+
+#[test]
+fn oauth_access_tokens_are_checked_as_a_resource_server() {
+    use issuer::{Jwks, Key, claims, forged, now};
+
+    let env = TestEnv::new();
+    scoped_policy(&env);
+    let (k1, es, k2, stranger) = (
+        Key::ed25519("k1"),
+        Key::p256("e1"),
+        Key::ed25519("k2"),
+        Key::ed25519("k1"),
+    );
+    let jwks = Jwks::serve(&[&k1, &es]);
+    let server = HttpServer::start_with(
+        &env,
+        &[
+            "--oauth-issuer",
+            issuer::ISSUER,
+            "--oauth-jwks-url",
+            &jwks.url,
+            "--oauth-jwks-cooldown",
+            "0",
+        ],
+    );
+    assert_eq!(jwks.fetched(), 0, "the key set is fetched lazily");
+    let audience = format!("http://127.0.0.1:{}/mcp", server.port);
+
+    // The metadata names the issuer and the policy's scopes.
+    let (_, _, body) = server.get("/.well-known/oauth-protected-resource");
+    let metadata: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(metadata["authorization_servers"], json!([issuer::ISSUER]));
+    assert_eq!(metadata["scopes_supported"], json!(["notes:write"]));
+
+    // Valid tokens (EdDSA and ES256): served as their subjects; the key set is fetched once.
+    let writer = k1.sign(&claims(&audience, "alice", "notes:write"));
+    let (status, listed) = server.call(&writer, 1, "tools/list", json!({}));
+    assert_eq!(status, 200, "{listed}");
+    assert!(listed_names(&listed).contains(&"write_note".to_owned()));
+    let (_, first) = server.call(&writer, 2, "tools/call", note_call("req-oauth-0001"));
+    assert_eq!(status_of(&first), "committed");
+    let reader = es.sign(&claims(&audience, "bob", "notes:read"));
+    let (status, listed) = server.call(&reader, 3, "tools/list", json!({}));
+    assert_eq!(status, 200, "{listed}");
+    assert_eq!(jwks.fetched(), 1, "known keys are served from the cache");
+
+    // Bob's token lacks the scope: write_note is not listed and a call is 403 naming it.
+    let names = listed_names(&listed);
+    assert!(
+        !names.contains(&"write_note".to_owned()) && names.contains(&"read_ledger".to_owned()),
+        "{names:?}"
+    );
+    let auth = format!("Bearer {reader}");
+    let call = json!({"jsonrpc": "2.0", "id": 4, "method": "tools/call", "params": {
+        "name": "write_note", "arguments": {"request_id": "req-oauth-0002", "text": "x"},
+        "_meta": {"io.modelcontextprotocol/protocolVersion": "2026-07-28",
+                  "io.modelcontextprotocol/clientCapabilities": {}}}});
+    let (status, headers, body) = server.post(
+        &[
+            ("Authorization", &auth),
+            ("MCP-Protocol-Version", "2026-07-28"),
+            ("Mcp-Method", "tools/call"),
+            ("Mcp-Name", "write_note"),
+        ],
+        &call,
+    );
+    assert_eq!(status, 403, "{body}");
+    let challenge = header(&headers, "www-authenticate").unwrap();
+    assert!(
+        challenge.contains("error=\"insufficient_scope\"")
+            && challenge.contains("scope=\"notes:write\"")
+            && challenge.contains("resource_metadata="),
+        "{challenge}"
+    );
+    assert!(!env.note_path("req-oauth-0002").exists());
+
+    // The refusal matrix: each the right code, nothing executed.
+    let mut expired = claims(&audience, "alice", "notes:write");
+    expired["exp"] = json!(now() - 3600);
+    let mut early = claims(&audience, "alice", "notes:write");
+    early["nbf"] = json!(now() + 3600);
+    let mut wrong_issuer = claims(&audience, "alice", "notes:write");
+    wrong_issuer["iss"] = json!("https://other.test");
+    let wrong_audience = claims("https://other.test/mcp", "alice", "notes:write");
+    let mut no_audience = claims(&audience, "alice", "notes:write");
+    no_audience.as_object_mut().unwrap().remove("aud");
+    let good = claims(&audience, "alice", "notes:write");
+    let none = forged(&json!({"alg": "none", "kid": "k1"}), &good, None);
+    let hmac = forged(
+        &json!({"alg": "HS256", "kid": "k1", "typ": "JWT"}),
+        &good,
+        Some(&k1.public),
+    );
+    let unknown = Key::ed25519("nobody").sign(&good);
+    let cases: Vec<(String, &str)> = vec![
+        ("abc.def".to_owned(), "invalid_token"),
+        ("e30.e30.e30".to_owned(), "algorithm_not_accepted"),
+        (k1.sign(&expired), "expired_token"),
+        (k1.sign(&early), "token_not_yet_valid"),
+        (k1.sign(&wrong_issuer), "wrong_issuer"),
+        (k1.sign(&wrong_audience), "wrong_audience"),
+        (k1.sign(&no_audience), "wrong_audience"),
+        (stranger.sign(&good), "invalid_token"),
+        (unknown, "unknown_key"),
+        (none, "algorithm_not_accepted"),
+        (hmac, "algorithm_not_accepted"),
+    ];
+    let mut id = 10;
+    for (token, code) in &cases {
+        id += 1;
+        let (status, reply) = server.call(token, id, "tools/call", note_call("req-oauth-0003"));
+        assert_eq!(status, 401, "{code}: {reply}");
+        assert_eq!(reply["error"], json!(code), "{reply}");
+    }
+    assert!(!env.note_path("req-oauth-0003").exists());
+
+    // The issuer rotates to k2: a token naming the new key fetches the set again and is served;
+    // a token of the retired key is refused from then on.
+    jwks.publish(&[&k2]);
+    let before = jwks.fetched();
+    let rotated = k2.sign(&claims(&audience, "alice", "notes:write"));
+    let (_, replay) = server.call(&rotated, 40, "tools/call", note_call("req-oauth-0001"));
+    assert_eq!(
+        status_of(&replay),
+        "replay",
+        "the same principal's key space"
+    );
+    assert_eq!(jwks.fetched(), before + 1);
+    let (status, reply) = server.call(&writer, 41, "tools/list", json!({}));
+    assert_eq!(status, 401, "{reply}");
+
+    drop(server);
+    let audit = env.audit_text();
+    for (token, _) in &cases {
+        assert!(
+            !audit.contains(token.as_str()),
+            "a token reached the audit log"
+        );
+    }
+    assert!(!audit.contains(&writer) && !audit.contains(&reader));
+    let records = env.audit_records();
+    let refusals: Vec<&str> = records
+        .iter()
+        .filter(|r| r["method"] == "http/authenticate")
+        .map(|r| r["reason"].as_str().unwrap())
+        .collect();
+    let mut expected: Vec<&str> = cases.iter().map(|(_, code)| *code).collect();
+    expected.push("unknown_key");
+    assert_eq!(refusals, expected);
+    let scoped = records
+        .iter()
+        .find(|r| r["reason"] == "insufficient_scope")
+        .unwrap_or_else(|| panic!("the 403 is audited"));
+    assert_eq!(
+        (&scoped["principal"], &scoped["channel"], &scoped["outcome"]),
+        (&json!("bob"), &json!("http"), &json!("not_executed"))
+    );
+    assert!(env.audit_verify().status.success());
+}
+
+#[test]
+fn tenants_scopes_and_clients_of_api_tokens_reach_the_audit_log() {
+    let env = TestEnv::new();
+    scoped_policy(&env);
+    let alice = create_token(
+        &env,
+        "alice",
+        &["--tenant", "acme", "--scope", "notes:write"],
+    );
+    let reader = create_token(
+        &env,
+        "bob",
+        &["--tenant", "globex", "--scope", "notes:read"],
+    );
+    let refused = common::run_to_end({
+        let mut command = env.command();
+        command.args(["token", "create", "--principal", "x", "--scope", "a b"]);
+        command
+    });
+    assert_eq!(refused.status.code(), Some(2), "{}", output_text(&refused));
+    assert!(output_text(&refused).contains("invalid scope"));
+    let server = HttpServer::start(&env);
+
+    // The client's declared name and version travel in `_meta` (2026-07-28).
+    let mut call = note_call("req-tenant-0001");
+    call["_meta"] =
+        json!({"io.modelcontextprotocol/clientInfo": {"name": "probe", "version": "9.1"}});
+    let (_, reply) = server.call(&alice, 1, "tools/call", call);
+    assert_eq!(status_of(&reply), "committed");
+    let (status, reply) = server.call(&reader, 2, "tools/call", note_call("req-tenant-0002"));
+    assert_eq!(status, 403, "{reply}");
+    assert_eq!(reply["error"], json!("insufficient_scope"));
+    drop(server);
+
+    let records = env.audit_records();
+    let write = records
+        .iter()
+        .find(|r| r["name"] == "write_note" && r["decision"] == "allow")
+        .unwrap();
+    assert_eq!(
+        (
+            &write["principal"],
+            &write["tenant"],
+            &write["channel"],
+            &write["client_name"],
+            &write["client_version"]
+        ),
+        (
+            &json!("alice"),
+            &json!("acme"),
+            &json!("http"),
+            &json!("probe"),
+            &json!("9.1")
+        ),
+        "{write}"
+    );
+    let denied = records
+        .iter()
+        .find(|r| r["reason"] == "insufficient_scope")
+        .unwrap();
+    assert_eq!(
+        (&denied["principal"], &denied["tenant"]),
+        (&json!("bob"), &json!("globex"))
+    );
+    assert!(env.audit_verify().status.success());
+}
+
+#[test]
+fn the_kill_switch_answers_503_with_retry_after_and_the_connection_stays_usable() {
+    let env = TestEnv::new();
+    let alice = create_token(&env, "alice", &[]);
+    let server = HttpServer::start(&env);
+    operator(&env, &["halt", "--reason", "maintenance", "--by", "ops"]);
+    let (status, headers, body) = {
+        let auth = format!("Bearer {alice}");
+        let mut params = note_call("req-halt-0001");
+        params["_meta"] = json!({"io.modelcontextprotocol/protocolVersion": "2026-07-28",
+            "io.modelcontextprotocol/clientCapabilities": {}});
+        server.post(
+            &[
+                ("Authorization", &auth),
+                ("MCP-Protocol-Version", "2026-07-28"),
+                ("Mcp-Method", "tools/call"),
+                ("Mcp-Name", "write_note"),
+            ],
+            &json!({"jsonrpc": "2.0", "id": 7, "method": "tools/call", "params": params}),
+        )
+    };
+    assert_eq!(status, 503, "{body}");
+    assert_eq!(header(&headers, "retry-after"), Some("30"));
+    let reply: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(reply["id"], json!(7), "{reply}");
+    assert!(
+        reply["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("maintenance"),
+        "{reply}"
+    );
+    assert!(!env.note_path("req-halt-0001").exists());
+    // Exempt reads and lists keep working; after resume the call goes through.
+    let (status, reply) = server.call(
+        &alice,
+        8,
+        "tools/call",
+        json!({"name": "read_ledger", "arguments": {}}),
+    );
+    assert_eq!(status, 200, "{reply}");
+    operator(&env, &["resume"]);
+    let (_, reply) = server.call(&alice, 9, "tools/call", note_call("req-halt-0001"));
+    assert_eq!(status_of(&reply), "committed");
+    drop(server);
+    let records = env.audit_records();
+    assert!(
+        records
+            .iter()
+            .any(|r| r["reason"] == "kill_switch" && r["principal"] == "alice"),
+        "the 503 is audited"
+    );
     assert!(env.audit_verify().status.success());
 }

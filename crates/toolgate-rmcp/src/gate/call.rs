@@ -16,7 +16,7 @@ use toolgate_audit::{AuditEntry, Decision as AuditDecision, Outcome};
 use toolgate_canon::Sha256Digest;
 use toolgate_policy::{Policy, ToolName};
 
-use super::{CallGuard, Gated, TOOL_NOT_FOUND};
+use super::{CallGuard, Caller, Gated, TOOL_NOT_FOUND};
 use crate::checks::arguments::InputShape;
 use crate::checks::exactly_once::{self, Answering, EffectAnswer, ProbeCall, begin_effect};
 use crate::checks::{Call, PendingAction, Verdict};
@@ -65,8 +65,8 @@ impl<H: ServerHandler> Gated<H> {
         let state = self.state.snapshot();
         let args_digest =
             Sha256Digest::of_json_object(request.arguments.as_ref().unwrap_or(&JsonObject::new()));
-        let principal = match self.principal_of(&context.extensions) {
-            Ok(principal) => principal,
+        let caller = match self.caller_of(&context) {
+            Ok(caller) => caller,
             Err(error) => {
                 // Audited without a principal (there is none).
                 let entry = toolgate_audit::AuditEntry::tool_call(
@@ -83,7 +83,7 @@ impl<H: ServerHandler> Gated<H> {
             }
         };
         if self.confirmations_offered(&name) {
-            return self.confirmation_call(request, context, principal).await;
+            return self.confirmation_call(request, context, caller).await;
         }
         let Some(tool) = self.inner.get_tool(&name) else {
             // Recorded as unknown whatever the policy says; the caller sees the same error as
@@ -91,7 +91,7 @@ impl<H: ServerHandler> Gated<H> {
             let entry = self
                 .entry(
                     &state,
-                    &principal,
+                    &caller,
                     format!("rpc:{}", context.id),
                     &recorded_tool_name(&name),
                     AuditDecision::Deny,
@@ -102,7 +102,7 @@ impl<H: ServerHandler> Gated<H> {
             self.record_or_log(entry).await;
             return Err(McpError::invalid_params(TOOL_NOT_FOUND, None));
         };
-        self.decide(state, principal, tool, request, context, None)
+        self.decide(state, &caller, tool, request, context, None)
             .await
     }
 
@@ -112,13 +112,14 @@ impl<H: ServerHandler> Gated<H> {
     pub(crate) async fn decide(
         &self,
         state: Arc<GateState>,
-        principal: Arc<str>,
+        caller: &Caller,
         tool: Tool,
         request: CallToolRequestParams,
         context: RequestContext<RoleServer>,
         confirmed: Option<&PendingAction>,
     ) -> Result<CallToolResponse, McpError> {
         let name = request.name.to_string();
+        let principal = Arc::clone(&caller.principal);
         let mut request = request;
         let args_digest =
             Sha256Digest::of_json_object(request.arguments.as_ref().unwrap_or(&JsonObject::new()));
@@ -145,7 +146,7 @@ impl<H: ServerHandler> Gated<H> {
         let deny = |request_id: String, reason: String| {
             self.entry(
                 &state,
-                &principal,
+                caller,
                 request_id,
                 &name,
                 AuditDecision::Deny,
@@ -154,6 +155,16 @@ impl<H: ServerHandler> Gated<H> {
             )
             .with_reason(reason)
         };
+        if !caller.grants(&state.policy, &name) {
+            // Outside the credential's scopes: as unknown as a hidden tool (an HTTP front door
+            // answers 403 insufficient_scope before the call gets here).
+            self.record_or_log(deny(
+                format!("rpc:{}", context.id),
+                "insufficient_scope".to_owned(),
+            ))
+            .await;
+            return Err(McpError::invalid_params(TOOL_NOT_FOUND, None));
+        }
         match self.checks.admit(&call).await {
             Verdict::Pass => {}
             Verdict::Hide(reason) if confirmed.is_some() => {
@@ -187,7 +198,7 @@ impl<H: ServerHandler> Gated<H> {
                 let entry = self
                     .entry(
                         &state,
-                        &principal,
+                        caller,
                         request_id,
                         &name,
                         answer.decision,
@@ -221,7 +232,7 @@ impl<H: ServerHandler> Gated<H> {
         let mut allow = self
             .entry(
                 &state,
-                &principal,
+                caller,
                 request_id.clone(),
                 &name,
                 AuditDecision::Allow,

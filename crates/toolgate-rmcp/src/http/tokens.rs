@@ -8,8 +8,9 @@
 //! revocations and the audit log; the token itself is never written anywhere.
 //!
 //! File (version 1, strict: unknown keys are refused):
-//! `{"version":1,"tokens":[{"id":"…","sha256":"…","principal":"alice","created_ns":"…",
-//! "expires_ns":"…"|null,"revoked_ns":"…"|null}]}` (times are decimal strings of nanoseconds since
+//! `{"version":1,"tokens":[{"id":"…","sha256":"…","principal":"alice","tenant":"acme"?,
+//! "scopes":["notes:read"]?,"created_ns":"…","expires_ns":"…"|null,"revoked_ns":"…"|null}]}`
+//! (`tenant` and `scopes` only when the token has them) (times are decimal strings of nanoseconds since
 //! the epoch). Changes are read-modify-write under a lock file and written through the storage
 //! floor's durable replace (temporary file, fdatasync, rename, directory fsync).
 
@@ -22,6 +23,7 @@ use subtle::ConstantTimeEq as _;
 use toolgate_canon::Sha256Digest;
 use toolgate_storage::{FsStorage, LockFile, Storage, Symlinks};
 
+use super::Refusal;
 use crate::VerifiedPrincipal;
 
 /// The type prefix of a toolgate API token.
@@ -41,6 +43,12 @@ pub struct TokenInfo {
     sha256: String,
     /// The principal it authenticates.
     pub principal: String,
+    /// The tenant of that principal, if tenants are used.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tenant: Option<String>,
+    /// The scopes it is limited to; `None`: not scoped (the policy and the rights decide alone).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scopes: Option<Vec<String>>,
     /// When it was created, ns since the epoch.
     #[serde(with = "ns_text")]
     pub created_ns: u64,
@@ -50,6 +58,29 @@ pub struct TokenInfo {
     /// When it was revoked, if it was.
     #[serde(with = "ns_text_opt")]
     pub revoked_ns: Option<u64>,
+}
+
+/// What a new token is for.
+#[derive(Debug, Clone, Default)]
+pub struct TokenSpec {
+    /// The principal it authenticates.
+    pub principal: String,
+    /// The principal's tenant, if tenants are used.
+    pub tenant: Option<String>,
+    /// The scopes to limit it to; `None` for an unscoped token.
+    pub scopes: Option<Vec<String>>,
+    /// How long it is accepted; `None`: until revoked.
+    pub valid_for: Option<Duration>,
+}
+
+impl TokenSpec {
+    /// An unscoped token for `principal`, without tenant or expiry.
+    pub fn new(principal: impl Into<String>) -> Self {
+        TokenSpec {
+            principal: principal.into(),
+            ..TokenSpec::default()
+        }
+    }
 }
 
 /// A token just created: the secret (show it once) and its record.
@@ -107,13 +138,21 @@ pub enum TokenError {
         /// The id given.
         id: String,
     },
-    /// The principal name is not a valid principal.
+    /// The principal (or tenant) name is not a valid principal name.
     #[error(
-        "invalid principal {name:?}: use 1 to 128 characters from A-Z, a-z, 0-9, '_', '.', '@', ':' and '-'"
+        "invalid {what} {name:?}: use 1 to 128 characters from A-Z, a-z, 0-9, '_', '.', '@', ':' and '-'"
     )]
     InvalidPrincipal {
+        /// `principal` or `tenant`.
+        what: &'static str,
         /// The name given.
         name: String,
+    },
+    /// A scope is not an OAuth scope token.
+    #[error("invalid scope {scope:?}: a scope is {grammar}", grammar = toolgate_canon::names::SCOPE_GRAMMAR)]
+    InvalidScope {
+        /// The scope given.
+        scope: String,
     },
     /// The operating system's random number generator failed; no token was created.
     #[error("cannot draw a token from the operating system's random number generator: {cause}")]
@@ -121,34 +160,6 @@ pub enum TokenError {
         /// The generator's error.
         cause: String,
     },
-}
-
-/// Why a presented token is refused (the HTTP layer answers 401 with this code).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Refusal {
-    /// No `Authorization: Bearer` header.
-    Missing,
-    /// Not a token of this server (malformed, unknown).
-    Invalid,
-    /// Past its expiry.
-    Expired,
-    /// Revoked by the operator.
-    Revoked,
-    /// The token store cannot be read (fail closed).
-    Unavailable,
-}
-
-impl Refusal {
-    /// A short stable code, for the audit log and the `WWW-Authenticate` error description.
-    pub fn code(self) -> &'static str {
-        match self {
-            Refusal::Missing => "missing_token",
-            Refusal::Invalid => "invalid_token",
-            Refusal::Expired => "expired_token",
-            Refusal::Revoked => "revoked_token",
-            Refusal::Unavailable => "token_store_unavailable",
-        }
-    }
 }
 
 /// The API tokens of one ledger directory.
@@ -236,16 +247,26 @@ impl ApiTokens {
         Ok(answer)
     }
 
-    /// Creates a token for `principal`, valid for `valid_for` (or until revoked).
-    pub fn create(
-        &self,
-        principal: &str,
-        valid_for: Option<Duration>,
-        now: SystemTime,
-    ) -> Result<NewToken, TokenError> {
-        if !toolgate_canon::names::is_principal_name(principal) {
-            return Err(TokenError::InvalidPrincipal {
-                name: principal.to_owned(),
+    /// Creates a token as `spec` says; checks every name first, so a bad one creates nothing.
+    pub fn create(&self, spec: &TokenSpec, now: SystemTime) -> Result<NewToken, TokenError> {
+        let names = std::iter::once(("principal", &spec.principal))
+            .chain(spec.tenant.iter().map(|tenant| ("tenant", tenant)));
+        for (what, name) in names {
+            if !toolgate_canon::names::is_principal_name(name) {
+                return Err(TokenError::InvalidPrincipal {
+                    what,
+                    name: name.clone(),
+                });
+            }
+        }
+        if let Some(scope) = spec
+            .scopes
+            .iter()
+            .flatten()
+            .find(|scope| !toolgate_canon::names::is_scope(scope))
+        {
+            return Err(TokenError::InvalidScope {
+                scope: scope.clone(),
             });
         }
         let mut secret = [0u8; 32];
@@ -261,9 +282,11 @@ impl ApiTokens {
         let info = TokenInfo {
             id: sha256[..12].to_owned(),
             sha256,
-            principal: principal.to_owned(),
+            principal: spec.principal.clone(),
+            tenant: spec.tenant.clone(),
+            scopes: spec.scopes.clone(),
             created_ns,
-            expires_ns: valid_for.map(|d| {
+            expires_ns: spec.valid_for.map(|d| {
                 created_ns.saturating_add(u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
             }),
             revoked_ns: None,
@@ -320,8 +343,17 @@ impl ApiTokens {
         if token.expires_ns.is_some_and(|at| ns(now) >= at) {
             return Err(Refusal::Expired);
         }
-        let principal = VerifiedPrincipal::new(&token.principal).map_err(|_| Refusal::Invalid)?;
-        Ok((principal, token.id.clone()))
+        let mut principal =
+            VerifiedPrincipal::new(&token.principal).map_err(|_| Refusal::Invalid)?;
+        if let Some(tenant) = &token.tenant {
+            principal = principal
+                .with_tenant(tenant)
+                .map_err(|_| Refusal::Invalid)?;
+        }
+        if let Some(scopes) = &token.scopes {
+            principal = principal.with_scopes(scopes.iter().cloned());
+        }
+        Ok((principal.with_channel("http"), token.id.clone()))
     }
 }
 
@@ -374,10 +406,17 @@ mod tests {
     fn created_tokens_verify_until_expired_or_revoked_and_are_stored_as_hashes() {
         let dir = tempfile::tempdir().unwrap();
         let tokens = ApiTokens::new(dir.path());
-        let alice = tokens
-            .create("alice", Some(Duration::from_secs(60)), t(0))
-            .unwrap();
-        let bob = tokens.create("bob", None, t(0)).unwrap();
+        let alice = TokenSpec {
+            valid_for: Some(Duration::from_secs(60)),
+            ..TokenSpec::new("alice")
+        };
+        let alice = tokens.create(&alice, t(0)).unwrap();
+        let bob = TokenSpec {
+            tenant: Some("acme".to_owned()),
+            scopes: Some(vec!["notes:read".to_owned()]),
+            ..TokenSpec::new("bob")
+        };
+        let bob = tokens.create(&bob, t(0)).unwrap();
         assert!(alice.token.starts_with(TOKEN_PREFIX));
         assert!(!format!("{alice:?}").contains(&alice.token));
         let file = std::fs::read_to_string(tokens.path()).unwrap();
@@ -389,10 +428,16 @@ mod tests {
             ("alice", alice.info.id.as_str())
         );
         assert_eq!(tokens.verify(&alice.token, t(60)), Err(Refusal::Expired));
-        assert_eq!(
-            tokens.verify(&bob.token, t(1_000_000)).unwrap().0.name(),
-            "bob"
+        let (bob_principal, _) = tokens.verify(&bob.token, t(1_000_000)).unwrap();
+        assert_eq!(bob_principal.name(), "bob");
+        assert_eq!(bob_principal.tenant(), Some("acme"));
+        assert_eq!(bob_principal.channel(), Some("http"));
+        assert!(
+            bob_principal
+                .scopes()
+                .is_some_and(|s| s.contains("notes:read"))
         );
+        assert!(principal.scopes().is_none() && principal.tenant().is_none());
         tokens.revoke(&bob.info.id, t(2)).unwrap();
         assert_eq!(tokens.verify(&bob.token, t(3)), Err(Refusal::Revoked));
 
@@ -406,16 +451,37 @@ mod tests {
             Err(TokenError::UnknownId { .. })
         ));
         assert!(matches!(
-            tokens.create("not a name", None, t(1)),
+            tokens.create(&TokenSpec::new("not a name"), t(1)),
             Err(TokenError::InvalidPrincipal { .. })
         ));
+        let bad_tenant = TokenSpec {
+            tenant: Some("a b".to_owned()),
+            ..TokenSpec::new("carol")
+        };
+        assert!(matches!(
+            tokens.create(&bad_tenant, t(1)),
+            Err(TokenError::InvalidPrincipal { what: "tenant", .. })
+        ));
+        let bad_scope = TokenSpec {
+            scopes: Some(vec!["a b".to_owned()]),
+            ..TokenSpec::new("carol")
+        };
+        assert!(matches!(
+            tokens.create(&bad_scope, t(1)),
+            Err(TokenError::InvalidScope { .. })
+        ));
+        assert_eq!(
+            tokens.list().unwrap().len(),
+            2,
+            "a refused spec creates nothing"
+        );
     }
 
     #[test]
     fn a_broken_file_refuses_every_token() {
         let dir = tempfile::tempdir().unwrap();
         let tokens = ApiTokens::new(dir.path());
-        let alice = tokens.create("alice", None, t(0)).unwrap();
+        let alice = tokens.create(&TokenSpec::new("alice"), t(0)).unwrap();
         std::fs::write(tokens.path(), "{\"version\":1,\"tokens\":[],\"extra\":1}").unwrap();
         assert_eq!(tokens.verify(&alice.token, t(1)), Err(Refusal::Unavailable));
         assert!(matches!(tokens.list(), Err(TokenError::Invalid { .. })));

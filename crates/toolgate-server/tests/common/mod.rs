@@ -38,7 +38,7 @@ pub const PROTOCOL_2026: &str = "2026-07-28";
 pub const INVALID_PARAMS: i64 = -32602;
 
 /// Environment variables a test process might inherit that would change the server's behaviour.
-const SCRUBBED_ENV: [&str; 18] = [
+const SCRUBBED_ENV: [&str; 25] = [
     "TOOLGATE_STORE",
     "RUST_LOG",
     "TOOLGATE_AUDIT_KEY_FILE",
@@ -57,6 +57,13 @@ const SCRUBBED_ENV: [&str; 18] = [
     "TOOLGATE_PRINCIPAL",
     "TOOLGATE_MAX_IN_FLIGHT",
     "TOOLGATE_MAX_LINE_BYTES",
+    "TOOLGATE_PUBLIC_URL",
+    "TOOLGATE_OAUTH_ISSUER",
+    "TOOLGATE_OAUTH_JWKS_URL",
+    "TOOLGATE_OAUTH_AUDIENCE",
+    "TOOLGATE_OAUTH_PRINCIPAL_CLAIM",
+    "TOOLGATE_OAUTH_TENANT_CLAIM",
+    "TOOLGATE_OAUTH_JWKS_COOLDOWN",
 ];
 
 /// One test's private world: a tempdir with its own policy copy and ledger path.

@@ -16,6 +16,7 @@ use toolgate_canon::Sha256Digest;
 
 use super::error_result;
 use crate::checks::arguments::InputShape;
+use crate::gate::Caller;
 use crate::state::GateState;
 use crate::{Gated, REJECT_ACTION, TOOL_NOT_FOUND};
 
@@ -25,8 +26,9 @@ impl<H: ServerHandler> Gated<H> {
         &self,
         request: CallToolRequestParams,
         context: RequestContext<RoleServer>,
-        principal: Arc<str>,
+        caller: Caller,
     ) -> Result<CallToolResponse, McpError> {
+        let principal = Arc::clone(&caller.principal);
         let state = self.state.snapshot();
         let name = request.name.to_string();
         let arguments = request.arguments.clone().unwrap_or_default();
@@ -35,7 +37,7 @@ impl<H: ServerHandler> Gated<H> {
         let refuse = |reason: String| {
             self.entry(
                 &state,
-                &principal,
+                &caller,
                 request_id.clone(),
                 &name,
                 AuditDecision::Deny,
@@ -44,7 +46,7 @@ impl<H: ServerHandler> Gated<H> {
             )
             .with_reason(reason)
         };
-        if !self.offers_confirmation(&state, &principal) {
+        if !self.offers_confirmation(&state, &caller) {
             self.record_or_log(refuse("unknown_tool".to_owned())).await;
             return Err(McpError::invalid_params(TOOL_NOT_FOUND, None));
         }
@@ -73,7 +75,7 @@ impl<H: ServerHandler> Gated<H> {
                     let entry = self
                         .entry(
                             &state,
-                            &principal,
+                            &caller,
                             request_id.clone(),
                             &action.tool,
                             AuditDecision::Deny,
@@ -132,16 +134,16 @@ impl<H: ServerHandler> Gated<H> {
         };
         let mut call = CallToolRequestParams::new(Cow::Owned(action.tool.clone()));
         call.arguments = Some(action.arguments.clone());
-        self.decide(state, principal, tool, call, context, Some(&action))
+        self.decide(state, &caller, tool, call, context, Some(&action))
             .await
     }
 
     /// Whether the principal can see some tool that needs confirmation (then the gate lists and
     /// accepts `confirm_action` and `reject_action`).
-    pub(crate) fn offers_confirmation(&self, state: &GateState, principal: &str) -> bool {
+    pub(crate) fn offers_confirmation(&self, state: &GateState, caller: &Caller) -> bool {
         self.checks
             .confirmation
-            .offered(state, |tool| self.listed(state, principal, tool))
+            .offered(state, |tool| self.listed(state, caller, tool))
     }
 }
 
