@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Interop: drive toolgate-server and the example server bookings-mcp (examples/bookings) with the
-# official MCP SDK clients, over stdio.
+# official MCP SDK clients, over stdio; and toolgate-server over Streamable HTTP with bearer tokens
+# (python_http_client.py, typescript_http_client.mjs), unless the binary given was built without
+# HTTP support (the deployment build, `--no-default-features`), which is then said and skipped.
 #
 #   tests/interop/run.sh [SERVER_BINARY [BOOKINGS_BINARY]]
 #
@@ -26,6 +28,7 @@ root="$(cd "$here/../.." && pwd)"
 target_dir="${CARGO_TARGET_DIR:-$root/target}"
 cache_dir="$target_dir/interop"
 policy="$root/fixtures/policy.json"
+confirm_policy="$root/fixtures/policy-http-confirm.json"
 bookings_policy="$root/examples/bookings/policy.json"
 
 die() {
@@ -64,9 +67,22 @@ for binary in "$server" "$bookings"; do
 done
 server="$(absolute "$server")"
 bookings="$(absolute "$bookings")"
-for file in "$policy" "$bookings_policy"; do
+for file in "$policy" "$confirm_policy" "$bookings_policy"; do
     [[ -f "$file" ]] || die "missing $file"
 done
+
+# Streamable HTTP: `token list` on an empty ledger succeeds where the build has it, and names the
+# missing feature where it does not; anything else is an error, not a reason to skip.
+probe_dir="$(mktemp -d)"
+if probe_out="$("$server" --ledger "$probe_dir/ledger" token list 2>&1)"; then
+    http=1
+elif [[ "$probe_out" == *"has no HTTP support"* ]]; then
+    http=0
+else
+    rm -rf "$probe_dir"
+    die "cannot tell whether $server serves HTTP: \`token list\` said: $probe_out"
+fi
+rm -rf "$probe_dir"
 
 # --- Python: the official SDK, mcp==2.1.1 ------------------------------------------------------
 python="${PYTHON:-python3}"
@@ -95,6 +111,12 @@ step "python SDK client"
 "$venv/bin/python" "$here/python_client.py" "$server" "$policy"
 step "python SDK client, bookings-mcp"
 "$venv/bin/python" "$here/bookings_client.py" "$bookings" "$bookings_policy"
+if [[ $http == 1 ]]; then
+    step "python SDK client over HTTP"
+    "$venv/bin/python" "$here/python_http_client.py" "$server" "$policy" "$confirm_policy"
+else
+    step "skipping the python SDK client over HTTP: this toolgate-server build has no HTTP support"
+fi
 
 # --- TypeScript: the official SDK, @modelcontextprotocol/sdk ----------------------------------
 command -v node >/dev/null || die "node not found; the TypeScript SDK client needs Node >= 18"
@@ -116,6 +138,12 @@ step "typescript SDK client"
 node "$here/typescript_client.mjs" "$server" "$policy"
 step "typescript SDK client, bookings-mcp"
 node "$here/bookings_client.mjs" "$bookings" "$bookings_policy"
+if [[ $http == 1 ]]; then
+    step "typescript SDK client over HTTP"
+    node "$here/typescript_http_client.mjs" "$server" "$policy" "$confirm_policy"
+else
+    step "skipping the typescript SDK client over HTTP: this toolgate-server build has no HTTP support"
+fi
 
 # --- toolgate-kit against @modelcontextprotocol/server-filesystem --------------------------------
 kit="${TOOLGATE_INTEROP_KIT:-1}"
