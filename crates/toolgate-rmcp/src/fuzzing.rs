@@ -76,6 +76,7 @@ impl ArgumentChecker {
         let call = Call {
             state: &state,
             principal,
+            tenant: None,
             name: tool,
             tool: &tool_definition,
             input: &input,

@@ -819,15 +819,16 @@ impl<H: ServerHandler> Gated<H> {
         })
     }
 
-    /// The JSON-RPC error that refuses a call of `tool` now because the kill switch is on; `None`
-    /// when the call may go on (no halt, or the policy exempts the tool). Reads the switch (a
+    /// The JSON-RPC error that refuses a call of `tool` now because the kill switch (or the switch
+    /// of `tenant`) is on; `None` when the call may go on (no halt, or the policy exempts the
+    /// tool). Reads the switch (a
     /// file or the database): call it off the async threads.
     #[cfg(feature = "http")]
-    pub(crate) fn halted_for(&self, tool: &str) -> Option<McpError> {
+    pub(crate) fn halted_for(&self, tool: &str, tenant: Option<&str>) -> Option<McpError> {
         if self.state.snapshot().policy.halt_exempt(tool) {
             return None;
         }
-        self.checks.kill_switch.halted()
+        self.checks.kill_switch.halted(tenant)
     }
 
     /// The contract digest published to clients, if any.

@@ -208,7 +208,7 @@ impl HttpOptions {
 /// What the gate answers for the front door, whatever the wrapped handler.
 trait GateView: Send + Sync {
     fn policy(&self) -> Arc<toolgate_policy::Policy>;
-    fn halted_for(&self, tool: &str) -> Option<rmcp::ErrorData>;
+    fn halted_for(&self, tool: &str, tenant: Option<&str>) -> Option<rmcp::ErrorData>;
 }
 
 impl<H: ServerHandler + Send + Sync + 'static> GateView for Gated<H> {
@@ -216,8 +216,8 @@ impl<H: ServerHandler + Send + Sync + 'static> GateView for Gated<H> {
         Gated::policy(self)
     }
 
-    fn halted_for(&self, tool: &str) -> Option<rmcp::ErrorData> {
-        Gated::halted_for(self, tool)
+    fn halted_for(&self, tool: &str, tenant: Option<&str>) -> Option<rmcp::ErrorData> {
+        Gated::halted_for(self, tool, tenant)
     }
 }
 
@@ -388,7 +388,8 @@ async fn screen(
         }
         let gate = Arc::clone(&door.gate);
         let tool = call.name.clone();
-        let halted = crate::blocking::run(move || gate.halted_for(&tool))
+        let tenant = principal.tenant().map(str::to_owned);
+        let halted = crate::blocking::run(move || gate.halted_for(&tool, tenant.as_deref()))
             .await
             .unwrap_or_else(|cancelled| {
                 Some(rmcp::ErrorData::internal_error(cancelled.to_string(), None))

@@ -281,7 +281,7 @@ pub async fn run() -> anyhow::Result<bool> {
         ledger: ledger.clone(),
         ..crate::ServerOptions::default()
     };
-    crate::halt(&options, "demo incident", "demo")?;
+    crate::halt(&options, "demo incident", "demo", None)?;
     let halted = client
         .call_tool(call(
             "write_note",
@@ -310,7 +310,7 @@ pub async fn run() -> anyhow::Result<bool> {
         exempt.as_ref().is_ok_and(|r| r.is_error != Some(true)),
         "read_ledger, exempt by policy, still answers",
     );
-    crate::resume(&options)?;
+    crate::resume(&options, None)?;
     let resumed = client
         .call_tool(call(
             "write_note",

@@ -911,12 +911,15 @@ fn ledger_switch(options: &ServerOptions) -> anyhow::Result<toolgate::guard::Kil
 
 /// Sets the kill switch of the ledger (every tools/call of every server on it is refused from its
 /// next call on) and records it in the audit log. Returns the halt it replaced, if any.
+///
+/// With `tenant`, only that tenant's calls are refused (its principals' credentials name it).
 pub fn halt(
     options: &ServerOptions,
     reason: &str,
     by: &str,
+    tenant: Option<&str>,
 ) -> anyhow::Result<Option<toolgate::guard::Halt>> {
-    let switch = ledger_switch(options)?;
+    let switch = switch_of(options, tenant)?;
     // A halt is what an operator reaches for in an incident: it is set even when the audit log
     // cannot be opened, and the error then says it was not recorded. (A resume, the less safe
     // direction, needs the audit log first.)
@@ -934,10 +937,26 @@ pub fn halt(
     Ok(previous)
 }
 
-/// Lifts the kill switch and records it. Returns the halt that was in force, if any.
-pub fn resume(options: &ServerOptions) -> anyhow::Result<Option<toolgate::guard::Halt>> {
+/// The kill switch of the ledger, or of one tenant on it.
+fn switch_of(
+    options: &ServerOptions,
+    tenant: Option<&str>,
+) -> anyhow::Result<toolgate::guard::KillSwitch> {
+    let switch = ledger_switch(options)?;
+    Ok(match tenant {
+        Some(tenant) => switch.for_tenant(tenant)?,
+        None => switch,
+    })
+}
+
+/// Lifts the kill switch (of `tenant`, or the one of everyone) and records it. Returns the halt
+/// that was in force, if any.
+pub fn resume(
+    options: &ServerOptions,
+    tenant: Option<&str>,
+) -> anyhow::Result<Option<toolgate::guard::Halt>> {
     let audit = operator_audit(options)?;
-    let lifted = toolgate::operator::resume(&ledger_switch(options)?, audit.sink().as_ref())?;
+    let lifted = toolgate::operator::resume(&switch_of(options, tenant)?, audit.sink().as_ref())?;
     audit.checkpoint()?;
     Ok(lifted)
 }

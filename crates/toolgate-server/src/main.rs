@@ -113,9 +113,16 @@ enum Command {
         /// Who halts (recorded); default $USER, else `operator`.
         #[arg(long, env = "USER", default_value = "operator")]
         by: String,
+        /// Stop only this tenant's calls (over HTTP, the tenant its credentials name).
+        #[arg(long)]
+        tenant: Option<String>,
     },
     /// Lift the kill switch (audited).
-    Resume,
+    Resume {
+        /// Lift only this tenant's halt.
+        #[arg(long)]
+        tenant: Option<String>,
+    },
     /// The rights of every replica on the database of --store (which tools each principal may
     /// call), applied on each replica's next call; audited. Without --store the rights are the
     /// file named by --rights.
@@ -562,25 +569,35 @@ fn main() -> ExitCode {
             }
             Err(error) => fail(&error.into()),
         },
-        Command::Halt { reason, by } => match toolgate_server::halt(&paths, &reason, &by) {
-            Ok(previous) => {
-                match previous {
-                    Some(previous) => println!(
-                        "halt: every tools/call on {} is refused (replacing the halt of {} by {})",
-                        paths.ledger.display(),
-                        previous.since_ns,
-                        previous.by
-                    ),
-                    None => println!(
-                        "halt: every tools/call on {} is refused; lift with `toolgate-server resume`",
-                        paths.ledger.display()
-                    ),
+        Command::Halt { reason, by, tenant } => {
+            match toolgate_server::halt(&paths, &reason, &by, tenant.as_deref()) {
+                Ok(previous) => {
+                    let whose = match &tenant {
+                        Some(tenant) => format!("of tenant {tenant} "),
+                        None => String::new(),
+                    };
+                    let lift = match &tenant {
+                        Some(tenant) => format!("toolgate-server resume --tenant {tenant}"),
+                        None => "toolgate-server resume".to_owned(),
+                    };
+                    match previous {
+                        Some(previous) => println!(
+                            "halt: every tools/call {whose}on {} is refused (replacing the halt of {} by {})",
+                            paths.ledger.display(),
+                            previous.since_ns,
+                            previous.by
+                        ),
+                        None => println!(
+                            "halt: every tools/call {whose}on {} is refused; lift with `{lift}`",
+                            paths.ledger.display()
+                        ),
+                    }
+                    ExitCode::SUCCESS
                 }
-                ExitCode::SUCCESS
+                Err(error) => fail(&error),
             }
-            Err(error) => fail(&error),
-        },
-        Command::Resume => match toolgate_server::resume(&paths) {
+        }
+        Command::Resume { tenant } => match toolgate_server::resume(&paths, tenant.as_deref()) {
             Ok(Some(lifted)) => {
                 println!(
                     "resume: lifted the halt by {} ({})",

@@ -780,6 +780,16 @@ fn tenants_scopes_and_clients_of_api_tokens_reach_the_audit_log() {
     let (status, reply) = server.call(&reader, 2, "tools/call", note_call("req-tenant-0002"));
     assert_eq!(status, 403, "{reply}");
     assert_eq!(reply["error"], json!("insufficient_scope"));
+    // The tenant comes from the credential only: an argument naming one is refused as unknown.
+    for field in ["tenant", "workspace_id"] {
+        let mut call = note_call("req-tenant-0003");
+        call["arguments"][field] = json!("globex");
+        let (status, reply) = server.call(&alice, 3, "tools/call", call);
+        assert_eq!(status, 200, "{reply}");
+        assert_eq!(reply["result"]["isError"], json!(true), "{reply}");
+        assert!(reply.to_string().contains(field), "{reply}");
+    }
+    assert!(!env.note_path("req-tenant-0003").exists());
     drop(server);
 
     let records = env.audit_records();
@@ -859,6 +869,29 @@ fn the_kill_switch_answers_503_with_retry_after_and_the_connection_stays_usable(
     operator(&env, &["resume"]);
     let (_, reply) = server.call(&alice, 9, "tools/call", note_call("req-halt-0001"));
     assert_eq!(status_of(&reply), "committed");
+
+    // A tenant's switch stops that tenant's principals only.
+    let acme = create_token(&env, "carol", &["--tenant", "acme"]);
+    let globex = create_token(&env, "dave", &["--tenant", "globex"]);
+    operator(
+        &env,
+        &["halt", "--tenant", "acme", "--reason", "acme incident"],
+    );
+    let (status, reply) = server.call(&acme, 10, "tools/call", note_call("req-halt-0002"));
+    assert_eq!(status, 503, "{reply}");
+    assert!(
+        reply["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("acme incident")
+    );
+    let (_, reply) = server.call(&globex, 11, "tools/call", note_call("req-halt-0003"));
+    assert_eq!(status_of(&reply), "committed");
+    let (_, reply) = server.call(&alice, 12, "tools/call", note_call("req-halt-0004"));
+    assert_eq!(status_of(&reply), "committed");
+    operator(&env, &["resume", "--tenant", "acme"]);
+    let (_, reply) = server.call(&acme, 13, "tools/call", note_call("req-halt-0002"));
+    assert_eq!(status_of(&reply), "committed");
     drop(server);
     let records = env.audit_records();
     assert!(
@@ -866,6 +899,20 @@ fn the_kill_switch_answers_503_with_retry_after_and_the_connection_stays_usable(
             .iter()
             .any(|r| r["reason"] == "kill_switch" && r["principal"] == "alice"),
         "the 503 is audited"
+    );
+    let tenant_halts: Vec<(&Value, &Value)> = records
+        .iter()
+        .filter(|r| r["tenant"] == "acme")
+        .map(|r| (&r["method"], &r["outcome"]))
+        .collect();
+    assert_eq!(
+        tenant_halts,
+        [
+            (&json!("admin/halt"), &json!("halted")),
+            (&json!("tools/call"), &json!("not_executed")),
+            (&json!("admin/resume"), &json!("resumed")),
+            (&json!("tools/call"), &json!("committed")),
+        ]
     );
     assert!(env.audit_verify().status.success());
 }

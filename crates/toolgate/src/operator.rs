@@ -54,8 +54,16 @@ fn entry(
     entry
 }
 
+/// `entry` naming the tenant of `switch`, when it is a tenant's switch.
+fn of_tenant(entry: AuditEntry, switch: &KillSwitch) -> AuditEntry {
+    match switch.tenant() {
+        Some(tenant) => entry.with_tenant(tenant),
+        None => entry,
+    }
+}
+
 /// Sets `switch` (every tools/call of every server on its ledger is refused from its next call
-/// on) and records `admin/halt`. Returns the halt it replaced, if any.
+/// on; of the switch's tenant only, for [`KillSwitch::for_tenant`]) and records `admin/halt`. Returns the halt it replaced, if any.
 pub fn halt(
     switch: &KillSwitch,
     audit: &dyn AuditSink,
@@ -63,12 +71,15 @@ pub fn halt(
     by: &str,
 ) -> Result<Option<Halt>, OperatorError> {
     let (halt, previous) = switch.halt_at(reason, by, SystemTime::now())?;
-    audit.append(&entry(
-        "admin/halt",
-        "kill_switch",
-        Outcome::Halted,
-        format!("halted by {}: {}", halt.by, halt.reason),
-        &json!({"by": halt.by, "reason": halt.reason, "since_ns": halt.since_ns.to_string()}),
+    audit.append(&of_tenant(
+        entry(
+            "admin/halt",
+            "kill_switch",
+            Outcome::Halted,
+            format!("halted by {}: {}", halt.by, halt.reason),
+            &json!({"by": halt.by, "reason": halt.reason, "since_ns": halt.since_ns.to_string()}),
+        ),
+        switch,
     ))?;
     Ok(previous)
 }
@@ -84,12 +95,15 @@ pub fn resume(switch: &KillSwitch, audit: &dyn AuditSink) -> Result<Option<Halt>
         ),
         None => (Outcome::NotHalted, "no halt was in force".to_owned()),
     };
-    audit.append(&entry(
-        "admin/resume",
-        "kill_switch",
-        outcome,
-        reason,
-        &json!({"lifted": lifted.as_ref().map(|h| h.since_ns.to_string())}),
+    audit.append(&of_tenant(
+        entry(
+            "admin/resume",
+            "kill_switch",
+            outcome,
+            reason,
+            &json!({"lifted": lifted.as_ref().map(|h| h.since_ns.to_string())}),
+        ),
+        switch,
     ))?;
     Ok(lifted)
 }

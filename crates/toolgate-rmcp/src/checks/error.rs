@@ -29,6 +29,17 @@ pub enum GuardError {
         problem: String,
     },
 
+    /// The tenant given to [`super::KillSwitch::for_tenant`] is not a valid name; nothing was
+    /// written.
+    #[error(
+        "invalid tenant {name:?}: use {grammar} (nothing was written)",
+        grammar = toolgate_canon::names::PRINCIPAL_GRAMMAR
+    )]
+    InvalidTenant {
+        /// The name given.
+        name: String,
+    },
+
     /// The PostgreSQL database of the kill switch or the rights failed; nothing was changed.
     #[cfg(feature = "postgres")]
     #[error("{0}; retry once the database is reachable")]

@@ -93,6 +93,8 @@ impl Status {
 pub struct KillSwitch {
     dir: PathBuf,
     path: PathBuf,
+    /// The tenant this switch stops, or `None` for the switch that stops everyone.
+    tenant: Option<String>,
     storage: Arc<dyn Storage>,
     resume_command: Option<String>,
     #[cfg(feature = "postgres")]
@@ -107,6 +109,7 @@ impl KillSwitch {
         KillSwitch {
             dir,
             path,
+            tenant: None,
             storage: Arc::new(FsStorage),
             resume_command: None,
             #[cfg(feature = "postgres")]
@@ -124,6 +127,28 @@ impl KillSwitch {
         let mut switch = KillSwitch::new(PathBuf::new());
         switch.database = Some(store);
         Ok(switch)
+    }
+
+    /// The switch of one tenant on the same ledger (or database): it stops the calls of that
+    /// tenant's principals only (their credentials name the tenant), while the switch of
+    /// [`KillSwitch::new`] stops everyone's. Its file is `<ledger_dir>/halt.tenant.<tenant>.json`
+    /// (the name has no separator, so no tenant name can leave the directory); in the database,
+    /// a row of `toolgate_tenant_halt`. The tenant must be a valid principal name.
+    pub fn for_tenant(&self, tenant: &str) -> Result<KillSwitch, GuardError> {
+        if !toolgate_canon::names::is_principal_name(tenant) {
+            return Err(GuardError::InvalidTenant {
+                name: tenant.to_owned(),
+            });
+        }
+        let mut switch = self.clone();
+        switch.path = self.dir.join(tenant_file_name(tenant));
+        switch.tenant = Some(tenant.to_owned());
+        Ok(switch)
+    }
+
+    /// The tenant this switch stops (`None`: everyone).
+    pub fn tenant(&self) -> Option<&str> {
+        self.tenant.as_deref()
     }
 
     /// The operator command that lifts a halt on this server (e.g. `myserver resume`), named in
@@ -156,7 +181,7 @@ impl KillSwitch {
     pub fn status(&self) -> Status {
         #[cfg(feature = "postgres")]
         if let Some(store) = &self.database {
-            return match postgres::status(store) {
+            return match postgres::status(store, self.tenant.as_deref()) {
                 Ok(None) => Status::Running,
                 Ok(Some(halt)) => Status::Halted(halt),
                 Err(e) => Status::Halted(Halt {
@@ -210,7 +235,7 @@ impl KillSwitch {
         };
         #[cfg(feature = "postgres")]
         if let Some(store) = &self.database {
-            let previous = postgres::halt(store, &halt)?;
+            let previous = postgres::halt(store, self.tenant.as_deref(), &halt)?;
             return Ok((halt, previous));
         }
         toolgate_storage::create_dir_durably(self.storage.as_ref(), &self.dir)?;
@@ -218,10 +243,14 @@ impl KillSwitch {
             Status::Running => None,
             Status::Halted(previous) => Some(previous),
         };
+        let name = match &self.tenant {
+            Some(tenant) => tenant_file_name(tenant),
+            None => HALT_FILE_NAME.to_owned(),
+        };
         toolgate_storage::replace_file(
             self.storage.as_ref(),
             &self.dir,
-            HALT_FILE_NAME,
+            &name,
             &halt.to_file_bytes(),
         )?;
         Ok((halt, previous))
@@ -238,7 +267,7 @@ impl KillSwitch {
     pub fn resume(&self) -> Result<Option<Halt>, GuardError> {
         #[cfg(feature = "postgres")]
         if let Some(store) = &self.database {
-            return postgres::resume(store);
+            return postgres::resume(store, self.tenant.as_deref());
         }
         let taken = toolgate_storage::temp_path(&self.dir, "halt.json.resume");
         match self.storage.rename(&self.path, &taken) {
@@ -287,6 +316,11 @@ impl KillSwitch {
             since_ns,
         }
     }
+}
+
+/// The halt file of `tenant` (a valid principal name: no `/`, so the name stays in the directory).
+fn tenant_file_name(tenant: &str) -> String {
+    format!("halt.tenant.{tenant}.json")
 }
 
 /// Reads and validates a halt file, or says why it is not one.
@@ -340,11 +374,19 @@ pub(crate) struct KillSwitchCheck {
 }
 
 impl KillSwitchCheck {
-    /// The JSON-RPC error of a halted server, if the switch is set.
-    pub(crate) fn halted(&self) -> Option<rmcp::ErrorData> {
+    /// The JSON-RPC error of a halted server, if the switch is set, or of a halted tenant, if
+    /// `tenant`'s switch is.
+    pub(crate) fn halted(&self, tenant: Option<&str>) -> Option<rmcp::ErrorData> {
         let switch = self.switch.as_ref()?;
-        let Status::Halted(halt) = switch.status() else {
-            return None;
+        let halt = match switch.status() {
+            Status::Halted(halt) => halt,
+            Status::Running => {
+                let tenant = tenant.and_then(|tenant| switch.for_tenant(tenant).ok())?;
+                match tenant.status() {
+                    Status::Halted(halt) => halt,
+                    Status::Running => return None,
+                }
+            }
         };
         let retry = match &self.server_name {
             Some(server) => format!("Retry after the operator runs `{server} resume`"),
@@ -371,7 +413,7 @@ impl super::Check for KillSwitchCheck {
         if call.policy().halt_exempt(call.name) {
             return super::Verdict::Pass;
         }
-        match self.halted() {
+        match self.halted(call.tenant) {
             Some(error) => super::Verdict::Fail {
                 reason: "kill_switch".to_owned(),
                 error,
@@ -430,6 +472,64 @@ mod tests {
         let absent = KillSwitch::new(dir.path().join("no/such/ledger"));
         assert_eq!(absent.status(), Status::Running);
         assert!(!absent.status().is_halted());
+    }
+
+    /// The switch of one ledger directory and, with the feature `postgres`, of a fresh database.
+    fn switches(dir: &Path) -> Vec<KillSwitch> {
+        #[allow(unused_mut)]
+        let mut switches = vec![KillSwitch::new(dir)];
+        #[cfg(feature = "postgres")]
+        {
+            let url = toolgate_pgtest::PgCluster::shared()
+                .unwrap()
+                .create_database("halt")
+                .unwrap();
+            let store = toolgate_storage::postgres::PgStore::connect(&url).unwrap();
+            switches.push(KillSwitch::in_database(store).unwrap());
+        }
+        switches
+    }
+
+    #[test]
+    fn a_tenants_switch_stops_that_tenant_only() {
+        let dir = tempfile::tempdir().unwrap();
+        for everyone in switches(dir.path()) {
+            let acme = everyone.for_tenant("acme").unwrap();
+            let globex = everyone.for_tenant("globex").unwrap();
+            assert_eq!(acme.tenant(), Some("acme"));
+            let halt = acme.halt("acme's incident", "ops").unwrap();
+            assert_eq!(acme.status(), Status::Halted(halt.clone()));
+            assert_eq!(globex.status(), Status::Running);
+            assert_eq!(everyone.status(), Status::Running);
+            // The check: the tenant's calls are refused, everyone else's are not.
+            let check = KillSwitchCheck {
+                switch: Some(everyone.clone()),
+                server_name: None,
+            };
+            let refused = check.halted(Some("acme")).unwrap();
+            assert!(refused.message.contains("acme's incident"), "{refused:?}");
+            assert!(check.halted(Some("globex")).is_none());
+            assert!(check.halted(None).is_none());
+            // The switch of everyone stops every tenant too.
+            everyone.halt("all stop", "ops").unwrap();
+            assert!(check.halted(Some("globex")).is_some());
+            everyone.resume().unwrap();
+            assert_eq!(acme.resume().unwrap(), Some(halt));
+            assert!(check.halted(Some("acme")).is_none());
+        }
+        // No tenant name can leave the directory or be empty.
+        let switch = KillSwitch::new(dir.path());
+        for bad in ["", "../x", "a/b", "a b"] {
+            assert!(
+                matches!(
+                    switch.for_tenant(bad),
+                    Err(GuardError::InvalidTenant { .. })
+                ),
+                "{bad}"
+            );
+        }
+        let dots = switch.for_tenant("..").unwrap();
+        assert_eq!(dots.path(), dir.path().join("halt.tenant....json"));
     }
 
     #[test]

@@ -131,6 +131,7 @@ impl<H: ServerHandler> Gated<H> {
         let call = Call {
             state: &state,
             principal: &principal,
+            tenant: caller.credential.as_ref().and_then(|c| c.tenant()),
             name: &name,
             tool: &tool,
             input: &input,

@@ -103,7 +103,11 @@ impl<H: ServerHandler> Gated<H> {
         }
 
         // Checked before the token is spent, so a halt does not cost the person their preview.
-        if let Some(error) = self.checks.kill_switch.halted() {
+        if let Some(error) = self
+            .checks
+            .kill_switch
+            .halted(caller.credential.as_ref().and_then(|c| c.tenant()))
+        {
             self.record_or_log(refuse("kill_switch".to_owned())).await;
             return Err(error);
         }

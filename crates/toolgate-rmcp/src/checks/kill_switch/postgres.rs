@@ -1,4 +1,5 @@
-//! The kill switch in a PostgreSQL database (feature `postgres`): one row, shared by every
+//! The kill switch in a PostgreSQL database (feature `postgres`): one row (and one per halted
+//! tenant, in `toolgate_tenant_halt`), shared by every
 //! replica on the database, so a halt ordered through any of them (or the operator's `halt
 //! --store`) refuses the next call of all of them. Reading fails closed: a database that cannot
 //! be read halts, with a reason naming it.
@@ -8,12 +9,20 @@ use toolgate_storage::postgres::{PgError, PgStore, get, query_error};
 use super::{GuardError, Halt};
 
 /// The component's migrations (`toolgate_schema`, component `control`).
-const MIGRATIONS: &[&str] = &["CREATE TABLE toolgate_halt (
+const MIGRATIONS: &[&str] = &[
+    "CREATE TABLE toolgate_halt (
          id boolean PRIMARY KEY DEFAULT true CHECK (id),
          by_name text NOT NULL,
          reason text NOT NULL,
          since_ns bigint NOT NULL
-     )"];
+     )",
+    "CREATE TABLE toolgate_tenant_halt (
+         tenant text PRIMARY KEY,
+         by_name text NOT NULL,
+         reason text NOT NULL,
+         since_ns bigint NOT NULL
+     )",
+];
 
 /// Creates or migrates the switch's table.
 pub(super) fn migrate(store: &PgStore) -> Result<(), PgError> {
@@ -29,23 +38,43 @@ fn halt_of(row: &toolgate_storage::postgres::PgRow) -> Halt {
     }
 }
 
-/// The halt in force, if any.
-pub(super) fn status(store: &PgStore) -> Result<Option<Halt>, PgError> {
+/// The halt in force (of `tenant`, or of everyone), if any.
+pub(super) fn status(store: &PgStore, tenant: Option<&str>) -> Result<Option<Halt>, PgError> {
+    let tenant = tenant.map(str::to_owned);
     store.run(|pool, database| async move {
         let client = get(&pool, &database).await?;
         let query = query_error(&database, "read the kill switch");
-        let read = client
-            .prepare_cached("SELECT by_name, reason, since_ns FROM toolgate_halt")
-            .await
-            .map_err(&query)?;
-        let row = client.query_opt(&read, &[]).await.map_err(&query)?;
+        let row = match &tenant {
+            None => {
+                let read = client
+                    .prepare_cached("SELECT by_name, reason, since_ns FROM toolgate_halt")
+                    .await
+                    .map_err(&query)?;
+                client.query_opt(&read, &[]).await.map_err(&query)?
+            }
+            Some(tenant) => {
+                let read = client
+                    .prepare_cached(
+                        "SELECT by_name, reason, since_ns FROM toolgate_tenant_halt WHERE tenant = $1",
+                    )
+                    .await
+                    .map_err(&query)?;
+                client.query_opt(&read, &[tenant]).await.map_err(&query)?
+            }
+        };
         Ok(row.as_ref().map(halt_of))
     })?
 }
 
-/// Sets `halt`, returning the one it replaced (read in the same transaction).
-pub(super) fn halt(store: &PgStore, halt: &Halt) -> Result<Option<Halt>, GuardError> {
+/// Sets `halt` (of `tenant`, or of everyone), returning the one it replaced (read in the same
+/// transaction).
+pub(super) fn halt(
+    store: &PgStore,
+    tenant: Option<&str>,
+    halt: &Halt,
+) -> Result<Option<Halt>, GuardError> {
     let halt = halt.clone();
+    let tenant = tenant.map(str::to_owned);
     let since = i64::try_from(halt.since_ns).unwrap_or(i64::MAX);
     store
         .run(move |pool, database| async move {
@@ -55,19 +84,31 @@ pub(super) fn halt(store: &PgStore, halt: &Halt) -> Result<Option<Halt>, GuardEr
                 .transaction()
                 .await
                 .map_err(query("start setting the kill switch"))?;
-            let previous = tx
-                .query_opt(
+            let previous = match &tenant {
+                None => tx.query_opt(
                     "SELECT by_name, reason, since_ns FROM toolgate_halt FOR UPDATE",
                     &[],
-                )
-                .await
-                .map_err(query("read the kill switch"))?;
-            tx.execute(
-                "INSERT INTO toolgate_halt (id, by_name, reason, since_ns) VALUES (true, $1, $2, $3) \
-                 ON CONFLICT (id) DO UPDATE SET by_name = $1, reason = $2, since_ns = $3",
-                &[&halt.by, &halt.reason, &since],
-            )
-            .await
+                ).await,
+                Some(tenant) => tx.query_opt(
+                    "SELECT by_name, reason, since_ns FROM toolgate_tenant_halt \
+                     WHERE tenant = $1 FOR UPDATE",
+                    &[tenant],
+                ).await,
+            }
+            .map_err(query("read the kill switch"))?;
+            match &tenant {
+                None => tx.execute(
+                    "INSERT INTO toolgate_halt (id, by_name, reason, since_ns) VALUES (true, $1, $2, $3) \
+                     ON CONFLICT (id) DO UPDATE SET by_name = $1, reason = $2, since_ns = $3",
+                    &[&halt.by, &halt.reason, &since],
+                ).await,
+                Some(tenant) => tx.execute(
+                    "INSERT INTO toolgate_tenant_halt (tenant, by_name, reason, since_ns) \
+                     VALUES ($4, $1, $2, $3) \
+                     ON CONFLICT (tenant) DO UPDATE SET by_name = $1, reason = $2, since_ns = $3",
+                    &[&halt.by, &halt.reason, &since, tenant],
+                ).await,
+            }
             .map_err(query("set the kill switch"))?;
             tx.commit().await.map_err(query("commit the halt"))?;
             Ok(previous.as_ref().map(halt_of))
@@ -76,18 +117,32 @@ pub(super) fn halt(store: &PgStore, halt: &Halt) -> Result<Option<Halt>, GuardEr
         .map_err(GuardError::from)
 }
 
-/// Lifts the halt, returning exactly the one that was in force.
-pub(super) fn resume(store: &PgStore) -> Result<Option<Halt>, GuardError> {
+/// Lifts the halt (of `tenant`, or of everyone), returning exactly the one that was in force.
+pub(super) fn resume(store: &PgStore, tenant: Option<&str>) -> Result<Option<Halt>, GuardError> {
+    let tenant = tenant.map(str::to_owned);
     store
         .run(|pool, database| async move {
             let client = get(&pool, &database).await?;
-            let row = client
-                .query_opt(
-                    "DELETE FROM toolgate_halt RETURNING by_name, reason, since_ns",
-                    &[],
-                )
-                .await
-                .map_err(query_error(&database, "lift the kill switch"))?;
+            let row = match &tenant {
+                None => {
+                    client
+                        .query_opt(
+                            "DELETE FROM toolgate_halt RETURNING by_name, reason, since_ns",
+                            &[],
+                        )
+                        .await
+                }
+                Some(tenant) => {
+                    client
+                        .query_opt(
+                            "DELETE FROM toolgate_tenant_halt WHERE tenant = $1 \
+                     RETURNING by_name, reason, since_ns",
+                            &[tenant],
+                        )
+                        .await
+                }
+            }
+            .map_err(query_error(&database, "lift the kill switch"))?;
             Ok(row.as_ref().map(halt_of))
         })
         .and_then(|r| r)
