@@ -54,6 +54,8 @@ pub const METADATA_PATH: &str = "/.well-known/oauth-protected-resource";
 pub const DEFAULT_MAX_BODY_BYTES: usize = 4 * 1024 * 1024;
 /// The default `Retry-After` of a call refused by the kill switch, in seconds.
 pub const DEFAULT_RETRY_AFTER_SECS: u64 = 30;
+/// The default time a request may take until its response starts.
+pub const DEFAULT_REQUEST_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(120);
 
 /// Why a request is not authenticated (the HTTP layer answers 401, or 503 when the server
 /// cannot judge, with [`Refusal::code`]).
@@ -171,6 +173,10 @@ pub struct HttpOptions {
     pub max_body_bytes: usize,
     /// The `Retry-After` of calls refused by the kill switch, in seconds.
     pub retry_after_secs: u64,
+    /// How long a request may take until its response starts (its body read, its call
+    /// answered); past it the answer is 503 and the call is cancelled as if its client had gone.
+    /// A long-lived event stream counts only until its headers are sent.
+    pub request_timeout: std::time::Duration,
 }
 
 impl HttpOptions {
@@ -187,6 +193,7 @@ impl HttpOptions {
             ],
             max_body_bytes: DEFAULT_MAX_BODY_BYTES,
             retry_after_secs: DEFAULT_RETRY_AFTER_SECS,
+            request_timeout: DEFAULT_REQUEST_TIMEOUT,
         }
     }
 
@@ -277,9 +284,13 @@ where
         retry_after: HeaderValue::from(options.retry_after_secs),
         sessions: Mutex::new(HashMap::new()),
     });
+    let deadline = options.request_timeout;
     axum::Router::new()
         .route_service(MCP_PATH, service)
         .layer(axum::middleware::from_fn_with_state(door, authenticate))
+        .layer(axum::middleware::from_fn(move |request, next| {
+            within(deadline, request, next)
+        }))
         .route(
             METADATA_PATH,
             axum::routing::get(move || {
@@ -287,6 +298,26 @@ where
                 async move { axum::Json(metadata) }
             }),
         )
+}
+
+/// Runs the rest of the stack on `request` for at most `deadline`; past it, 503 with a JSON-RPC
+/// error (the id is not known here) and the work is dropped, which cancels the call as a client
+/// that went away would (an exactly-once call keeps its record: a retry with its key is answered
+/// from it, or told that the first is still running).
+async fn within(deadline: std::time::Duration, request: Request, next: Next) -> Response {
+    match tokio::time::timeout(deadline, next.run(request)).await {
+        Ok(response) => response,
+        Err(_) => {
+            let body = json!({"jsonrpc": "2.0", "id": null, "error": {
+                "code": -32001,
+                "message": format!(
+                    "the request took longer than {} s and was cancelled; if it was a call with an idempotency key, retry it with the same key to learn its outcome",
+                    deadline.as_secs()
+                ),
+            }});
+            (StatusCode::SERVICE_UNAVAILABLE, axum::Json(body)).into_response()
+        }
+    }
 }
 
 /// The session id header of the 2025-11-25 flow.

@@ -655,6 +655,8 @@ pub async fn serve_http(server: BuiltServer, config: HttpConfig) -> anyhow::Resu
         addr,
         public_url,
         oauth,
+        request_timeout,
+        header_read_timeout,
     } = config;
     let BuiltServer {
         gated,
@@ -672,6 +674,7 @@ pub async fn serve_http(server: BuiltServer, config: HttpConfig) -> anyhow::Resu
     let resource =
         public_url.unwrap_or_else(|| format!("http://{local}{}", toolgate::http::MCP_PATH));
     let mut http = toolgate::http::HttpOptions::new(resource.clone());
+    http.request_timeout = request_timeout;
     if let Some(host) = resource
         .parse::<axum::http::Uri>()
         .ok()
@@ -693,12 +696,60 @@ pub async fn serve_http(server: BuiltServer, config: HttpConfig) -> anyhow::Resu
     {
         eprintln!("{SERVER_NAME}: serving Streamable HTTP at {resource}");
     }
-    let served = axum::serve(listener, router)
-        .with_graceful_shutdown(shutdown_signal())
+    serve_connections(listener, router, header_read_timeout).await;
+    shut_down(effects, audit).await
+}
+
+/// How long in-flight HTTP requests may take to finish once a shutdown is asked for.
+#[cfg(feature = "http")]
+const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Serves HTTP/1 connections of `listener` with `router` until SIGINT or SIGTERM, then lets the
+/// requests in flight finish (up to [`SHUTDOWN_GRACE`]). A client that does not send a request's
+/// headers within `header_read_timeout`, or keeps a connection idle that long, is disconnected.
+#[cfg(feature = "http")]
+async fn serve_connections(
+    listener: tokio::net::TcpListener,
+    router: axum::Router,
+    header_read_timeout: std::time::Duration,
+) {
+    use hyper_util::rt::{TokioIo, TokioTimer};
+    let service = hyper_util::service::TowerToHyperService::new(router);
+    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+    let mut builder = hyper::server::conn::http1::Builder::new();
+    builder
+        .timer(TokioTimer::new())
+        .header_read_timeout(header_read_timeout);
+    let shutdown = shutdown_signal();
+    tokio::pin!(shutdown);
+    loop {
+        tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _)) => {
+                    let connection =
+                        graceful.watch(builder.serve_connection(TokioIo::new(stream), service.clone()));
+                    tokio::spawn(async move {
+                        if let Err(error) = connection.await {
+                            tracing::debug!(%error, "an HTTP connection ended with an error");
+                        }
+                    });
+                }
+                Err(error) => {
+                    // Mostly out of descriptors: give open connections a moment to close.
+                    tracing::warn!(%error, "cannot accept an HTTP connection");
+                    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                }
+            },
+            () = &mut shutdown => break,
+        }
+    }
+    drop(listener);
+    if tokio::time::timeout(SHUTDOWN_GRACE, graceful.shutdown())
         .await
-        .context("the HTTP server failed");
-    shut_down(effects, audit).await?;
-    served
+        .is_err()
+    {
+        tracing::warn!("HTTP connections still open after the shutdown grace period are closed");
+    }
 }
 
 /// Where and how `serve --http` serves.
@@ -712,6 +763,10 @@ pub struct HttpConfig {
     /// OAuth access tokens accepted besides the API tokens; an empty audience means the
     /// server's canonical URI.
     pub oauth: Option<toolgate::http::oauth::OAuthOptions>,
+    /// How long a request may take until its response starts (then 503, the call cancelled).
+    pub request_timeout: std::time::Duration,
+    /// How long a client may take to send a request's headers, and keep a connection idle.
+    pub header_read_timeout: std::time::Duration,
 }
 
 /// The API tokens of the ledger, written through the configured storage.

@@ -172,6 +172,14 @@ struct HttpArgs {
     /// The shortest time between two fetches of the key set, in seconds (default 10).
     #[arg(long, env = "TOOLGATE_OAUTH_JWKS_COOLDOWN", requires = "oauth_issuer")]
     oauth_jwks_cooldown: Option<u64>,
+    /// Seconds a request may take until its response starts (default 120); past it the answer
+    /// is 503 and the call is cancelled.
+    #[arg(long, env = "TOOLGATE_HTTP_REQUEST_TIMEOUT", requires = "http", value_parser = clap::value_parser!(u64).range(1..))]
+    request_timeout: Option<u64>,
+    /// Seconds a client may take to send a request's headers, or keep a connection idle
+    /// (default 10).
+    #[arg(long, env = "TOOLGATE_HTTP_HEADER_TIMEOUT", requires = "http", value_parser = clap::value_parser!(u64).range(1..))]
+    header_timeout: Option<u64>,
 }
 
 #[derive(Debug, Subcommand)]
@@ -349,10 +357,15 @@ fn serve_http(paths: &ServerOptions, addr: std::net::SocketAddr, web: HttpArgs) 
         }
         oauth
     });
+    let seconds = std::time::Duration::from_secs;
     let config = toolgate_server::HttpConfig {
         addr,
         public_url: web.public_url,
         oauth,
+        request_timeout: web
+            .request_timeout
+            .map_or(toolgate::http::DEFAULT_REQUEST_TIMEOUT, seconds),
+        header_read_timeout: seconds(web.header_timeout.unwrap_or(10)),
     };
     let server = match toolgate_server::build_for_http(paths) {
         Ok(server) => server,

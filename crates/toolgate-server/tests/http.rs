@@ -916,3 +916,41 @@ fn the_kill_switch_answers_503_with_retry_after_and_the_connection_stays_usable(
     );
     assert!(env.audit_verify().status.success());
 }
+
+#[test]
+fn slow_clients_are_cut_off() {
+    let env = TestEnv::new();
+    let alice = create_token(&env, "alice", &[]);
+    let server = HttpServer::start_with(&env, &["--header-timeout", "1", "--request-timeout", "1"]);
+    let connect = || {
+        let stream = TcpStream::connect(("127.0.0.1", server.port)).unwrap();
+        stream
+            .set_read_timeout(Some(Duration::from_secs(120)))
+            .unwrap();
+        stream
+    };
+    // Headers that never end: the connection is closed (no request reaches the gate).
+    let mut stream = connect();
+    stream
+        .write_all(b"POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\n")
+        .unwrap();
+    let mut rest = Vec::new();
+    let read = stream.read_to_end(&mut rest);
+    assert!(read.is_ok(), "the server closes the connection: {read:?}");
+    // A body that never ends: 503 once the request deadline passes.
+    let mut stream = connect();
+    let head = format!(
+        "POST /mcp HTTP/1.1\r\nHost: 127.0.0.1:{}\r\nAuthorization: Bearer {alice}\r\n\
+         Content-Type: application/json\r\nAccept: application/json, text/event-stream\r\n\
+         Content-Length: 1000\r\n\r\n{{\"jsonrpc\":",
+        server.port
+    );
+    stream.write_all(head.as_bytes()).unwrap();
+    let mut reply = [0u8; 512];
+    let n = stream.read(&mut reply).unwrap();
+    let reply = String::from_utf8_lossy(&reply[..n]);
+    assert!(reply.starts_with("HTTP/1.1 503"), "{reply}");
+    // The server still serves.
+    let (status, reply) = server.call(&alice, 1, "tools/list", json!({}));
+    assert_eq!(status, 200, "{reply}");
+}

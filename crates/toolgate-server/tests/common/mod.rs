@@ -38,7 +38,7 @@ pub const PROTOCOL_2026: &str = "2026-07-28";
 pub const INVALID_PARAMS: i64 = -32602;
 
 /// Environment variables a test process might inherit that would change the server's behaviour.
-const SCRUBBED_ENV: [&str; 25] = [
+const SCRUBBED_ENV: [&str; 27] = [
     "TOOLGATE_STORE",
     "RUST_LOG",
     "TOOLGATE_AUDIT_KEY_FILE",
@@ -64,6 +64,8 @@ const SCRUBBED_ENV: [&str; 25] = [
     "TOOLGATE_OAUTH_PRINCIPAL_CLAIM",
     "TOOLGATE_OAUTH_TENANT_CLAIM",
     "TOOLGATE_OAUTH_JWKS_COOLDOWN",
+    "TOOLGATE_HTTP_REQUEST_TIMEOUT",
+    "TOOLGATE_HTTP_HEADER_TIMEOUT",
 ];
 
 /// One test's private world: a tempdir with its own policy copy and ledger path.
