@@ -19,14 +19,19 @@
 # Starts the server on a free loopback port with fixtures/policy.json and a fresh temporary ledger,
 # creates an API token for it, and puts bearer_proxy.mjs in front of it: the suites' runner cannot
 # send a bearer token, and the server refuses every request without one, so the proxy adds
-# `Authorization: Bearer` to each request and changes nothing else. Each suite runs its active
-# server scenarios against the proxy with its expected-failures file
-# (expected-failures-<revision>.yml, every entry with the reason it fails): the run fails on any
-# failure not listed there and on any listed failure that passes. Then the server must stop cleanly
-# on SIGTERM and its audit chain must verify.
+# `Authorization: Bearer` to each request and changes nothing else. Three runs against the proxy,
+# one after the other, each with its expected-failures file (every entry with the reason it fails):
+#   0.2.0-alpha.12, active server scenarios, 2026-07-28: expected-failures-2026-07-28.yml;
+#   0.2.0-alpha.12, draft server scenarios (those 2026-07-28 introduced: server-stateless,
+#     caching, http-header-validation, input-required-result-*, ...), 2026-07-28:
+#     expected-failures-2026-07-28-draft.yml;
+#   0.1.16, active server scenarios, 2025-11-25: expected-failures-2025-11-25.yml.
+# A run fails on any failure not listed in its file and on any listed failure that passes. Then the
+# server must stop cleanly on SIGTERM and its audit chain must verify.
 #
-# The runner's output, the per-scenario checks.json and every HTTP exchange (traffic.log, without the
-# token) of the last run stay in TARGET/conformance/last-run. Needs npm and the npm registry (or a
+# The runner's output (NAME.txt), the per-scenario checks.json (NAME/) and every HTTP exchange
+# (traffic.log, without the token; each run's part after a line `=== conformance VERSION SUITE
+# SPEC`) of the last run stay in TARGET/conformance/last-run. Needs npm and the npm registry (or a
 # warm cache), on Linux x86-64.
 set -euo pipefail
 
@@ -157,39 +162,48 @@ url="http://127.0.0.1:$proxy_port/mcp"
 step "server at $server_url, suites at $url"
 
 # --- the suites -------------------------------------------------------------------------------
-# run_suite SUITE_JS VERSION SPEC_VERSION: the active server scenarios at SPEC_VERSION, judged by
-# expected-failures-SPEC_VERSION.yml. Prints the runner's summary; the full output is kept.
+# run_suite SUITE_JS VERSION SPEC_VERSION SUITE: the SUITE (active or draft) server scenarios at
+# SPEC_VERSION, judged by expected-failures-SPEC_VERSION.yml (active) or
+# expected-failures-SPEC_VERSION-SUITE.yml (any other suite). Prints the runner's summary; the
+# full output (NAME.txt) and the checks (NAME/) stay in the results, NAME being SPEC_VERSION for
+# the active suite and SPEC_VERSION-SUITE otherwise.
 failed=()
 run_suite() {
-    local suite="$1" version="$2" spec="$3"
-    local expected="$here/expected-failures-$spec.yml" output="$results/$spec.txt" status=0
+    local suite="$1" version="$2" spec="$3" which="$4" name status=0
+    if [[ "$which" == active ]]; then name="$spec"; else name="$spec-$which"; fi
+    local expected="$here/expected-failures-$name.yml" output="$results/$name.txt"
     [[ -f "$expected" ]] || die "missing $expected"
-    step "conformance $version, active server scenarios, --spec-version $spec"
-    timeout --kill-after=10 "$suite_timeout" "$node" "$suite" server --url "$url" --suite active \
-        --spec-version "$spec" --expected-failures "$expected" -o "$results/$spec" \
+    step "conformance $version, $which server scenarios, --spec-version $spec"
+    # A marker in the proxy's log, between two runs (the proxy appends, as this does).
+    echo "=== conformance $version $which $spec" >>"$results/traffic.log"
+    timeout --kill-after=10 "$suite_timeout" "$node" "$suite" server --url "$url" --suite "$which" \
+        --spec-version "$spec" --expected-failures "$expected" -o "$results/$name" \
         >"$output" 2>&1 || status=$?
     # The runner's per-scenario progress lines stay in the file; show the summary and the verdict.
     # (without its colour codes: it writes them even to a file)
     sed -n '/^=== SUMMARY ===/,$p' "$output" | sed 's/\x1b\[[0-9;]*m//g'
     local count
-    count="$(sed -n 's/^Running active suite (\([0-9]*\) scenarios).*/\1/p' "$output")"
+    count="$(sed -n "s/^Running $which suite (\([0-9]*\) scenarios).*/\1/p" "$output")"
     if [[ "$status" -eq 124 || "$status" -eq 137 ]]; then
-        echo "conformance: $version did not finish within ${suite_timeout}s" >&2
-        failed+=("$spec")
+        echo "conformance: $version ($which) did not finish within ${suite_timeout}s" >&2
+        failed+=("$name")
     elif [[ -z "$count" || "$count" -eq 0 ]]; then
         cat "$output" >&2
-        echo "conformance: $version ran no scenario (exit status $status)" >&2
-        failed+=("$spec")
+        echo "conformance: $version ($which) ran no scenario (exit status $status)" >&2
+        failed+=("$name")
     elif [[ "$status" -ne 0 ]]; then
-        echo "conformance: $version at $spec: unexpected failures or stale entries in $(basename "$expected")" \
-            "(exit status $status; full output $output, checks $results/$spec/, traffic $results/traffic.log)" >&2
-        failed+=("$spec")
+        echo "conformance: $version $which at $spec: unexpected failures or stale entries in" \
+            "$(basename "$expected") (exit status $status; full output $output, checks" \
+            "$results/$name/, traffic $results/traffic.log)" >&2
+        failed+=("$name")
     else
-        echo "conformance: $version at $spec: $count scenarios, every failure listed in $(basename "$expected")"
+        echo "conformance: $version $which at $spec: $count scenarios, every failure listed in" \
+            "$(basename "$expected")"
     fi
 }
-run_suite "$suite_new" 0.2.0-alpha.12 2026-07-28
-run_suite "$suite_old" 0.1.16 2025-11-25
+run_suite "$suite_new" 0.2.0-alpha.12 2026-07-28 active
+run_suite "$suite_new" 0.2.0-alpha.12 2026-07-28 draft
+run_suite "$suite_old" 0.1.16 2025-11-25 active
 
 # --- stop: the proxy, then the server (SIGTERM, clean exit), then the audit chain --------------
 step "stopping the proxy and the server"
