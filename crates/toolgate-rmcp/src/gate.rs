@@ -831,6 +831,45 @@ impl<H: ServerHandler> Gated<H> {
         self.checks.kill_switch.halted(tenant)
     }
 
+    /// tools/list, gated: the inner handler's list, less what this caller may not see.
+    async fn gated_list_tools(
+        &self,
+        request: Option<PaginatedRequestParams>,
+        context: RequestContext<RoleServer>,
+    ) -> Result<ListToolsResult, McpError> {
+        let caller = self.caller_of(&context)?;
+        let mut result = self.inner.list_tools(request, context).await?;
+        let state = self.state.snapshot();
+        // Listed exactly when callable: the inner handler resolves it and every check shows it
+        // to this caller.
+        result.tools.retain(|tool| {
+            !self.confirmations_offered(&tool.name) && self.listed(&state, &caller, &tool.name)
+        });
+        for tool in &mut result.tools {
+            self.checks.describe(&state, tool);
+            // The gate's own answers (refusals, previews) carry structured content too.
+            crate::refusal::admit_gate_results(tool);
+        }
+        if self.offers_confirmation(&state, &caller) {
+            result
+                .tools
+                .push(crate::checks::confirmation::confirmation_tool(
+                    CONFIRM_ACTION,
+                ));
+            result
+                .tools
+                .push(crate::checks::confirmation::confirmation_tool(
+                    REJECT_ACTION,
+                ));
+        }
+        // With a principal per request the list is this caller's: no shared cache may serve it
+        // to another (2026-07-28 `cacheScope`).
+        if self.principals.without_request().is_none() {
+            result.cache_scope = Some(rmcp::model::CacheScope::Private);
+        }
+        Ok(result)
+    }
+
     /// The contract digest published to clients, if any.
     pub fn contract_digest(&self) -> Option<Sha256Digest> {
         self.state.snapshot().contract_digest
@@ -1048,6 +1087,22 @@ impl<H: ServerHandler> ServerHandler for Gated<H> {
         request: CallToolRequestParams,
         context: RequestContext<RoleServer>,
     ) -> impl Future<Output = Result<CallToolResponse, McpError>> + MaybeSendFuture + '_ {
+        #[cfg(feature = "otel")]
+        {
+            let tool = Some(request.name.to_string());
+            let (id, meta) = (context.id.to_string(), context.meta.clone());
+            async move {
+                crate::telemetry::traced(
+                    "tools/call",
+                    tool,
+                    id,
+                    &meta,
+                    self.gated_call_tool(request, context),
+                )
+                .await
+            }
+        }
+        #[cfg(not(feature = "otel"))]
         self.gated_call_tool(request, context)
     }
 
@@ -1056,37 +1111,20 @@ impl<H: ServerHandler> ServerHandler for Gated<H> {
         request: Option<PaginatedRequestParams>,
         context: RequestContext<RoleServer>,
     ) -> Result<ListToolsResult, McpError> {
-        let caller = self.caller_of(&context)?;
-        let mut result = self.inner.list_tools(request, context).await?;
-        let state = self.state.snapshot();
-        // Listed exactly when callable: the inner handler resolves it and every check shows it
-        // to this caller.
-        result.tools.retain(|tool| {
-            !self.confirmations_offered(&tool.name) && self.listed(&state, &caller, &tool.name)
-        });
-        for tool in &mut result.tools {
-            self.checks.describe(&state, tool);
-            // The gate's own answers (refusals, previews) carry structured content too.
-            crate::refusal::admit_gate_results(tool);
+        #[cfg(feature = "otel")]
+        {
+            let (id, meta) = (context.id.to_string(), context.meta.clone());
+            crate::telemetry::traced(
+                "tools/list",
+                None,
+                id,
+                &meta,
+                self.gated_list_tools(request, context),
+            )
+            .await
         }
-        if self.offers_confirmation(&state, &caller) {
-            result
-                .tools
-                .push(crate::checks::confirmation::confirmation_tool(
-                    CONFIRM_ACTION,
-                ));
-            result
-                .tools
-                .push(crate::checks::confirmation::confirmation_tool(
-                    REJECT_ACTION,
-                ));
-        }
-        // With a principal per request the list is this caller's: no shared cache may serve it
-        // to another (2026-07-28 `cacheScope`).
-        if self.principals.without_request().is_none() {
-            result.cache_scope = Some(rmcp::model::CacheScope::Private);
-        }
-        Ok(result)
+        #[cfg(not(feature = "otel"))]
+        self.gated_list_tools(request, context).await
     }
 
     fn get_tool(&self, name: &str) -> Option<Tool> {

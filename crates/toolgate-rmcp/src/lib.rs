@@ -28,6 +28,8 @@ mod principal;
 mod refusal;
 mod state;
 pub mod stdio;
+#[cfg(feature = "otel")]
+mod telemetry;
 
 pub use blocking::{Cancelled, run as run_blocking};
 pub use checks::exactly_once::{IDEMPOTENCY_KEY_META, MAX_IDEMPOTENCY_KEY_BYTES, REPLAYED_META};

@@ -12,6 +12,8 @@ pub mod demo;
 #[cfg(feature = "fault-injection")]
 mod fault;
 pub mod notes;
+#[cfg(feature = "otel")]
+pub mod telemetry;
 pub mod tools;
 
 use std::num::NonZeroUsize;

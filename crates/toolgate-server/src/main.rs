@@ -503,9 +503,26 @@ fn main() -> ExitCode {
         http: None,
         web: HttpArgs::default(),
     });
+    #[cfg(feature = "otel")]
+    if let Command::Serve { .. } = &command {
+        // Before any runtime: the exporter's HTTP client runs on threads of its own.
+        let telemetry = match toolgate_server::telemetry::Telemetry::from_env() {
+            Ok(telemetry) => telemetry,
+            Err(error) => return fail(&error),
+        };
+        let code = run(&paths, command);
+        if let Some(telemetry) = telemetry {
+            telemetry.shutdown();
+        }
+        return code;
+    }
+    run(&paths, command)
+}
+
+fn run(paths: &ServerOptions, command: Command) -> ExitCode {
     match command {
         Command::Serve { http: None, .. } => {
-            let server = match toolgate_server::build(&paths) {
+            let server = match toolgate_server::build(paths) {
                 Ok(server) => server,
                 Err(error) => return fail(&error),
             };
@@ -521,8 +538,8 @@ fn main() -> ExitCode {
         Command::Serve {
             http: Some(addr),
             web,
-        } => serve_http(&paths, addr, web),
-        Command::Token { command } => token_command(&paths, command),
+        } => serve_http(paths, addr, web),
+        Command::Token { command } => token_command(paths, command),
         Command::Audit {
             command: AuditCommand::Verify { key_file, format },
         } => {
@@ -560,7 +577,7 @@ fn main() -> ExitCode {
         } => {
             let stdout = std::io::stdout();
             let mut out = std::io::BufWriter::new(stdout.lock());
-            match toolgate_server::export_store(&paths, &mut out) {
+            match toolgate_server::export_store(paths, &mut out) {
                 Ok(records) => {
                     eprintln!("toolgate-server: exported {records} audit records");
                     ExitCode::SUCCESS
@@ -583,7 +600,7 @@ fn main() -> ExitCode {
             Err(error) => fail(&error.into()),
         },
         Command::Halt { reason, by, tenant } => {
-            match toolgate_server::halt(&paths, &reason, &by, tenant.as_deref()) {
+            match toolgate_server::halt(paths, &reason, &by, tenant.as_deref()) {
                 Ok(previous) => {
                     let whose = match &tenant {
                         Some(tenant) => format!("of tenant {tenant} "),
@@ -610,7 +627,7 @@ fn main() -> ExitCode {
                 Err(error) => fail(&error),
             }
         }
-        Command::Resume { tenant } => match toolgate_server::resume(&paths, tenant.as_deref()) {
+        Command::Resume { tenant } => match toolgate_server::resume(paths, tenant.as_deref()) {
             Ok(Some(lifted)) => {
                 println!(
                     "resume: lifted the halt by {} ({})",
@@ -625,7 +642,7 @@ fn main() -> ExitCode {
             Err(error) => fail(&error),
         },
         Command::Rights { command } => match command {
-            RightsCommand::Set { file } => match toolgate_server::set_rights(&paths, Some(&file)) {
+            RightsCommand::Set { file } => match toolgate_server::set_rights(paths, Some(&file)) {
                 Ok(digest) => {
                     let digest = digest.map(|d| d.to_hex()).unwrap_or_default();
                     println!("rights set: sha256:{digest} applies to every replica's next call");
@@ -633,14 +650,14 @@ fn main() -> ExitCode {
                 }
                 Err(error) => fail(&error),
             },
-            RightsCommand::Clear => match toolgate_server::set_rights(&paths, None) {
+            RightsCommand::Clear => match toolgate_server::set_rights(paths, None) {
                 Ok(_) => {
                     println!("rights cleared: only the policy decides");
                     ExitCode::SUCCESS
                 }
                 Err(error) => fail(&error),
             },
-            RightsCommand::Show => match toolgate_server::rights_document(&paths) {
+            RightsCommand::Show => match toolgate_server::rights_document(paths) {
                 Ok(Some(document)) => {
                     println!("{}", String::from_utf8_lossy(&document).trim_end());
                     ExitCode::SUCCESS
@@ -654,14 +671,14 @@ fn main() -> ExitCode {
         },
         Command::Effects {
             command: EffectsCommand::Prune,
-        } => match toolgate_server::prune_effects(&paths) {
+        } => match toolgate_server::prune_effects(paths) {
             Ok(removed) => {
                 println!("effects prune: removed {removed} completed records");
                 ExitCode::SUCCESS
             }
             Err(error) => fail(&error),
         },
-        Command::Contract { command } => match contract_command(&command, &paths) {
+        Command::Contract { command } => match contract_command(&command, paths) {
             Ok(text) => {
                 println!("{text}");
                 ExitCode::SUCCESS
