@@ -954,3 +954,65 @@ fn slow_clients_are_cut_off() {
     let (status, reply) = server.call(&alice, 1, "tools/list", json!({}));
     assert_eq!(status, 200, "{reply}");
 }
+
+#[test]
+fn two_principals_with_different_rights_share_one_server() {
+    let env = TestEnv::new();
+    // The top level lets everyone read; only alice's section adds the write.
+    let mut policy: Value =
+        serde_json::from_str(&std::fs::read_to_string(&env.policy).unwrap()).unwrap();
+    policy["allow"] = json!(["read_ledger"]);
+    policy["principals"] = json!({"alice": {"allow": ["write_note"]}});
+    std::fs::write(&env.policy, policy.to_string()).unwrap();
+    let alice = create_token(&env, "alice", &[]);
+    let bob = create_token(&env, "bob", &[]);
+    let server = HttpServer::start(&env);
+
+    let (_, listed) = server.call(&alice, 1, "tools/list", json!({}));
+    assert!(listed_names(&listed).contains(&"write_note".to_owned()));
+    let (_, listed) = server.call(&bob, 2, "tools/list", json!({}));
+    let names = listed_names(&listed);
+    assert!(
+        !names.contains(&"write_note".to_owned()) && names.contains(&"read_ledger".to_owned()),
+        "{names:?}"
+    );
+    let (_, first) = server.call(&alice, 3, "tools/call", note_call("req-rights-0001"));
+    assert_eq!(status_of(&first), "committed");
+    let (_, again) = server.call(&alice, 4, "tools/call", note_call("req-rights-0001"));
+    assert_eq!(status_of(&again), "replay");
+    // Bob's call of the tool he may not see: refused before any handler code runs.
+    let (status, refused) = server.call(&bob, 5, "tools/call", note_call("req-rights-0002"));
+    assert_eq!(status, 200, "{refused}");
+    assert_eq!(refused["error"]["code"], json!(-32602), "{refused}");
+    assert!(!env.note_path("req-rights-0002").exists());
+    let (_, read) = server.call(
+        &bob,
+        6,
+        "tools/call",
+        json!({"name": "read_ledger", "arguments": {}}),
+    );
+    assert_ne!(read["result"]["isError"], json!(true), "{read}");
+    drop(server);
+
+    let records = env.audit_records();
+    let calls: Vec<(&str, &str, &str)> = records
+        .iter()
+        .filter(|r| r["method"] == "tools/call")
+        .map(|r| {
+            (
+                r["principal"].as_str().unwrap(),
+                r["name"].as_str().unwrap(),
+                r["outcome"].as_str().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        calls,
+        [
+            ("alice", "write_note", "committed"),
+            ("alice", "write_note", "replay"),
+            ("bob", "write_note", "not_executed"),
+            ("bob", "read_ledger", "observed"),
+        ]
+    );
+}
