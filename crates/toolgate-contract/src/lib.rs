@@ -22,5 +22,6 @@ pub mod contract;
 pub mod diff;
 pub mod lockfile;
 pub mod model;
+pub mod upstream;
 
 pub use model::{Annotations, EffectiveAnnotations, Entitlements, HandlerFacts, ToolDefinition};

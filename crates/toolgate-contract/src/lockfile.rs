@@ -539,13 +539,16 @@ fn check_schema_digest(
     }
 }
 
-fn object<'a>(value: &'a Value, path: &str) -> Result<&'a Map<String, Value>, LockfileError> {
+pub(crate) fn object<'a>(
+    value: &'a Value,
+    path: &str,
+) -> Result<&'a Map<String, Value>, LockfileError> {
     value
         .as_object()
         .ok_or_else(|| wrong(path, "an object", value))
 }
 
-fn check_keys(
+pub(crate) fn check_keys(
     map: &Map<String, Value>,
     path: &str,
     allowed: &[&'static str],
@@ -554,7 +557,7 @@ fn check_keys(
 }
 
 /// Every key of `map` is in `required` or `optional`, and every `required` key is present.
-fn check_keys_optional(
+pub(crate) fn check_keys_optional(
     map: &Map<String, Value>,
     path: &str,
     allowed: &[&'static str],
@@ -589,7 +592,7 @@ fn join(path: &str, key: &str) -> String {
     }
 }
 
-fn field<'a>(
+pub(crate) fn field<'a>(
     map: &'a Map<String, Value>,
     path: &str,
     key: &'static str,
@@ -604,7 +607,7 @@ fn field<'a>(
     })
 }
 
-fn string<'a>(
+pub(crate) fn string<'a>(
     map: &'a Map<String, Value>,
     path: &str,
     key: &'static str,
@@ -641,7 +644,7 @@ fn strings(
         .collect()
 }
 
-fn digest(value: &Value, path: &str) -> Result<Sha256Digest, LockfileError> {
+pub(crate) fn digest(value: &Value, path: &str) -> Result<Sha256Digest, LockfileError> {
     let malformed = |reason: String| LockfileError::MalformedDigest {
         path: path.to_owned(),
         reason,
@@ -655,7 +658,7 @@ fn digest(value: &Value, path: &str) -> Result<Sha256Digest, LockfileError> {
     hex.parse().map_err(|e| malformed(format!("{e}")))
 }
 
-fn wrong(path: &str, expected: &'static str, found: &Value) -> LockfileError {
+pub(crate) fn wrong(path: &str, expected: &'static str, found: &Value) -> LockfileError {
     LockfileError::WrongType {
         path: path.to_owned(),
         expected,
@@ -664,7 +667,7 @@ fn wrong(path: &str, expected: &'static str, found: &Value) -> LockfileError {
 }
 
 /// Parses JSON, rejecting duplicate keys (serde_json would silently keep the last one).
-fn parse_strict(text: &str) -> Result<Value, LockfileError> {
+pub(crate) fn parse_strict(text: &str) -> Result<Value, LockfileError> {
     let duplicate = RefCell::new(None);
     let mut deserializer = serde_json::Deserializer::from_str(text);
     let result = StrictSeed {
@@ -762,7 +765,7 @@ impl<'de> Visitor<'de> for StrictSeed<'_> {
 /// depend on whether serde_json's `preserve_order` feature is enabled somewhere in the build), and
 /// scalars are written in their canonical form, so removing the whitespace yields exactly the
 /// canonical bytes the digests are computed over.
-fn write_pretty(out: &mut String, value: &Value, depth: usize) {
+pub(crate) fn write_pretty(out: &mut String, value: &Value, depth: usize) {
     match value {
         Value::Object(map) if !map.is_empty() => {
             let mut entries: Vec<(&String, &Value)> = map.iter().collect();
