@@ -12,6 +12,7 @@ pub mod demo;
 #[cfg(feature = "fault-injection")]
 mod fault;
 pub mod notes;
+pub mod proxy;
 #[cfg(feature = "otel")]
 pub mod telemetry;
 pub mod tools;
@@ -289,12 +290,17 @@ fn no_postgres() -> anyhow::Error {
     )
 }
 
+/// What SIGHUP does to a running server: re-read the policy (and whatever goes with it) and
+/// install it, or refuse and keep the old one.
+pub type ReloadFn =
+    fn(&ServerOptions, &toolgate::PolicyHandle) -> anyhow::Result<toolgate::Reloaded>;
+
 /// A built server: the gate, and the stores it writes (kept to sync and checkpoint them at
 /// shutdown).
 #[derive(Debug)]
-pub struct BuiltServer {
+pub struct BuiltServer<H = tools::NotesServer> {
     /// The gated handler, ready to serve.
-    pub gated: GatedServer,
+    pub gated: Gated<H>,
     /// The audit chain behind the gate.
     pub audit: AuditStore,
     /// The exactly-once store behind the gate (synced at shutdown: idempotent outcomes are only
@@ -303,6 +309,8 @@ pub struct BuiltServer {
     /// What the server was started with (a SIGHUP reload re-reads `policy` and re-checks the
     /// contract against `expect_digest` / `attestation`).
     pub options: ServerOptions,
+    /// The SIGHUP reload ([`reload_policy`] for the reference server).
+    pub reload: ReloadFn,
 }
 
 /// Reads an HMAC key file (one trailing newline ignored); the error names the file.
@@ -402,50 +410,11 @@ fn build_gate(options: &ServerOptions, per_request: bool) -> anyhow::Result<Buil
 
     #[cfg(feature = "fault-injection")]
     let hook = fault::hook_from_env()?;
-
-    // The stores first: a database that cannot be used stops the server before the ledger is
-    // touched.
-    let stores = match &options.store {
-        Some(_) => Some(open_stores(options, &policy)?),
-        None => None,
-    };
-    check_ledger_layout(&options.ledger)?;
+    #[cfg(feature = "fault-injection")]
+    let stores = server_stores(options, &policy, hook.as_ref())?;
+    #[cfg(not(feature = "fault-injection"))]
+    let stores = server_stores(options, &policy)?;
     let storage = options.storage();
-    let stores = match stores {
-        Some(stores) => {
-            // The file stores create the ledger; with the database's, the notes need it.
-            toolgate::storage::create_dir_durably(storage.as_ref(), &options.ledger).with_context(
-                || format!("cannot create the ledger {}", options.ledger.display()),
-            )?;
-            stores
-        }
-        None => {
-            let audit_config = audit_config(options)?;
-            #[cfg(feature = "fault-injection")]
-            let audit_config = match &hook {
-                Some(hook) => audit_config.fault_hook(hook.clone()),
-                None => audit_config,
-            };
-            let audit = FileAuditLog::open_with(audit_config).with_context(|| {
-                format!("cannot open the audit log in {}", options.ledger.display())
-            })?;
-            if let Some(recovery) = audit.recovered() {
-                tracing::warn!(?recovery, "repaired a torn audit tail left by a crash");
-            }
-            let effects = open_effects(&options.ledger, &policy, Arc::clone(&storage))?;
-            Stores {
-                audit: AuditStore::File(Arc::new(audit)),
-                effects: Arc::new(effects),
-                kill_switch: None,
-                #[cfg(feature = "postgres")]
-                database: None,
-            }
-        }
-    };
-    // Temporary files that writers in the ledger directory (the kill switch, torn-tail evidence)
-    // left when their process died mid-write; a live writer's are kept.
-    toolgate::storage::remove_orphaned_temps(storage.as_ref(), &options.ledger, false)
-        .with_context(|| format!("cannot tidy the ledger {}", options.ledger.display()))?;
 
     let notes = notes::Notes::open(options.ledger.join(NOTES_DIR), Arc::clone(&storage))
         .with_context(|| format!("cannot open the notes in {}", options.ledger.display()))?;
@@ -455,6 +424,25 @@ fn build_gate(options: &ServerOptions, per_request: bool) -> anyhow::Result<Buil
         None => notes,
     };
 
+    tracing::info!(digest = %live.integrity_digest(), "contract");
+    let gated = Gated::builder(tools::NotesServer::new(Arc::new(notes)))
+        .preflight(Arc::new(tools::NotesPreflight))
+        .contract(&live)
+        .contract_changes(changes);
+    finish_gate(gated, policy, stores, options, per_request, reload_policy)
+}
+
+/// Completes `gated` with `policy`, the stores, the principal source (the configured principal,
+/// or each request's verified one when `per_request`), the kill switch, the database's checks and
+/// the rights, as `options` say.
+fn finish_gate<H: rmcp::ServerHandler>(
+    gated: toolgate::GatedBuilder<H>,
+    policy: Policy,
+    stores: Stores,
+    options: &ServerOptions,
+    per_request: bool,
+    reload: ReloadFn,
+) -> anyhow::Result<BuiltServer<H>> {
     let Stores {
         audit,
         effects,
@@ -462,20 +450,16 @@ fn build_gate(options: &ServerOptions, per_request: bool) -> anyhow::Result<Buil
         #[cfg(feature = "postgres")]
         database,
     } = stores;
-    let sink = audit.sink();
-    tracing::info!(digest = %live.integrity_digest(), "contract");
-    let gated = Gated::builder(tools::NotesServer::new(Arc::new(notes)))
+    let storage = options.storage();
+    let gated = gated
         .policy(policy)
-        .audit(sink)
+        .audit(audit.sink())
         .effect_store(Arc::clone(&effects))
         .server_name(SERVER_NAME)
         // The audit log and the effect store are opened above (fault hooks, shutdown handles);
         // the ledger gives the rest of the documented layout: the kill switch.
         .ledger(&options.ledger)
-        .storage(Arc::clone(&storage))
-        .preflight(Arc::new(tools::NotesPreflight))
-        .contract(&live)
-        .contract_changes(changes);
+        .storage(Arc::clone(&storage));
     let gated = if per_request {
         gated.principal_source(toolgate::FromExtensions)
     } else {
@@ -506,7 +490,62 @@ fn build_gate(options: &ServerOptions, per_request: bool) -> anyhow::Result<Buil
         audit,
         effects,
         options: options.clone(),
+        reload,
     })
+}
+
+/// Opens the stores a server writes (the database's with `--store`, else the ledger's files),
+/// after checking the ledger's layout, and tidies the temporary files dead writers left.
+fn server_stores(
+    options: &ServerOptions,
+    policy: &Policy,
+    #[cfg(feature = "fault-injection")] hook: Option<&toolgate::audit::FaultHook>,
+) -> anyhow::Result<Stores> {
+    // The stores first: a database that cannot be used stops the server before the ledger is
+    // touched.
+    let stores = match &options.store {
+        Some(_) => Some(open_stores(options, policy)?),
+        None => None,
+    };
+    check_ledger_layout(&options.ledger)?;
+    let storage = options.storage();
+    let stores = match stores {
+        Some(stores) => {
+            // The file stores create the ledger; with the database's, the notes need it.
+            toolgate::storage::create_dir_durably(storage.as_ref(), &options.ledger).with_context(
+                || format!("cannot create the ledger {}", options.ledger.display()),
+            )?;
+            stores
+        }
+        None => {
+            let audit_config = audit_config(options)?;
+            #[cfg(feature = "fault-injection")]
+            let audit_config = match hook {
+                Some(hook) => audit_config.fault_hook(hook.clone()),
+                None => audit_config,
+            };
+            let audit = FileAuditLog::open_with(audit_config).with_context(|| {
+                format!("cannot open the audit log in {}", options.ledger.display())
+            })?;
+            if let Some(recovery) = audit.recovered() {
+                tracing::warn!(?recovery, "repaired a torn audit tail left by a crash");
+            }
+            let effects = open_effects(&options.ledger, policy, Arc::clone(&storage))?;
+            Stores {
+                audit: AuditStore::File(Arc::new(audit)),
+                effects: Arc::new(effects),
+                kill_switch: None,
+                #[cfg(feature = "postgres")]
+                database: None,
+            }
+        }
+    };
+    // Temporary files that writers in the ledger directory (the kill switch, torn-tail evidence)
+    // left when their process died mid-write; a live writer's are kept.
+    toolgate::storage::remove_orphaned_temps(storage.as_ref(), &options.ledger, false)
+        .with_context(|| format!("cannot tidy the ledger {}", options.ledger.display()))?;
+
+    Ok(stores)
 }
 
 /// Refuses a ledger whose `notes/` or `effects/` is a link or not a directory: the layout has no
@@ -525,6 +564,145 @@ fn check_ledger_layout(ledger: &Path) -> anyhow::Result<()> {
         })?;
     }
     Ok(())
+}
+
+/// How `proxy` treats an upstream whose tools differ from its pin.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum OnDrift {
+    /// Serve, hiding and refusing every tool that is not exactly as pinned (the default).
+    #[default]
+    Hide,
+    /// Do not start.
+    RefuseStart,
+}
+
+/// What `proxy` starts and against which pin.
+#[derive(Debug, Clone)]
+pub struct ProxyConfig {
+    /// The upstream's command line.
+    pub command: Vec<String>,
+    /// The upstream pin (`proxy lock` writes it).
+    pub lock: PathBuf,
+    /// What drift does.
+    pub on_drift: OnDrift,
+}
+
+/// `proxy lock`: starts the upstream, pins its tools in `config.lock` (durably: temporary file,
+/// fsync, rename, directory fsync) and stops it. Returns the pin.
+pub async fn lock_upstream(
+    config: &ProxyConfig,
+) -> anyhow::Result<toolgate::contract::upstream::UpstreamPin> {
+    let (client, _host) = proxy::connect(&config.command).await?;
+    let pin = proxy::live_pin(&client).await?;
+    let _ = client.cancel().await;
+    let text = pin.render(env!("CARGO_PKG_VERSION"));
+    let (dir, name) = split_path(&config.lock)?;
+    toolgate::storage::replace_file(&toolgate::storage::FsStorage, &dir, &name, text.as_bytes())
+        .with_context(|| format!("cannot write the upstream pin {}", config.lock.display()))?;
+    Ok(pin)
+}
+
+/// The directory and file name of `path` (the directory `.` for a bare name).
+fn split_path(path: &Path) -> anyhow::Result<(PathBuf, String)> {
+    let name = path
+        .file_name()
+        .and_then(|n| n.to_str())
+        .with_context(|| format!("{} names no file", path.display()))?
+        .to_owned();
+    let dir = match path.parent() {
+        Some(parent) if !parent.as_os_str().is_empty() => parent.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    Ok((dir, name))
+}
+
+/// `proxy`: the gate in front of the upstream of `config`, over the stores of `options`. The pin
+/// is read first and compared with the live list before the ledger is touched; every difference
+/// is logged and audited as `proxy/drift`, and either hides the tools concerned or, with
+/// [`OnDrift::RefuseStart`], stops the start.
+pub async fn build_proxy(
+    options: &ServerOptions,
+    config: &ProxyConfig,
+) -> anyhow::Result<BuiltServer<proxy::Upstream>> {
+    if let Some(principal) = &options.principal
+        && !toolgate::canon::names::is_principal_name(principal)
+    {
+        anyhow::bail!(
+            "invalid principal {principal:?}: use {} (--principal or TOOLGATE_PRINCIPAL)",
+            toolgate::canon::names::PRINCIPAL_GRAMMAR
+        );
+    }
+    let policy = load_policy(&options.policy)?;
+    let pin = proxy::read_pin(&config.lock)?;
+    let (client, host) = proxy::connect(&config.command).await?;
+    let live = proxy::live_pin(&client).await?;
+    let changes = pin.compare(&live);
+    for change in &changes {
+        tracing::warn!(%change, "the upstream differs from its pin");
+    }
+    if config.on_drift == OnDrift::RefuseStart && !changes.is_empty() {
+        let _ = client.cancel().await;
+        let list: Vec<String> = changes.iter().map(ToString::to_string).collect();
+        anyhow::bail!(
+            "the upstream differs from its pin {}: {}; review the change and pin it again with `{SERVER_NAME} proxy lock --lock {} -- CMD ARGS…`",
+            config.lock.display(),
+            list.join("; "),
+            config.lock.display()
+        );
+    }
+    #[cfg(feature = "fault-injection")]
+    let stores = server_stores(options, &policy, None)?;
+    #[cfg(not(feature = "fault-injection"))]
+    let stores = server_stores(options, &policy)?;
+    let sink = stores.audit.sink();
+    for change in &changes {
+        let mut entry = toolgate::audit::AuditEntry::tool_call(
+            "proxy",
+            if change.tool.is_empty() {
+                "upstream"
+            } else {
+                change.tool.as_str()
+            },
+            toolgate::audit::Decision::Deny,
+            toolgate::audit::Outcome::Refused,
+            toolgate::canon::Sha256Digest::of(change.detail.as_bytes()),
+        )
+        .with_reason(format!("{}: {}", change.rule, change.detail));
+        entry.method = "proxy/drift".to_owned();
+        sink.append(&entry)
+            .context("cannot audit the upstream's drift; nothing was served")?;
+    }
+    let tools = client
+        .list_all_tools()
+        .await
+        .context("the upstream did not list its tools")?;
+    let upstream = proxy::Upstream::new(client, host, pin, &tools);
+    finish_gate(
+        Gated::builder(upstream),
+        policy,
+        stores,
+        options,
+        false,
+        reload_policy_only,
+    )
+}
+
+/// The proxy's SIGHUP reload: the policy alone (the upstream's contract is its pin's business).
+fn reload_policy_only(
+    options: &ServerOptions,
+    handle: &toolgate::PolicyHandle,
+) -> anyhow::Result<toolgate::Reloaded> {
+    match load_policy(&options.policy) {
+        Ok(policy) => Ok(handle.install(toolgate::Reload {
+            policy,
+            contract_digest: None,
+            tool_contract_digests: None,
+        })?),
+        Err(error) => {
+            handle.record_rejected(&format!("{error:#}"));
+            Err(error)
+        }
+    }
 }
 
 /// Re-reads the policy file and installs it in the running gate: the file is parsed completely
@@ -565,6 +743,7 @@ pub fn reload_policy(
 fn spawn_reload_on_sighup(
     options: ServerOptions,
     handle: toolgate::PolicyHandle,
+    reload: ReloadFn,
 ) -> anyhow::Result<()> {
     use tokio::signal::unix::{SignalKind, signal};
     let mut hangups = signal(SignalKind::hangup()).context("cannot listen for SIGHUP")?;
@@ -572,8 +751,7 @@ fn spawn_reload_on_sighup(
         while hangups.recv().await.is_some() {
             let options = options.clone();
             let handle = handle.clone();
-            let outcome =
-                tokio::task::spawn_blocking(move || reload_policy(&options, &handle)).await;
+            let outcome = tokio::task::spawn_blocking(move || reload(&options, &handle)).await;
             match outcome {
                 Ok(Ok(reloaded)) => {
                     tracing::info!(old = %reloaded.old, new = %reloaded.new, "policy reloaded on SIGHUP");
@@ -592,15 +770,19 @@ fn spawn_reload_on_sighup(
 
 /// Serves MCP over stdin/stdout until the client closes the connection; SIGHUP reloads the
 /// policy.
-pub async fn serve_stdio(server: BuiltServer) -> anyhow::Result<()> {
+pub async fn serve_stdio<H>(server: BuiltServer<H>) -> anyhow::Result<()>
+where
+    H: rmcp::ServerHandler + Send + Sync + 'static,
+{
     let BuiltServer {
         gated,
         audit,
         effects,
         options,
+        reload,
     } = server;
     let stdio = options.stdio_config();
-    spawn_reload_on_sighup(options, gated.policy_handle())?;
+    spawn_reload_on_sighup(options, gated.policy_handle(), reload)?;
     // When stdin and stdout are pipes (as MCP clients launch servers, and as the stdio bench does)
     // they are read and written on the runtime's own thread through tokio's reactor: no blocking
     // thread parked in a read of stdin, no hand-off per message. Anything else (a file, a
@@ -665,8 +847,9 @@ pub async fn serve_http(server: BuiltServer, config: HttpConfig) -> anyhow::Resu
         audit,
         effects,
         options,
+        reload,
     } = server;
-    spawn_reload_on_sighup(options.clone(), gated.policy_handle())?;
+    spawn_reload_on_sighup(options.clone(), gated.policy_handle(), reload)?;
     let listener = tokio::net::TcpListener::bind(addr)
         .await
         .with_context(|| format!("cannot listen on {addr}"))?;

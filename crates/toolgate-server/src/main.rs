@@ -91,6 +91,9 @@ enum Command {
         #[command(flatten)]
         web: HttpArgs,
     },
+    /// Gate an MCP server toolgate did not build: start it as a child over stdio and serve it
+    /// to the host through the gate, its tools as pinned by `proxy lock` (docs/proxy.md).
+    Proxy(ProxyArgs),
     /// API tokens for `serve --http` (stored as hashes in the ledger; every change audited).
     Token {
         #[command(subcommand)]
@@ -139,6 +142,45 @@ enum Command {
     Contract {
         #[command(subcommand)]
         command: ContractCommand,
+    },
+}
+
+/// `proxy [--lock F] [--on-drift hide|refuse-start] -- CMD ARGS…` and `proxy lock`.
+#[derive(Debug, clap::Args)]
+#[command(args_conflicts_with_subcommands = true, subcommand_negates_reqs = true)]
+struct ProxyArgs {
+    #[command(subcommand)]
+    action: Option<ProxyAction>,
+    /// The upstream pin written by `proxy lock`.
+    #[arg(long, default_value = "toolgate-proxy.lock")]
+    lock: PathBuf,
+    /// What a tool that differs from its pin does: `hide` it (and refuse its calls) or
+    /// `refuse-start`.
+    #[arg(long, value_enum, default_value = "hide")]
+    on_drift: DriftArg,
+    /// The upstream's command line, after `--`.
+    #[arg(last = true, required = true, value_name = "CMD ARGS")]
+    command: Vec<String>,
+}
+
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+enum DriftArg {
+    Hide,
+    RefuseStart,
+}
+
+#[derive(Debug, Subcommand)]
+enum ProxyAction {
+    /// Start the upstream, pin its tools (names, titles, descriptions, schemas, annotations, and
+    /// its name and version) in the lock file, and stop it. Review the file: it is what the
+    /// proxy will serve.
+    Lock {
+        /// The upstream pin to write.
+        #[arg(long, default_value = "toolgate-proxy.lock")]
+        lock: PathBuf,
+        /// The upstream's command line, after `--`.
+        #[arg(last = true, required = true, value_name = "CMD ARGS")]
+        command: Vec<String>,
     },
 }
 
@@ -443,6 +485,53 @@ fn token_command(_: &ServerOptions, _: TokenCommand) -> ExitCode {
     fail(&no_http())
 }
 
+fn proxy_command(paths: &ServerOptions, args: ProxyArgs) -> ExitCode {
+    let runtime = match serving_runtime() {
+        Ok(runtime) => runtime,
+        Err(error) => return fail(&error.into()),
+    };
+    match args.action {
+        Some(ProxyAction::Lock { lock, command }) => {
+            let config = toolgate_server::ProxyConfig {
+                command,
+                lock,
+                on_drift: toolgate_server::OnDrift::default(),
+            };
+            match runtime.block_on(toolgate_server::lock_upstream(&config)) {
+                Ok(pin) => {
+                    println!(
+                        "pinned {} tools of {} {} in {}",
+                        pin.tools().len(),
+                        pin.server_name(),
+                        pin.server_version(),
+                        config.lock.display()
+                    );
+                    ExitCode::SUCCESS
+                }
+                Err(error) => fail(&error),
+            }
+        }
+        None => {
+            let config = toolgate_server::ProxyConfig {
+                command: args.command,
+                lock: args.lock,
+                on_drift: match args.on_drift {
+                    DriftArg::Hide => toolgate_server::OnDrift::Hide,
+                    DriftArg::RefuseStart => toolgate_server::OnDrift::RefuseStart,
+                },
+            };
+            let served = runtime.block_on(async {
+                let server = toolgate_server::build_proxy(paths, &config).await?;
+                toolgate_server::serve_stdio(server).await
+            });
+            match served {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(error) => fail(&error),
+            }
+        }
+    }
+}
+
 /// Prints a one-line reason on stderr (the full cause chain, joined) and returns exit code 2.
 fn fail(error: &anyhow::Error) -> ExitCode {
     eprintln!("toolgate-server: {error:#}");
@@ -504,7 +593,7 @@ fn main() -> ExitCode {
         web: HttpArgs::default(),
     });
     #[cfg(feature = "otel")]
-    if let Command::Serve { .. } = &command {
+    if matches!(command, Command::Serve { .. } | Command::Proxy(_)) {
         // Before any runtime: the exporter's HTTP client runs on threads of its own.
         let telemetry = match toolgate_server::telemetry::Telemetry::from_env() {
             Ok(telemetry) => telemetry,
@@ -539,6 +628,7 @@ fn run(paths: &ServerOptions, command: Command) -> ExitCode {
             http: Some(addr),
             web,
         } => serve_http(paths, addr, web),
+        Command::Proxy(args) => proxy_command(paths, args),
         Command::Token { command } => token_command(paths, command),
         Command::Audit {
             command: AuditCommand::Verify { key_file, format },
