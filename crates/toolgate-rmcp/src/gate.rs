@@ -213,6 +213,16 @@ impl Caller {
     }
 }
 
+/// Why a tool the inner handler does not resolve is unavailable, when the server knows: a proxy's
+/// upstream tool that changed since a person approved it. For a caller the policy and the rights
+/// let call the tool, the reason replaces the plain unknown-tool error and is recorded in the audit
+/// line; to any other caller the tool stays as unknown as one that never existed.
+pub trait UnavailableTools: Send + Sync + std::fmt::Debug + 'static {
+    /// Why `tool` cannot be called now (one line, no secrets), or `None` for a tool the server has
+    /// never heard of.
+    fn why(&self, tool: &str) -> Option<String>;
+}
+
 /// A `ServerHandler` whose tools are decided by a [`Policy`], audited, and reachable only with a
 /// [`Permit`].
 ///
@@ -229,6 +239,8 @@ pub struct Gated<H> {
     /// Every governance check, with its state, in the order of [`Checks::sequence`] (shared with
     /// the blocking tasks that answer replays, which present them).
     pub(crate) checks: Arc<Checks>,
+    /// Why tools the inner handler does not resolve are unavailable, when it knows.
+    pub(crate) unavailable: Option<Arc<dyn UnavailableTools>>,
 }
 
 /// What a probe found out about an effect whose caller died mid-call.
@@ -323,6 +335,7 @@ pub struct GatedBuilder<H> {
     kill_switch: Option<KillSwitch>,
     rights: Option<RightsFile>,
     preflight: Option<Arc<dyn Preflight>>,
+    unavailable: Option<Arc<dyn UnavailableTools>>,
     contract_digest: Option<Sha256Digest>,
     tool_contract_digests: BTreeMap<String, Sha256Digest>,
     contract_changes: BTreeMap<String, Vec<Change>>,
@@ -483,6 +496,12 @@ impl<H: ServerHandler> GatedBuilder<H> {
     /// tools under `duplicates` (without `separate: true`) are refused.
     pub fn preflight(mut self, preflight: Arc<dyn Preflight>) -> Self {
         self.preflight = Some(preflight);
+        self
+    }
+
+    /// Explains the tools the inner handler does not resolve (see [`UnavailableTools`]).
+    pub fn unavailable_tools(mut self, unavailable: Arc<dyn UnavailableTools>) -> Self {
+        self.unavailable = Some(unavailable);
         self
     }
 
@@ -691,6 +710,7 @@ impl<H: ServerHandler> GatedBuilder<H> {
             contract_changes: self.contract_changes,
             principals,
             checks: Arc::new(checks),
+            unavailable: self.unavailable,
         })
     }
 }
@@ -718,6 +738,7 @@ impl<H: ServerHandler> Gated<H> {
             kill_switch: None,
             rights: None,
             preflight: None,
+            unavailable: None,
             contract_digest: None,
             tool_contract_digests: BTreeMap::new(),
             contract_changes: BTreeMap::new(),

@@ -637,9 +637,6 @@ pub async fn build_proxy(
     let (client, host) = proxy::connect(&config.command).await?;
     let live = proxy::live_pin(&client).await?;
     let changes = pin.compare(&live);
-    for change in &changes {
-        tracing::warn!(%change, "the upstream differs from its pin");
-    }
     if config.on_drift == OnDrift::RefuseStart && !changes.is_empty() {
         let _ = client.cancel().await;
         let list: Vec<String> = changes.iter().map(ToString::to_string).collect();
@@ -654,31 +651,23 @@ pub async fn build_proxy(
     let stores = server_stores(options, &policy, None)?;
     #[cfg(not(feature = "fault-injection"))]
     let stores = server_stores(options, &policy)?;
-    let sink = stores.audit.sink();
-    for change in &changes {
-        let mut entry = toolgate::audit::AuditEntry::tool_call(
-            "proxy",
-            if change.tool.is_empty() {
-                "upstream"
-            } else {
-                change.tool.as_str()
-            },
-            toolgate::audit::Decision::Deny,
-            toolgate::audit::Outcome::Refused,
-            toolgate::canon::Sha256Digest::of(change.detail.as_bytes()),
-        )
-        .with_reason(format!("{}: {}", change.rule, change.detail));
-        entry.method = "proxy/drift".to_owned();
-        sink.append(&entry)
-            .context("cannot audit the upstream's drift; nothing was served")?;
-    }
     let tools = client
         .list_all_tools()
         .await
         .context("the upstream did not list its tools")?;
-    let upstream = proxy::Upstream::new(client, host, pin, &tools);
+    // The first observation records the drift found at start.
+    let drift = Arc::new(proxy::Drift::new(pin, stores.audit.sink()));
+    let (name, version) = (
+        live.server_name().to_owned(),
+        live.server_version().to_owned(),
+    );
+    drift
+        .observe_and_record((&name, &version), &tools)
+        .await
+        .map_err(|e| anyhow::anyhow!("{}", e.message))?;
+    let upstream = proxy::Upstream::new(client, host, Arc::clone(&drift));
     finish_gate(
-        Gated::builder(upstream),
+        Gated::builder(upstream).unavailable_tools(drift),
         policy,
         stores,
         options,

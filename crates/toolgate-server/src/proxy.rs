@@ -15,7 +15,7 @@
 // of the 2025-11-25 era send them, and a proxy forwards what its upstream speaks.
 #![allow(deprecated)]
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::path::Path;
 use std::sync::{Arc, OnceLock, PoisonError, RwLock};
 
@@ -32,6 +32,8 @@ use rmcp::model::{
 use rmcp::service::{NotificationContext, Peer, RequestContext, RunningService, ServiceError};
 use rmcp::transport::TokioChildProcess;
 use rmcp::{ClientHandler, ErrorData as McpError, RoleClient, RoleServer, ServerHandler};
+use toolgate::audit::{AuditEntry, AuditSink, Decision, Outcome};
+use toolgate::canon::Sha256Digest;
 use toolgate::contract::upstream::{UpstreamPin, UpstreamTool};
 
 /// The host side, once known: the peer of the first request the host sent.
@@ -170,9 +172,136 @@ pub struct Upstream {
     client: RunningService<RoleClient, HostLink>,
     host: Arc<Host>,
     info: ServerConfig,
+    drift: Arc<Drift>,
+}
+
+/// The upstream's tools against their pin: which are approved, why the others are not, and which
+/// differences are already in the audit log.
+#[derive(Debug)]
+pub struct Drift {
     pin: UpstreamPin,
+    audit: Arc<dyn AuditSink>,
+    state: RwLock<DriftState>,
+}
+
+#[derive(Debug, Default)]
+struct DriftState {
     /// The approved tools of the last list, by name (the gate resolves calls here).
-    tools: RwLock<HashMap<String, Tool>>,
+    approved: HashMap<String, Tool>,
+    /// Why each unapproved tool of the last list (and each pinned tool gone from it) is not served.
+    notes: HashMap<String, String>,
+    /// The differences already recorded, as `rule tool detail`.
+    recorded: HashSet<String>,
+}
+
+impl Drift {
+    /// Drift against `pin`, recorded in `audit`.
+    pub fn new(pin: UpstreamPin, audit: Arc<dyn AuditSink>) -> Self {
+        Drift {
+            pin,
+            audit,
+            state: RwLock::new(DriftState::default()),
+        }
+    }
+
+    /// Compares the live list `listed` of the upstream `server` (name, version) with the pin:
+    /// keeps the approved tools and the reasons for the others, and returns the audit records of
+    /// the differences not recorded yet (the caller appends them). Returns the approved tools too.
+    fn observe(&self, server: (&str, &str), listed: &[Tool]) -> (Vec<Tool>, Vec<AuditEntry>) {
+        let mut unique = HashSet::new();
+        let records: Vec<UpstreamTool> = listed
+            .iter()
+            .filter(|tool| unique.insert(tool.name.to_string()))
+            .map(pinned_record)
+            .collect();
+        let changes = match UpstreamPin::new(server.0, server.1, records) {
+            Ok(live) => self.pin.compare(&live),
+            Err(_) => Vec::new(),
+        };
+        let approved: Vec<Tool> = listed
+            .iter()
+            .filter(|tool| self.pin.approves(&pinned_record(tool)))
+            .cloned()
+            .collect();
+        let mut state = self.state.write().unwrap_or_else(PoisonError::into_inner);
+        state.approved = approved
+            .iter()
+            .map(|tool| (tool.name.to_string(), tool.clone()))
+            .collect();
+        state.notes.clear();
+        let mut entries = Vec::new();
+        for change in &changes {
+            if !change.tool.is_empty() {
+                let note = state.notes.entry(change.tool.clone()).or_insert_with(|| {
+                    format!(
+                        "the upstream's `{}` differs from its pin and is not served until a person approves it again (`{} proxy lock`):",
+                        change.tool,
+                        crate::SERVER_NAME
+                    )
+                });
+                note.push_str(&format!(" {} ({});", change.rule, change.detail));
+            }
+            if state
+                .recorded
+                .insert(format!("{} {} {}", change.rule, change.tool, change.detail))
+            {
+                tracing::warn!(%change, "the upstream differs from its pin");
+                let mut entry = AuditEntry::tool_call(
+                    "proxy",
+                    if change.tool.is_empty() {
+                        "upstream"
+                    } else {
+                        change.tool.as_str()
+                    },
+                    Decision::Deny,
+                    Outcome::Refused,
+                    Sha256Digest::of(change.detail.as_bytes()),
+                )
+                .with_reason(format!("{}: {}", change.rule, change.detail));
+                entry.method = "proxy/drift".to_owned();
+                entries.push(entry);
+            }
+        }
+        for note in state.notes.values_mut() {
+            note.pop();
+        }
+        (approved, entries)
+    }
+
+    /// Observes `listed` and appends the new drift records (off the async threads).
+    pub async fn observe_and_record(
+        &self,
+        server: (&str, &str),
+        listed: &[Tool],
+    ) -> Result<Vec<Tool>, McpError> {
+        let (approved, entries) = self.observe(server, listed);
+        if !entries.is_empty() {
+            let audit = Arc::clone(&self.audit);
+            toolgate::run_blocking(move || {
+                entries.iter().try_for_each(|entry| audit.append(entry).map(drop))
+            })
+            .await
+            .map_err(|e| McpError::internal_error(e.to_string(), None))?
+            .map_err(|e| {
+                McpError::internal_error(
+                    format!("the upstream's drift could not be audited ({e}); nothing is served until the audit log is writable"),
+                    None,
+                )
+            })?;
+        }
+        Ok(approved)
+    }
+}
+
+impl toolgate::UnavailableTools for Drift {
+    fn why(&self, tool: &str) -> Option<String> {
+        self.state
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .notes
+            .get(tool)
+            .cloned()
+    }
 }
 
 /// Why the upstream's answer is an error for the host.
@@ -269,12 +398,12 @@ pub fn read_pin(path: &Path) -> anyhow::Result<UpstreamPin> {
 }
 
 impl Upstream {
-    /// The gate's inner handler for the connected upstream, approving only what `pin` records.
+    /// The gate's inner handler for the connected upstream, serving the tools `drift` approves
+    /// (it has observed the first list already).
     pub fn new(
         client: RunningService<RoleClient, HostLink>,
         host: Arc<Host>,
-        pin: UpstreamPin,
-        live: &[Tool],
+        drift: Arc<Drift>,
     ) -> Self {
         // The upstream's capabilities, name and instructions; the protocol version is the one
         // negotiated with the host.
@@ -291,35 +420,32 @@ impl Upstream {
             }
             None => ServerConfig::new(Default::default()),
         };
-        let upstream = Upstream {
+        Upstream {
             client,
             host,
             info,
-            pin,
-            tools: RwLock::new(HashMap::new()),
-        };
-        upstream.remember(live);
-        upstream
-    }
-
-    /// Keeps the approved tools of `listed` for the gate's lookups; returns them.
-    fn remember(&self, listed: &[Tool]) -> Vec<Tool> {
-        let approved: Vec<Tool> = listed
-            .iter()
-            .filter(|tool| self.pin.approves(&pinned_record(tool)))
-            .cloned()
-            .collect();
-        let mut tools = self.tools.write().unwrap_or_else(PoisonError::into_inner);
-        tools.clear();
-        for tool in &approved {
-            tools.insert(tool.name.to_string(), tool.clone());
+            drift,
         }
-        approved
     }
 
     fn peer(&self) -> &Peer<RoleClient> {
         self.client.peer()
     }
+
+    /// The upstream's name and version as it declared them.
+    fn server(&self) -> (String, String) {
+        server_of(&self.client)
+    }
+}
+
+/// The name and version `client`'s upstream declared (empty when it declared none).
+fn server_of(client: &RunningService<RoleClient, HostLink>) -> (String, String) {
+    client
+        .peer_info()
+        .as_ref()
+        .and_then(|info| info.server_info.as_ref())
+        .map(|server| (server.name.clone(), server.version.clone()))
+        .unwrap_or_default()
 }
 
 impl ServerHandler for Upstream {
@@ -328,9 +454,11 @@ impl ServerHandler for Upstream {
     }
 
     fn get_tool(&self, name: &str) -> Option<Tool> {
-        self.tools
+        self.drift
+            .state
             .read()
             .unwrap_or_else(PoisonError::into_inner)
+            .approved
             .get(name)
             .cloned()
     }
@@ -342,7 +470,12 @@ impl ServerHandler for Upstream {
     ) -> Result<ListToolsResult, McpError> {
         self.host.remember(&context.peer);
         let listed = self.peer().list_all_tools().await.map_err(upstream_error)?;
-        Ok(ListToolsResult::with_all_items(self.remember(&listed)))
+        let (name, version) = self.server();
+        let approved = self
+            .drift
+            .observe_and_record((&name, &version), &listed)
+            .await?;
+        Ok(ListToolsResult::with_all_items(approved))
     }
 
     async fn call_tool(

@@ -173,14 +173,41 @@ fn a_tool_that_drifted_from_its_pin_is_hidden_refused_and_audited() {
     // As if the upstream had changed write_note's description since it was approved.
     edit_pin(&setup.pin, |tools| {
         tools["write_note"]["description"] = json!("The description a person approved.");
+        tools["read_ledger"]["description"] = json!("Another approved description.");
     });
 
     let mut proxy = setup.start();
     assert!(proxy.list_tool_names().is_empty(), "write_note is hidden");
+    // The caller may call write_note: the refusal names the change.
     let refused = proxy.write_note("req-proxy-0002", "x");
     assert_eq!(refused["error"]["code"], json!(-32602), "{refused}");
+    let message = refused["error"]["message"].as_str().unwrap();
+    assert!(
+        message.contains("upstream.description_changed") && message.contains("proxy lock"),
+        "{message}"
+    );
+    // read_ledger drifted too, but the policy denies it: as unknown as a tool that never existed.
+    let denied = proxy.call("read_ledger", json!({}));
+    assert_eq!(
+        denied["error"]["message"],
+        json!("tool not found"),
+        "{denied}"
+    );
     assert!(setup.forwarded("write_note").is_empty());
+    assert!(setup.forwarded("read_ledger").is_empty());
     assert!(proxy.close().success());
+    let records = setup.proxy.audit_records();
+    let unavailable = records
+        .iter()
+        .find(|r| r["method"] == "tools/call" && r["name"] == "write_note")
+        .unwrap();
+    assert!(
+        unavailable["reason"]
+            .as_str()
+            .unwrap()
+            .starts_with("unavailable: "),
+        "{unavailable}"
+    );
     let drift: Vec<String> = setup
         .proxy
         .audit_records()
@@ -194,9 +221,11 @@ fn a_tool_that_drifted_from_its_pin_is_hidden_refused_and_audited() {
             )
         })
         .collect();
-    assert_eq!(drift.len(), 1, "{drift:?}");
+    // Recorded once each, at start (the host's list found nothing new).
+    assert_eq!(drift.len(), 2, "{drift:?}");
     assert!(
-        drift[0].starts_with("write_note upstream.description_changed"),
+        drift[0].starts_with("read_ledger upstream.description_changed")
+            && drift[1].starts_with("write_note upstream.description_changed"),
         "{drift:?}"
     );
 

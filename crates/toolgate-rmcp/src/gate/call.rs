@@ -87,7 +87,24 @@ impl<H: ServerHandler> Gated<H> {
         }
         let Some(tool) = self.inner.get_tool(&name) else {
             // Recorded as unknown whatever the policy says; the caller sees the same error as
-            // for a hidden tool.
+            // for a hidden tool, unless the server knows why the tool is unavailable and the
+            // caller may call it (then the reason names the change: nothing is revealed that the
+            // caller's own rights did not already show).
+            let why = self
+                .unavailable
+                .as_ref()
+                .and_then(|unavailable| unavailable.why(&name))
+                .filter(|_| {
+                    caller.grants(&state.policy, &name)
+                        && self.checks.lists(&state, &caller.principal, &name)
+                });
+            let (reason, error) = match &why {
+                Some(why) => (
+                    format!("unavailable: {why}"),
+                    format!("{TOOL_NOT_FOUND}: {why}"),
+                ),
+                None => ("unknown_tool".to_owned(), TOOL_NOT_FOUND.to_owned()),
+            };
             let entry = self
                 .entry(
                     &state,
@@ -98,9 +115,9 @@ impl<H: ServerHandler> Gated<H> {
                     Outcome::NotExecuted,
                     args_digest,
                 )
-                .with_reason("unknown_tool");
+                .with_reason(reason);
             self.record_or_log(entry).await;
-            return Err(McpError::invalid_params(TOOL_NOT_FOUND, None));
+            return Err(McpError::invalid_params(error, None));
         };
         self.decide(state, &caller, tool, request, context, None)
             .await
