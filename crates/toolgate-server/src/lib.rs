@@ -830,6 +830,8 @@ pub async fn serve_http(server: BuiltServer, config: HttpConfig) -> anyhow::Resu
         oauth,
         request_timeout,
         header_read_timeout,
+        allowed_origins,
+        allowed_hosts,
     } = config;
     let BuiltServer {
         gated,
@@ -849,6 +851,10 @@ pub async fn serve_http(server: BuiltServer, config: HttpConfig) -> anyhow::Resu
         public_url.unwrap_or_else(|| format!("http://{local}{}", toolgate::http::MCP_PATH));
     let mut http = toolgate::http::HttpOptions::new(resource.clone());
     http.request_timeout = request_timeout;
+    if !allowed_origins.is_empty() {
+        http.allowed_origins = allowed_origins;
+    }
+    http.allowed_hosts.extend(allowed_hosts);
     if let Some(host) = resource
         .parse::<axum::http::Uri>()
         .ok()
@@ -941,6 +947,10 @@ pub struct HttpConfig {
     pub request_timeout: std::time::Duration,
     /// How long a client may take to send a request's headers, and keep a connection idle.
     pub header_read_timeout: std::time::Duration,
+    /// The `Origin` values accepted instead of the loopback ones (empty: loopback only).
+    pub allowed_origins: Vec<String>,
+    /// `Host` values accepted besides the loopback names and the public URL's host.
+    pub allowed_hosts: Vec<String>,
 }
 
 /// The API tokens of the ledger, written through the configured storage.

@@ -214,6 +214,14 @@ struct HttpArgs {
     /// The shortest time between two fetches of the key set, in seconds (default 10).
     #[arg(long, env = "TOOLGATE_OAUTH_JWKS_COOLDOWN", requires = "oauth_issuer")]
     oauth_jwks_cooldown: Option<u64>,
+    /// An `Origin` browsers may send (`scheme://host:port`, `:*` for any port); repeat for
+    /// several. Replaces the default, loopback origins only. A request with another Origin is 403.
+    #[arg(long = "allowed-origin", value_name = "ORIGIN", requires = "http")]
+    allowed_origins: Vec<String>,
+    /// A `Host` the server answers to (a name or `host:port`); repeat for several. Added to the
+    /// loopback names (and --public-url's host). A request for another Host is refused.
+    #[arg(long = "allowed-host", value_name = "HOST", requires = "http")]
+    allowed_hosts: Vec<String>,
     /// Seconds a request may take until its response starts (default 120); past it the answer
     /// is 503 and the call is cancelled.
     #[arg(long, env = "TOOLGATE_HTTP_REQUEST_TIMEOUT", requires = "http", value_parser = clap::value_parser!(u64).range(1..))]
@@ -408,6 +416,8 @@ fn serve_http(paths: &ServerOptions, addr: std::net::SocketAddr, web: HttpArgs) 
             .request_timeout
             .map_or(toolgate::http::DEFAULT_REQUEST_TIMEOUT, seconds),
         header_read_timeout: seconds(web.header_timeout.unwrap_or(10)),
+        allowed_origins: web.allowed_origins,
+        allowed_hosts: web.allowed_hosts,
     };
     let server = match toolgate_server::build_for_http(paths) {
         Ok(server) => server,

@@ -1016,3 +1016,54 @@ fn two_principals_with_different_rights_share_one_server() {
         ]
     );
 }
+
+#[test]
+fn origins_and_hosts_come_from_configuration() {
+    let env = TestEnv::new();
+    let alice = create_token(&env, "alice", &[]);
+    let server = HttpServer::start_with(
+        &env,
+        &[
+            "--allowed-origin",
+            "https://app.example",
+            "--allowed-host",
+            "mcp.example",
+        ],
+    );
+    let auth = format!("Bearer {alice}");
+    let list = |origin: &str| {
+        server.post(
+            &[
+                ("Authorization", &auth),
+                ("MCP-Protocol-Version", "2026-07-28"),
+                ("Mcp-Method", "tools/list"),
+                ("Origin", origin),
+            ],
+            &json!({"jsonrpc": "2.0", "id": 1, "method": "tools/list", "params": {"_meta": {
+                "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+                "io.modelcontextprotocol/clientCapabilities": {}}}}),
+        )
+    };
+    let (status, _, body) = list("https://app.example");
+    assert_eq!(status, 200, "{body}");
+    // The configured list replaces the loopback default.
+    let (status, _, body) = list("http://127.0.0.1:9");
+    assert_eq!(status, 403, "{body}");
+    // A Host outside the allow-list is refused; a configured one is served.
+    let raw = |host: &str| {
+        let body = json!({"jsonrpc": "2.0", "id": 2, "method": "tools/list", "params": {"_meta": {
+            "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+            "io.modelcontextprotocol/clientCapabilities": {}}}})
+        .to_string();
+        server.exchange(&format!(
+            "POST /mcp HTTP/1.1\r\nHost: {host}\r\nAuthorization: {auth}\r\nContent-Type: application/json\r\n\
+             Accept: application/json, text/event-stream\r\nMCP-Protocol-Version: 2026-07-28\r\n\
+             Mcp-Method: tools/list\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            body.len()
+        ))
+    };
+    let (status, _, body) = raw("evil.example");
+    assert!(status == 403 || status == 400, "{status} {body}");
+    let (status, _, body) = raw("mcp.example");
+    assert_eq!(status, 200, "{body}");
+}
