@@ -6,6 +6,8 @@
 #   scripts/bench.sh            all benches
 #   scripts/bench.sh gate stdio only the named ones (audit commit canon policy scan gate calls stdio pipeline
 #                               replicas)
+#   scripts/bench.sh http        the HTTP load bench (crates/toolgate-server/benches/http_load.sh
+#                               --decompose; needs wrk), only when named
 #   REFERENCE_SERVER="/venv/bin/python /path/server.py" scripts/bench.sh reference
 #                               the stdio driver against another server with the same tools (the
 #                               reference article's Python server: see docs/BENCHMARKS.md); it is
@@ -61,6 +63,7 @@ bench() {
             stdio) run stdio bench -p toolgate-server --bench stdio ;;
             pipeline) run pipeline bench -p toolgate-server --bench pipeline ;;
             replicas) run replicas bench -p toolgate-server --bench replicas ;;
+            http) run http crates/toolgate-server/benches/http_load.sh --decompose ;;
             reference)
                 if [ -z "${REFERENCE_SERVER:-}" ]; then
                     echo "=== reference: skipped (set REFERENCE_SERVER to the server's command line)"
@@ -68,7 +71,7 @@ bench() {
                     STDIO_BENCH_SERVER="$REFERENCE_SERVER" run reference bench -p toolgate-server --bench stdio
                 fi
                 ;;
-            *) echo "unknown bench: $name (one of: ${all[*]} reference)" >&2; exit 2 ;;
+            *) echo "unknown bench: $name (one of: ${all[*]} http reference)" >&2; exit 2 ;;
         esac
     done
     echo
