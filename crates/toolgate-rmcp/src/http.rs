@@ -38,7 +38,7 @@ use axum::response::{IntoResponse, Response};
 use rmcp::ServerHandler;
 use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
 use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
-use serde_json::{Map, Value, json};
+use serde_json::{Value, json};
 use toolgate_audit::{AuditEntry, AuditSink, Decision, Outcome};
 use toolgate_canon::Sha256Digest;
 
@@ -142,14 +142,14 @@ impl Authentication {
     /// The principal `token` proves (and an API token's id), or why not.
     async fn verify(&self, token: &str) -> Result<(VerifiedPrincipal, Option<String>), Refusal> {
         if token.starts_with(tokens::TOKEN_PREFIX) {
-            let Some(tokens) = self.tokens.clone() else {
+            let Some(tokens) = &self.tokens else {
                 return Err(Refusal::Invalid);
             };
-            let token = token.to_owned();
-            // The token file is read on every request (a revocation applies to the next one).
-            return crate::blocking::run(move || tokens.verify(&token, SystemTime::now()))
-                .await
-                .map_err(|_| Refusal::Unavailable)?
+            // One `stat` of the token file per request (and a read when it changed: a revocation
+            // applies to the next request), on the async thread: the ledger is a local
+            // filesystem (docs/storage.md), where both take microseconds.
+            return tokens
+                .verify(token, SystemTime::now())
                 .map(|(principal, id)| (principal, Some(id)));
         }
         match &self.oauth {
@@ -371,12 +371,10 @@ async fn authenticate(State(door): State<Arc<Door>>, request: Request, next: Nex
     response
 }
 
-/// A `tools/call` the front door decides before rmcp sees it: its JSON-RPC id, tool and
-/// arguments' digest.
+/// A `tools/call` the front door decides before rmcp sees it: its JSON-RPC id and tool.
 struct Call {
     id: Value,
     name: String,
-    args_digest: Sha256Digest,
 }
 
 /// Reads the body of a POST (up to the limit) and answers a `tools/call` the caller's scopes do
@@ -400,7 +398,7 @@ async fn screen(
         let required = door.gate.policy().required_scopes(&call.name).cloned();
         if !principal.grants(required.as_ref()) {
             let scopes = required.into_iter().flatten().collect::<Vec<_>>().join(" ");
-            record(door, principal, &call, "insufficient_scope").await;
+            record(door, principal, &call, &bytes, "insufficient_scope").await;
             let mut response = (
                 StatusCode::FORBIDDEN,
                 axum::Json(json!({"error": "insufficient_scope", "scope": scopes})),
@@ -417,16 +415,22 @@ async fn screen(
             }
             return Err(response);
         }
-        let gate = Arc::clone(&door.gate);
-        let tool = call.name.clone();
-        let tenant = principal.tenant().map(str::to_owned);
-        let halted = crate::blocking::run(move || gate.halted_for(&tool, tenant.as_deref()))
-            .await
-            .unwrap_or_else(|cancelled| {
-                Some(rmcp::ErrorData::internal_error(cancelled.to_string(), None))
-            });
+        // Reading the switch may block (a file, the database): off the async threads, and not
+        // at all for the tools the policy exempts.
+        let halted = if door.gate.policy().halt_exempt(&call.name) {
+            None
+        } else {
+            let gate = Arc::clone(&door.gate);
+            let tool = call.name.clone();
+            let tenant = principal.tenant().map(str::to_owned);
+            crate::blocking::run(move || gate.halted_for(&tool, tenant.as_deref()))
+                .await
+                .unwrap_or_else(|cancelled| {
+                    Some(rmcp::ErrorData::internal_error(cancelled.to_string(), None))
+                })
+        };
         if let Some(error) = halted {
-            record(door, principal, &call, "kill_switch").await;
+            record(door, principal, &call, &bytes, "kill_switch").await;
             let body = json!({"jsonrpc": "2.0", "id": call.id, "error": error});
             let mut response = (StatusCode::SERVICE_UNAVAILABLE, axum::Json(body)).into_response();
             response
@@ -438,24 +442,39 @@ async fn screen(
     Ok(Request::from_parts(parts, Body::from(bytes)))
 }
 
-/// The `tools/call` request in `body`, if it is one (anything else is rmcp's to answer).
+/// The `tools/call` request in `body`, if it is one (anything else is rmcp's to answer). Reads
+/// only the method and the tool's name (rmcp parses the whole message afterwards); the
+/// arguments' digest is computed only for a refusal's audit record.
 fn tools_call(body: &[u8]) -> Option<Call> {
-    let message: Map<String, Value> = serde_json::from_slice(body).ok()?;
-    if message.get("method").and_then(Value::as_str) != Some("tools/call") {
+    #[derive(serde::Deserialize)]
+    struct Probe<'a> {
+        #[serde(borrow)]
+        method: Option<std::borrow::Cow<'a, str>>,
+        id: Option<Value>,
+        params: Option<ProbeParams<'a>>,
+    }
+    #[derive(serde::Deserialize)]
+    struct ProbeParams<'a> {
+        #[serde(borrow)]
+        name: Option<std::borrow::Cow<'a, str>>,
+    }
+    let probe: Probe<'_> = serde_json::from_slice(body).ok()?;
+    if probe.method.as_deref() != Some("tools/call") {
         return None;
     }
-    let params = message.get("params")?.as_object()?;
-    let name = params.get("name")?.as_str()?.to_owned();
-    let arguments = params
-        .get("arguments")
-        .and_then(Value::as_object)
-        .cloned()
-        .unwrap_or_default();
     Some(Call {
-        id: message.get("id").cloned().unwrap_or(Value::Null),
-        name,
-        args_digest: Sha256Digest::of_json_object(&arguments),
+        id: probe.id.unwrap_or(Value::Null),
+        name: probe.params?.name?.into_owned(),
     })
+}
+
+/// SHA-256 of the canonical arguments of the `tools/call` in `body` (`{}` when absent).
+fn args_digest(body: &[u8]) -> Sha256Digest {
+    let arguments = serde_json::from_slice::<Value>(body)
+        .ok()
+        .and_then(|message| message["params"]["arguments"].as_object().cloned())
+        .unwrap_or_default();
+    Sha256Digest::of_json_object(&arguments)
 }
 
 fn sessions(door: &Door) -> std::sync::MutexGuard<'_, HashMap<String, Arc<str>>> {
@@ -474,7 +493,13 @@ fn bearer(headers: &HeaderMap) -> Option<&str> {
 }
 
 /// Audits a call the front door refused, under the caller's principal, channel and tenant.
-async fn record(door: &Door, principal: &VerifiedPrincipal, call: &Call, reason: &str) {
+async fn record(
+    door: &Door,
+    principal: &VerifiedPrincipal,
+    call: &Call,
+    body: &[u8],
+    reason: &str,
+) {
     let name = match toolgate_policy::ToolName::new(&call.name) {
         Ok(_) => call.name.clone(),
         Err(_) => format!("sha256:{}", Sha256Digest::of(call.name.as_bytes())),
@@ -484,7 +509,7 @@ async fn record(door: &Door, principal: &VerifiedPrincipal, call: &Call, reason:
         name,
         Decision::Deny,
         Outcome::NotExecuted,
-        call.args_digest,
+        args_digest(body),
     )
     .with_reason(reason)
     .with_principal(principal.name())

@@ -383,6 +383,17 @@ fn serving_runtime() -> std::io::Result<tokio::runtime::Runtime> {
         .build()
 }
 
+/// The HTTP server's runtime: one worker per core, since connections are served concurrently,
+/// and there the gate's blocking work (the audit log's and the stores' writes) runs in place on
+/// the worker (`block_in_place`) instead of being handed to another thread and back.
+#[cfg(feature = "http")]
+fn http_runtime() -> std::io::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .max_blocking_threads(BLOCKING_THREADS)
+        .build()
+}
+
 /// The serving runtime's blocking threads: the stores' writes and fsyncs run there, so this bounds
 /// how many calls can wait on the disk at once. Enough for concurrent callers to fill the audit
 /// log's and the effect journal's group commits (concurrent fsyncs also share the filesystem's
@@ -423,7 +434,7 @@ fn serve_http(paths: &ServerOptions, addr: std::net::SocketAddr, web: HttpArgs) 
         Ok(server) => server,
         Err(error) => return fail(&error),
     };
-    let runtime = match serving_runtime() {
+    let runtime = match http_runtime() {
         Ok(runtime) => runtime,
         Err(error) => return fail(&error.into()),
     };

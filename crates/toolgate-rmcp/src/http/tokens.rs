@@ -1,7 +1,8 @@
 //! Static API tokens for self-hosted HTTP deployments: created by the operator, shown once,
 //! stored only as their SHA-256 in `LEDGER_DIR/tokens.json`, each naming the principal it
-//! authenticates and an optional expiry; listed and revoked by id. The file is read again on
-//! every request, so a revocation applies to the next one.
+//! authenticates and an optional expiry; listed and revoked by id. Every request checks the
+//! file's identity with one `stat` and reads it again when it changed, so a revocation applies to
+//! the next request.
 //!
 //! A token is `tgt_` followed by 64 lowercase hex characters (32 bytes from the operating
 //! system's generator). Its id, the first 12 hex characters of its SHA-256, names it in lists,
@@ -15,7 +16,7 @@
 //! floor's durable replace (temporary file, fdatasync, rename, directory fsync).
 
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
@@ -168,7 +169,14 @@ pub struct ApiTokens {
     dir: PathBuf,
     path: PathBuf,
     storage: Arc<dyn Storage>,
+    /// The tokens last read and the file's identity then (device, inode, size, modification and
+    /// change times): a request re-reads the file only when a `stat` says it changed, and every
+    /// change (the durable replace renames a new file in) changes the identity.
+    cache: Arc<Mutex<Option<(FileStamp, Arc<Vec<TokenInfo>>)>>>,
 }
+
+/// What identifies one version of the token file (`None`: there is no file).
+type FileStamp = Option<(u64, u64, u64, i64, i64, i64, i64)>;
 
 impl ApiTokens {
     /// The tokens of `ledger_dir` (`tokens.json`). Touches nothing on disk.
@@ -178,6 +186,7 @@ impl ApiTokens {
             path: dir.join(TOKENS_FILE),
             dir,
             storage: Arc::new(FsStorage),
+            cache: Arc::default(),
         }
     }
 
@@ -225,6 +234,34 @@ impl ApiTokens {
             )));
         }
         Ok(file.tokens)
+    }
+
+    /// The tokens now: from the cache while the file's identity is the one they were read at.
+    fn current(&self) -> Result<Arc<Vec<TokenInfo>>, TokenError> {
+        use std::os::unix::fs::MetadataExt as _;
+        let stamp: FileStamp = match std::fs::symlink_metadata(&self.path) {
+            Ok(meta) => Some((
+                meta.dev(),
+                meta.ino(),
+                meta.size(),
+                meta.mtime(),
+                meta.mtime_nsec(),
+                meta.ctime(),
+                meta.ctime_nsec(),
+            )),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+            Err(e) => return Err(self.io("read")(e)),
+        };
+        let mut cache = self.cache.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some((cached, tokens)) = cache.as_ref()
+            && *cached == stamp
+        {
+            return Ok(Arc::clone(tokens));
+        }
+        // Read after the stat: the content is never older than the identity it is kept under.
+        let tokens = Arc::new(self.read()?);
+        *cache = Some((stamp, Arc::clone(&tokens)));
+        Ok(tokens)
     }
 
     /// Runs `change` on the tokens under the lock and writes the result durably.
@@ -328,7 +365,7 @@ impl ApiTokens {
         if !well_formed {
             return Err(Refusal::Invalid);
         }
-        let tokens = self.read().map_err(|error| {
+        let tokens = self.current().map_err(|error| {
             tracing::error!(%error, "the token file is unusable; refusing every request");
             Refusal::Unavailable
         })?;
