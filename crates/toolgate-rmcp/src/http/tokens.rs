@@ -172,11 +172,14 @@ pub struct ApiTokens {
     /// The tokens last read and the file's identity then (device, inode, size, modification and
     /// change times): a request re-reads the file only when a `stat` says it changed, and every
     /// change (the durable replace renames a new file in) changes the identity.
-    cache: Arc<Mutex<Option<(FileStamp, Arc<Vec<TokenInfo>>)>>>,
+    cache: Arc<Mutex<Cached>>,
 }
 
 /// What identifies one version of the token file (`None`: there is no file).
 type FileStamp = Option<(u64, u64, u64, i64, i64, i64, i64)>;
+
+/// The tokens last read, with the identity of the file they were read from.
+type Cached = Option<(FileStamp, Arc<Vec<TokenInfo>>)>;
 
 impl ApiTokens {
     /// The tokens of `ledger_dir` (`tokens.json`). Touches nothing on disk.
