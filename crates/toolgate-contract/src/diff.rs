@@ -89,15 +89,19 @@ impl fmt::Display for Change {
     }
 }
 
+/// Declares each rule as a constant and `$list`, every rule in documentation order.
 macro_rules! rules {
-    ($($name:ident = $id:literal, $verdict:ident, $summary:literal;)*) => {
+    ($(#[$doc:meta])* $list:ident { $($name:ident = $id:literal, $verdict:ident, $summary:literal;)* }) => {
         $(const $name: Rule = Rule { id: $id, verdict: Verdict::$verdict, summary: $summary };)*
-        /// Every rule [`diff`] can emit, in documentation order.
-        pub const RULES: &[Rule] = &[$($name),*];
+        $(#[$doc])*
+        pub const $list: &[Rule] = &[$($name),*];
     };
 }
+pub(crate) use rules;
 
 rules! {
+    /// Every rule [`diff`] can emit, in documentation order.
+    RULES {
     SERVER_RENAMED = "server.renamed", Risky, "the server name changed (hosts and attestations pin it)";
     TOOL_REMOVED = "tool.removed", Breaking, "a tool was removed (a rename is a removal plus an addition)";
     TOOL_ADDED = "tool.added", Safe, "a tool was added";
@@ -165,6 +169,7 @@ rules! {
     UNRESOLVED_LOST = "entitlements.unresolved_lost", Safe, "a call the scanner could not follow is gone or now resolved";
     ENTITLEMENTS_CHANGED = "entitlements.changed", Risky, "fallback: any other entitlements difference";
 }
+}
 
 /// Every classified difference from `old` to `new`, ordered by verdict (most severe first), tool,
 /// rule and detail, so the output is deterministic.
@@ -204,14 +209,19 @@ pub fn diff(old: &ServerContract, new: &ServerContract) -> Vec<Change> {
             push(&mut out, name, &TOOL_ADDED, "tool added".to_owned());
         }
     }
-    out.sort_by(|a, b| {
+    sort(&mut out);
+    out
+}
+
+/// Orders `changes` by verdict (most severe first), tool, rule and detail.
+pub(crate) fn sort(changes: &mut [Change]) {
+    changes.sort_by(|a, b| {
         b.verdict
             .cmp(&a.verdict)
             .then_with(|| a.tool.cmp(&b.tool))
             .then_with(|| a.rule.cmp(b.rule))
             .then_with(|| a.detail.cmp(&b.detail))
     });
-    out
 }
 
 /// The most severe verdict among `changes`, or `None` when there are none.
@@ -219,7 +229,7 @@ pub fn worst(changes: &[Change]) -> Option<Verdict> {
     changes.iter().map(|c| c.verdict).max()
 }
 
-fn push(out: &mut Vec<Change>, tool: &str, rule: &Rule, detail: String) {
+pub(crate) fn push(out: &mut Vec<Change>, tool: &str, rule: &Rule, detail: String) {
     out.push(Change {
         tool: tool.to_owned(),
         verdict: rule.verdict,

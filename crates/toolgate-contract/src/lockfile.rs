@@ -235,24 +235,7 @@ impl Lockfile {
     pub fn parse(text: &str) -> Result<Self, LockfileError> {
         let document = parse_strict(text)?;
         let top = object(&document, "the top level")?;
-        // The version is checked before the keys, so that a newer format reports its version
-        // instead of its first new key.
-        match top.get("lockfileVersion") {
-            None => {
-                return Err(LockfileError::MissingKey {
-                    path: "the top level".to_owned(),
-                    key: "lockfileVersion",
-                });
-            }
-            Some(Value::Number(n)) if n.as_u64() == Some(LOCKFILE_VERSION) => {}
-            Some(Value::Number(n)) => {
-                return Err(LockfileError::UnsupportedVersion {
-                    found: n.to_string(),
-                    supported: LOCKFILE_VERSION,
-                });
-            }
-            Some(other) => return Err(wrong("lockfileVersion", "the integer 1", other)),
-        }
+        check_version(top)?;
         check_keys(top, "the top level", TOP_KEYS)?;
         let server_name = string(top, "", "serverName")?.to_owned();
         let toolgate_version = string(top, "", "toolgateVersion")?.to_owned();
@@ -536,6 +519,23 @@ fn check_schema_digest(
             stored,
             computed,
         })
+    }
+}
+
+/// `lockfileVersion` is the one this crate reads. Checked before the keys, so that a newer format
+/// reports its version instead of its first new key.
+pub(crate) fn check_version(top: &Map<String, Value>) -> Result<(), LockfileError> {
+    match top.get("lockfileVersion") {
+        None => Err(LockfileError::MissingKey {
+            path: "the top level".to_owned(),
+            key: "lockfileVersion",
+        }),
+        Some(Value::Number(n)) if n.as_u64() == Some(LOCKFILE_VERSION) => Ok(()),
+        Some(Value::Number(n)) => Err(LockfileError::UnsupportedVersion {
+            found: n.to_string(),
+            supported: LOCKFILE_VERSION,
+        }),
+        Some(other) => Err(wrong("lockfileVersion", "the integer 1", other)),
     }
 }
 

@@ -22,21 +22,15 @@ use serde_json::{Map, Value, json};
 use toolgate_canon::{Sha256Digest, canonical_value};
 
 use crate::contract::prefixed;
-use crate::diff::{Change, Rule, Verdict};
+use crate::diff::{Change, Rule, Verdict, push, rules, sort};
 use crate::lockfile::{
-    LOCKFILE_VERSION, LockfileError, check_keys, digest, field, object, parse_strict, string,
-    write_pretty, wrong,
+    LOCKFILE_VERSION, LockfileError, check_keys, check_version, digest, field, object,
+    parse_strict, string, write_pretty, wrong,
 };
 
-macro_rules! upstream_rules {
-    ($($name:ident = $id:literal, $verdict:ident, $summary:literal;)*) => {
-        $(const $name: Rule = Rule { id: $id, verdict: Verdict::$verdict, summary: $summary };)*
-        /// Every rule [`UpstreamPin::compare`] can emit, in documentation order.
-        pub const UPSTREAM_RULES: &[Rule] = &[$($name),*];
-    };
-}
-
-upstream_rules! {
+rules! {
+    /// Every rule [`UpstreamPin::compare`] can emit, in documentation order.
+    UPSTREAM_RULES {
     SERVER_CHANGED = "upstream.server_changed", Risky, "the upstream's name or version changed";
     TOOL_ADDED = "upstream.tool_added", Breaking, "the upstream has a tool nobody approved";
     TOOL_RENAMED = "upstream.tool_renamed", Breaking, "a pinned tool reappears under a new name with the same schemas and description";
@@ -46,6 +40,7 @@ upstream_rules! {
     ANNOTATIONS_CHANGED = "upstream.annotations_changed", Risky, "a tool's annotations changed (hosts auto-approve on readOnlyHint, confirm on destructiveHint)";
     INPUT_SCHEMA_CHANGED = "upstream.input_schema_changed", Breaking, "a tool's input schema changed";
     OUTPUT_SCHEMA_CHANGED = "upstream.output_schema_changed", Breaking, "a tool's output schema changed";
+}
 }
 
 const TOP_KEYS: &[&str] = &["lockfileVersion", "toolgateVersion", "upstream"];
@@ -284,13 +279,7 @@ impl UpstreamPin {
                 );
             }
         }
-        out.sort_by(|a, b| {
-            b.verdict
-                .cmp(&a.verdict)
-                .then_with(|| a.tool.cmp(&b.tool))
-                .then_with(|| a.rule.cmp(b.rule))
-                .then_with(|| a.detail.cmp(&b.detail))
-        });
+        sort(&mut out);
         out
     }
 
@@ -325,22 +314,7 @@ impl UpstreamPin {
     pub fn parse(text: &str) -> Result<Self, LockfileError> {
         let document = parse_strict(text)?;
         let top = object(&document, "the top level")?;
-        match top.get("lockfileVersion") {
-            Some(Value::Number(n)) if n.as_u64() == Some(LOCKFILE_VERSION) => {}
-            Some(Value::Number(n)) => {
-                return Err(LockfileError::UnsupportedVersion {
-                    found: n.to_string(),
-                    supported: LOCKFILE_VERSION,
-                });
-            }
-            Some(other) => return Err(wrong("lockfileVersion", "the integer 1", other)),
-            None => {
-                return Err(LockfileError::MissingKey {
-                    path: "the top level".to_owned(),
-                    key: "lockfileVersion",
-                });
-            }
-        }
+        check_version(top)?;
         check_keys(top, "the top level", TOP_KEYS)?;
         string(top, "", "toolgateVersion")?;
         let pin = object(field(top, "", "upstream")?, "upstream")?;
@@ -416,15 +390,6 @@ impl UpstreamPin {
         }
         Ok(pin)
     }
-}
-
-fn push(out: &mut Vec<Change>, tool: &str, rule: &Rule, detail: String) {
-    out.push(Change {
-        tool: tool.to_owned(),
-        verdict: rule.verdict,
-        rule: rule.id,
-        detail,
-    });
 }
 
 /// `what` changed, naming the top-level keys that differ (never values).

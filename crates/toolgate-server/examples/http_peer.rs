@@ -1,6 +1,6 @@
 //! The peers of the HTTP load benchmark (`benches/http_load.sh`, docs/BENCHMARKS.md "HTTP load"):
 //! the reference server's notes served over rmcp's Streamable HTTP service *without* toolgate's
-//! HTTP front door, on the same single-threaded runtime, service configuration and allocator as
+//! HTTP front door, on the same runtime, service configuration and allocator as
 //! `toolgate-server serve --http`, so that the difference in a load run is what toolgate adds.
 //!
 //! ```text
@@ -37,8 +37,8 @@ use rmcp::model::{CallToolResult, ServerCapabilities, ServerConfig};
 use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
 use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
 use rmcp::{Json, ServerHandler, tool, tool_handler, tool_router};
-use toolgate_server::notes::{NoteError, Notes, Written};
-use toolgate_server::tools::{ReadLedgerResult, WriteNoteArgs, WriteNoteResult};
+use toolgate_server::notes::{Notes, Written};
+use toolgate_server::tools::{ReadLedgerResult, WriteNoteArgs, WriteNoteResult, blocking};
 
 /// The same allocator as the server binary (`src/main.rs`), so memory and allocation costs match.
 #[global_allocator]
@@ -49,16 +49,6 @@ static ALLOCATOR: dlmalloc::GlobalDlmalloc = dlmalloc::GlobalDlmalloc;
 struct UngatedNotes {
     tool_router: ToolRouter<Self>,
     notes: Arc<Notes>,
-}
-
-/// Runs blocking note I/O as the reference server's handlers do (`toolgate::run_blocking`).
-async fn blocking<T: Send + 'static>(
-    work: impl FnOnce() -> Result<T, NoteError> + Send + 'static,
-) -> Result<T, String> {
-    match toolgate::run_blocking(work).await {
-        Ok(result) => result.map_err(|error| format!("Error: {error}")),
-        Err(cancelled) => Err(format!("Error: {cancelled}")),
-    }
 }
 
 #[tool_router]
@@ -141,21 +131,7 @@ where
         toolgate::http::MCP_PATH
     );
     axum::serve(listener, router)
-        .with_graceful_shutdown(async {
-            use tokio::signal::unix::{SignalKind, signal};
-            match (
-                signal(SignalKind::interrupt()),
-                signal(SignalKind::terminate()),
-            ) {
-                (Ok(mut interrupt), Ok(mut terminate)) => {
-                    tokio::select! {
-                        _ = interrupt.recv() => {}
-                        _ = terminate.recv() => {}
-                    }
-                }
-                _ => std::future::pending().await,
-            }
-        })
+        .with_graceful_shutdown(toolgate_server::shutdown_signal())
         .await
         .context("the HTTP server failed")
 }
@@ -200,12 +176,8 @@ fn parse_args() -> anyhow::Result<Args> {
 }
 
 fn run(args: Args) -> anyhow::Result<()> {
-    // `toolgate-server serve --http`'s runtime: one thread for every task, fsyncs and file reads
-    // on a pool of at most 16 blocking threads.
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .max_blocking_threads(16)
-        .build()?;
+    // `toolgate-server serve --http`'s runtime.
+    let runtime = toolgate_server::http_runtime()?;
     runtime.block_on(async {
         let listener = tokio::net::TcpListener::bind(args.addr)
             .await

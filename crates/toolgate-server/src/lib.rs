@@ -932,6 +932,24 @@ async fn serve_connections(
     }
 }
 
+/// The serving runtime's blocking threads: the stores' writes and fsyncs run there, so this bounds
+/// how many calls can wait on the disk at once. Enough for concurrent callers to fill the audit
+/// log's and the effect journal's group commits (concurrent fsyncs also share the filesystem's
+/// journal commits); threads start on demand, so a sequential client uses one or two, and all of
+/// them allocate from the one heap above. `benches/calls.rs` measures the concurrent rate.
+pub const BLOCKING_THREADS: usize = 16;
+
+/// The HTTP server's runtime: one worker per core, since connections are served concurrently,
+/// and there the gate's blocking work (the audit log's and the stores' writes) runs in place on
+/// the worker (`block_in_place`) instead of being handed to another thread and back.
+#[cfg(feature = "http")]
+pub fn http_runtime() -> std::io::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .max_blocking_threads(BLOCKING_THREADS)
+        .build()
+}
+
 /// Where and how `serve --http` serves.
 #[cfg(feature = "http")]
 #[derive(Debug, Clone)]
@@ -961,7 +979,7 @@ fn api_tokens(options: &ServerOptions) -> toolgate::http::tokens::ApiTokens {
 
 /// Resolves at SIGINT or SIGTERM.
 #[cfg(feature = "http")]
-async fn shutdown_signal() {
+pub async fn shutdown_signal() {
     use tokio::signal::unix::{SignalKind, signal};
     match (
         signal(SignalKind::interrupt()),

@@ -379,27 +379,9 @@ static ALLOCATOR: dlmalloc::GlobalDlmalloc = dlmalloc::GlobalDlmalloc;
 fn serving_runtime() -> std::io::Result<tokio::runtime::Runtime> {
     tokio::runtime::Builder::new_current_thread()
         .enable_all()
-        .max_blocking_threads(BLOCKING_THREADS)
+        .max_blocking_threads(toolgate_server::BLOCKING_THREADS)
         .build()
 }
-
-/// The HTTP server's runtime: one worker per core, since connections are served concurrently,
-/// and there the gate's blocking work (the audit log's and the stores' writes) runs in place on
-/// the worker (`block_in_place`) instead of being handed to another thread and back.
-#[cfg(feature = "http")]
-fn http_runtime() -> std::io::Result<tokio::runtime::Runtime> {
-    tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .max_blocking_threads(BLOCKING_THREADS)
-        .build()
-}
-
-/// The serving runtime's blocking threads: the stores' writes and fsyncs run there, so this bounds
-/// how many calls can wait on the disk at once. Enough for concurrent callers to fill the audit
-/// log's and the effect journal's group commits (concurrent fsyncs also share the filesystem's
-/// journal commits); threads start on demand, so a sequential client uses one or two, and all of
-/// them allocate from the one heap above. `benches/calls.rs` measures the concurrent rate.
-const BLOCKING_THREADS: usize = 16;
 
 #[cfg(feature = "http")]
 fn serve_http(paths: &ServerOptions, addr: std::net::SocketAddr, web: HttpArgs) -> ExitCode {
@@ -434,7 +416,7 @@ fn serve_http(paths: &ServerOptions, addr: std::net::SocketAddr, web: HttpArgs) 
         Ok(server) => server,
         Err(error) => return fail(&error),
     };
-    let runtime = match http_runtime() {
+    let runtime = match toolgate_server::http_runtime() {
         Ok(runtime) => runtime,
         Err(error) => return fail(&error.into()),
     };

@@ -66,8 +66,9 @@ pub struct NotesServer {
     notes: Arc<Notes>,
 }
 
-/// Runs blocking note I/O without blocking other tasks (in place on a multi-thread runtime).
-async fn blocking<T: Send + 'static>(
+/// Runs blocking note I/O without blocking other tasks (in place on a multi-thread runtime);
+/// errors become the tool's error text.
+pub async fn blocking<T: Send + 'static>(
     work: impl FnOnce() -> Result<T, NoteError> + Send + 'static,
 ) -> Result<T, String> {
     match toolgate::run_blocking(work).await {
