@@ -17,6 +17,11 @@
 # package-lock.json (@modelcontextprotocol/sdk 1.32.2, @modelcontextprotocol/server-filesystem
 # 2026.8.31), skipped while node_modules matches it.
 # Each client starts its own server processes with fresh temporary ledgers; see the scripts.
+# Then python_proxy_client.py puts `toolgate-server proxy` in front of the MCP project's
+# @modelcontextprotocol/server-filesystem (from node_modules) and drives it with the Python SDK
+# client under fixtures/policy-proxy-filesystem.json (every mutating tool denied) and
+# fixtures/policy-proxy-filesystem-write.json (write_file exactly-once per idempotency key); the
+# proxy is in every build, the deployment build included.
 # Then toolgate-kit runs its matrix against a server we did not write, the MCP project's
 # filesystem server (crates/toolgate-kit/tests/filesystem_server.rs, ignored by plain
 # `cargo test`); it does not depend on the server binaries given, so a second run of this
@@ -30,6 +35,8 @@ cache_dir="$target_dir/interop"
 policy="$root/fixtures/policy.json"
 confirm_policy="$root/fixtures/policy-http-confirm.json"
 bookings_policy="$root/examples/bookings/policy.json"
+proxy_policy="$root/fixtures/policy-proxy-filesystem.json"
+proxy_write_policy="$root/fixtures/policy-proxy-filesystem-write.json"
 
 die() {
     echo "interop: $*" >&2
@@ -67,7 +74,7 @@ for binary in "$server" "$bookings"; do
 done
 server="$(absolute "$server")"
 bookings="$(absolute "$bookings")"
-for file in "$policy" "$confirm_policy" "$bookings_policy"; do
+for file in "$policy" "$confirm_policy" "$bookings_policy" "$proxy_policy" "$proxy_write_policy"; do
     [[ -f "$file" ]] || die "missing $file"
 done
 
@@ -83,6 +90,9 @@ else
     die "cannot tell whether $server serves HTTP: \`token list\` said: $probe_out"
 fi
 rm -rf "$probe_dir"
+# The proxy has no feature flag: every build must have it.
+proxy_help="$("$server" proxy --help 2>&1)" ||
+    die "\`$server proxy --help\` failed, every build has the proxy: $proxy_help"
 
 # --- Python: the official SDK, mcp==2.1.1 ------------------------------------------------------
 python="${PYTHON:-python3}"
@@ -145,12 +155,18 @@ else
     step "skipping the typescript SDK client over HTTP: this toolgate-server build has no HTTP support"
 fi
 
+# --- toolgate-server proxy in front of @modelcontextprotocol/server-filesystem ---------------------
+# Needs the venv above and node_modules: the Python SDK client drives the proxy, node runs the
+# filesystem server as its upstream.
+fs_server="$here/node_modules/@modelcontextprotocol/server-filesystem/dist/index.js"
+[[ -f "$fs_server" ]] || die "missing $fs_server; npm ci in tests/interop should have installed it"
+step "python SDK client through toolgate-server proxy, in front of @modelcontextprotocol/server-filesystem"
+"$venv/bin/python" "$here/python_proxy_client.py" "$server" "$fs_server" "$proxy_policy" "$proxy_write_policy"
+
 # --- toolgate-kit against @modelcontextprotocol/server-filesystem --------------------------------
 kit="${TOOLGATE_INTEROP_KIT:-1}"
 case "$kit" in
 1)
-    fs_server="$here/node_modules/@modelcontextprotocol/server-filesystem/dist/index.js"
-    [[ -f "$fs_server" ]] || die "missing $fs_server; npm ci in tests/interop should have installed it"
     step "toolgate-kit matrix against @modelcontextprotocol/server-filesystem (14 tools, 3 liars)"
     (cd "$root" && TOOLGATE_FS_SERVER="$fs_server" \
         cargo test --locked -q -p toolgate-kit --test filesystem_server -- --ignored) ||
