@@ -30,6 +30,7 @@ mod state;
 pub mod stdio;
 #[cfg(feature = "otel")]
 mod telemetry;
+pub mod upstream;
 
 pub use blocking::{Cancelled, run as run_blocking};
 pub use checks::exactly_once::{IDEMPOTENCY_KEY_META, MAX_IDEMPOTENCY_KEY_BYTES, REPLAYED_META};
@@ -43,4 +44,4 @@ pub use principal::{
     FixedPrincipal, FromExtensions, InvalidPrincipal, PrincipalSource, VerifiedPrincipal,
 };
 pub use state::{GateState, PolicyHandle, Reload, ReloadError, Reloaded};
-pub use stdio::{StdioConfig, StdioError, StdioTransport};
+pub use stdio::{InFlight, StdioConfig, StdioError, StdioTransport};

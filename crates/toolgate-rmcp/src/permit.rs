@@ -89,7 +89,9 @@ impl Permit {
     /// Records the outcome the audit line will carry when it is not what the gate would infer
     /// (`committed` for a call that completed, `observed` for a tool the policy classes `read`,
     /// `failed` for an `isError` result): `replay` for a handler that found its effect already
-    /// done, `refused` for one that declined the request.
+    /// done, `refused` for one that declined the request, `indeterminate` for one that cannot tell
+    /// whether its effect happened (a call whose exactly-once record is then left for an operator
+    /// to resolve instead of being retried: `docs/commit-store.md`).
     pub fn record_outcome(&self, outcome: Outcome) -> Result<(), PermitError> {
         self.with_state(|s| {
             if s.expired {

@@ -171,6 +171,26 @@ pub enum StdioError {
     Encode(#[source] serde_json::Error),
 }
 
+/// The requests a [`StdioTransport`] has read and not yet answered (written).
+#[derive(Debug, Clone)]
+pub struct InFlight(Arc<Slots>);
+
+impl InFlight {
+    /// Waits until every request read so far has been answered, its reply written (or
+    /// cancelled), and every error reply of the transport's own written.
+    pub async fn settled(&self) {
+        loop {
+            let notified = self.0.freed.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            if self.0.lock().used == 0 {
+                return;
+            }
+            notified.await;
+        }
+    }
+}
+
 /// The line-delimited JSON-RPC server transport; see the [module documentation](self).
 #[derive(Debug)]
 pub struct StdioTransport<R, W> {
@@ -203,6 +223,11 @@ where
             parked: None,
             output: Output::Idle(output),
         }
+    }
+
+    /// A handle on the requests in flight, to wait until every one read has been answered.
+    pub fn in_flight(&self) -> InFlight {
+        InFlight(Arc::clone(&self.slots))
     }
 
     /// Queues a reply this transport makes itself; it holds a slot until it is written.
@@ -607,7 +632,7 @@ impl Drop for Ticket {
         if released {
             state.used = state.used.saturating_sub(1);
             drop(state);
-            self.slots.freed.notify_one();
+            self.slots.freed.notify_waiters();
         }
     }
 }
@@ -680,7 +705,7 @@ impl Slots {
         if state.requests.remove(id).is_some() {
             state.used = state.used.saturating_sub(1);
             drop(state);
-            self.freed.notify_one();
+            self.freed.notify_waiters();
         }
     }
 }
@@ -784,7 +809,7 @@ async fn write_out<W: AsyncWrite + Unpin>(writer: W, mut queue: mpsc::UnboundedR
 
 /// Reads `\n`-terminated lines without ever holding more than the limit.
 #[derive(Debug)]
-struct LineReader {
+pub(crate) struct LineReader {
     max: usize,
     line: Vec<u8>,
     /// Dropping the tail of a line over the limit, until its `\n`. On the struct because a read
@@ -794,7 +819,7 @@ struct LineReader {
     ended: bool,
 }
 
-enum LineRead {
+pub(crate) enum LineRead {
     /// A whole line is in [`LineReader::line`] (with its `\n`, unless it was the last one).
     Line,
     /// The line passed the limit after `seen` bytes; its rest is discarded as it arrives.
@@ -813,7 +838,7 @@ enum Step {
 }
 
 impl LineReader {
-    fn new(max: usize) -> Self {
+    pub(crate) fn new(max: usize) -> Self {
         Self {
             max,
             line: Vec::new(),
@@ -822,12 +847,12 @@ impl LineReader {
         }
     }
 
-    fn line(&self) -> &[u8] {
+    pub(crate) fn line(&self) -> &[u8] {
         &self.line
     }
 
     /// Forgets the line just handled, giving back a buffer that a large line grew.
-    fn done(&mut self) {
+    pub(crate) fn done(&mut self) {
         if self.line.capacity() > RETAINED_LINE_CAPACITY {
             self.line = Vec::new();
         } else {
@@ -837,7 +862,10 @@ impl LineReader {
 
     /// Cancellation-safe: `fill_buf` consumes nothing when dropped, and the copy into `line`
     /// and the matching `consume` happen with no await between them.
-    async fn read_line<R: AsyncRead + Unpin>(&mut self, input: &mut BufReader<R>) -> LineRead {
+    pub(crate) async fn read_line<R: AsyncRead + Unpin>(
+        &mut self,
+        input: &mut BufReader<R>,
+    ) -> LineRead {
         if self.ended {
             return LineRead::Eof;
         }

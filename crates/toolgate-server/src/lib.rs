@@ -311,6 +311,37 @@ pub struct BuiltServer<H = tools::NotesServer> {
     pub options: ServerOptions,
     /// The SIGHUP reload ([`reload_policy`] for the reference server).
     pub reload: ReloadFn,
+    /// What ends the server with an error while it serves (the proxy's upstream, once it cannot
+    /// be restarted); `None` for the reference server.
+    pub watchdog: Option<Watchdog>,
+}
+
+type BoxedFuture<T> = std::pin::Pin<Box<dyn Future<Output = T> + Send>>;
+
+/// What stops a server while it serves, and what it closes when it stops.
+pub struct Watchdog {
+    stop: BoxedFuture<anyhow::Error>,
+    close: BoxedFuture<()>,
+}
+
+impl Watchdog {
+    /// Watches `stop`: when it resolves, the server drains its requests in flight and stops with
+    /// that error. `close` runs when the server stops, either way (before the stores are synced).
+    pub fn new(
+        stop: impl Future<Output = anyhow::Error> + Send + 'static,
+        close: impl Future<Output = ()> + Send + 'static,
+    ) -> Self {
+        Watchdog {
+            stop: Box::pin(stop),
+            close: Box::pin(close),
+        }
+    }
+}
+
+impl std::fmt::Debug for Watchdog {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Watchdog")
+    }
 }
 
 /// Reads an HMAC key file (one trailing newline ignored); the error names the file.
@@ -491,6 +522,7 @@ fn finish_gate<H: rmcp::ServerHandler>(
         effects,
         options: options.clone(),
         reload,
+        watchdog: None,
     })
 }
 
@@ -579,8 +611,8 @@ pub enum OnDrift {
 /// What `proxy` starts and against which pin.
 #[derive(Debug, Clone)]
 pub struct ProxyConfig {
-    /// The upstream's command line.
-    pub command: Vec<String>,
+    /// The upstream's command line and how it is run.
+    pub upstream: proxy::UpstreamOptions,
     /// The upstream pin (`proxy lock` writes it).
     pub lock: PathBuf,
     /// What drift does.
@@ -592,9 +624,10 @@ pub struct ProxyConfig {
 pub async fn lock_upstream(
     config: &ProxyConfig,
 ) -> anyhow::Result<toolgate::contract::upstream::UpstreamPin> {
-    let (client, _host) = proxy::connect(&config.command).await?;
-    let pin = proxy::live_pin(&client).await?;
-    let _ = client.cancel().await;
+    let connection = proxy::connect(&config.upstream, &Arc::default()).await?;
+    let pin = proxy::live_pin(&connection).await;
+    connection.close().await;
+    let (pin, _) = pin?;
     let text = pin.render(env!("CARGO_PKG_VERSION"));
     let (dir, name) = split_path(&config.lock)?;
     toolgate::storage::replace_file(&toolgate::storage::FsStorage, &dir, &name, text.as_bytes())
@@ -634,11 +667,18 @@ pub async fn build_proxy(
     }
     let policy = load_policy(&options.policy)?;
     let pin = proxy::read_pin(&config.lock)?;
-    let (client, host) = proxy::connect(&config.command).await?;
-    let live = proxy::live_pin(&client).await?;
+    let host = Arc::new(proxy::Host::default());
+    let connection = proxy::connect(&config.upstream, &host).await?;
+    let (live, tools) = match proxy::live_pin(&connection).await {
+        Ok(live) => live,
+        Err(error) => {
+            connection.close().await;
+            return Err(error);
+        }
+    };
     let changes = pin.compare(&live);
     if config.on_drift == OnDrift::RefuseStart && !changes.is_empty() {
-        let _ = client.cancel().await;
+        connection.close().await;
         let list: Vec<String> = changes.iter().map(ToString::to_string).collect();
         anyhow::bail!(
             "the upstream differs from its pin {}: {}; review the change and pin it again with `{SERVER_NAME} proxy lock --lock {} -- CMD ARGS…`",
@@ -651,29 +691,31 @@ pub async fn build_proxy(
     let stores = server_stores(options, &policy, None)?;
     #[cfg(not(feature = "fault-injection"))]
     let stores = server_stores(options, &policy)?;
-    let tools = client
-        .list_all_tools()
-        .await
-        .context("the upstream did not list its tools")?;
     // The first observation records the drift found at start.
-    let drift = Arc::new(proxy::Drift::new(pin, stores.audit.sink()));
-    let (name, version) = (
-        live.server_name().to_owned(),
-        live.server_version().to_owned(),
-    );
+    let audit = stores.audit.sink();
+    let drift = Arc::new(proxy::Drift::new(pin, Arc::clone(&audit)));
     drift
-        .observe_and_record((&name, &version), &tools)
+        .observe_and_record((live.server_name(), live.server_version()), &tools)
         .await
         .map_err(|e| anyhow::anyhow!("{}", e.message))?;
-    let upstream = proxy::Upstream::new(client, host, Arc::clone(&drift));
-    finish_gate(
-        Gated::builder(upstream).unavailable_tools(drift),
+    host.watch_drift(Arc::clone(&drift));
+    let link = Arc::new(proxy::Link::new(config.upstream.clone(), host, connection));
+    let upstream = proxy::Upstream::new(Arc::clone(&link), Arc::clone(&drift));
+    let mut server = finish_gate(
+        Gated::builder(upstream)
+            .unavailable_tools(Arc::clone(&drift) as Arc<dyn toolgate::UnavailableTools>),
         policy,
         stores,
         options,
         false,
         reload_policy_only,
-    )
+    )?;
+    let closing = Arc::clone(&link);
+    server.watchdog = Some(Watchdog::new(
+        proxy::supervise(link, drift, audit),
+        async move { closing.close().await },
+    ));
+    Ok(server)
 }
 
 /// The proxy's SIGHUP reload: the policy alone (the upstream's contract is its pin's business).
@@ -757,8 +799,11 @@ fn spawn_reload_on_sighup(
     Ok(())
 }
 
-/// Serves MCP over stdin/stdout until the client closes the connection; SIGHUP reloads the
-/// policy.
+/// How long a server stopped by its [`Watchdog`] waits for the answers of the requests in flight.
+const DRAIN_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Serves MCP over stdin/stdout until the client closes the connection (or the server's
+/// [`Watchdog`] stops it); SIGHUP reloads the policy.
 pub async fn serve_stdio<H>(server: BuiltServer<H>) -> anyhow::Result<()>
 where
     H: rmcp::ServerHandler + Send + Sync + 'static,
@@ -769,6 +814,7 @@ where
         effects,
         options,
         reload,
+        watchdog,
     } = server;
     let stdio = options.stdio_config();
     spawn_reload_on_sighup(options, gated.policy_handle(), reload)?;
@@ -785,15 +831,40 @@ where
         max_line_bytes = stdio.line_limit(),
         "serving stdio"
     );
-    let session = match gated
-        .serve(StdioTransport::with_config(stdin, stdout, stdio))
-        .await
-    {
-        Ok(running) => running
-            .waiting()
-            .await
-            .map(|_| ())
-            .context("the MCP session ended abnormally"),
+    let transport = StdioTransport::with_config(stdin, stdout, stdio);
+    let in_flight = transport.in_flight();
+    let session = match gated.serve(transport).await {
+        Ok(running) => {
+            let stop = running.cancellation_token();
+            let waiting = running.waiting();
+            tokio::pin!(waiting);
+            let (stop_when, close) = match watchdog {
+                Some(Watchdog { stop, close }) => (Some(stop), Some(close)),
+                None => (None, None),
+            };
+            let watchdog = async {
+                match stop_when {
+                    Some(stop) => stop.await,
+                    None => std::future::pending().await,
+                }
+            };
+            let ended = tokio::select! {
+                ended = &mut waiting => ended.map(|_| ()).context("the MCP session ended abnormally"),
+                error = watchdog => {
+                    // Every request read is answered (and written) before the session ends.
+                    if tokio::time::timeout(DRAIN_TIMEOUT, in_flight.settled()).await.is_err() {
+                        tracing::warn!("requests were still in flight after {DRAIN_TIMEOUT:?}; stopping anyway");
+                    }
+                    stop.cancel();
+                    let _ = waiting.await;
+                    Err(error)
+                }
+            };
+            if let Some(close) = close {
+                close.await;
+            }
+            ended
+        }
         // A client that connects and leaves before its first request is not a server failure.
         Err(rmcp::service::ServerInitializeError::ConnectionClosed(_)) => Ok(()),
         Err(error) => Err(error).context("the MCP session could not start"),
@@ -839,6 +910,7 @@ pub async fn serve_http(server: BuiltServer, config: HttpConfig) -> anyhow::Resu
         effects,
         options,
         reload,
+        watchdog: _,
     } = server;
     spawn_reload_on_sighup(options.clone(), gated.policy_handle(), reload)?;
     let listener = tokio::net::TcpListener::bind(addr)

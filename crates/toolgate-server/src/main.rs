@@ -158,9 +158,63 @@ struct ProxyArgs {
     /// `refuse-start`.
     #[arg(long, value_enum, default_value = "hide")]
     on_drift: DriftArg,
+    /// How many times in a row the upstream is restarted when it ends (exits, crashes, breaks
+    /// the protocol or hangs) before the proxy exits non-zero; 0 exits at the first end. The
+    /// count starts again once an upstream stayed up for 60 seconds.
+    #[arg(long, default_value_t = 3)]
+    upstream_restarts: u32,
+    /// The wait before the first restart in a row, in milliseconds; doubled for each further
+    /// one, at most 30 seconds.
+    #[arg(long, default_value_t = 500)]
+    restart_backoff_ms: u64,
+    #[command(flatten)]
+    upstream: UpstreamArgs,
     /// The upstream's command line, after `--`.
     #[arg(last = true, required = true, value_name = "CMD ARGS")]
     command: Vec<String>,
+}
+
+/// How the upstream is spoken to (`proxy` and `proxy lock`).
+#[derive(Debug, clap::Args)]
+struct UpstreamArgs {
+    /// How long the upstream may take to answer a request (and the handshake), in seconds. A
+    /// call without an answer by then is cancelled upstream and is indeterminate; when a ping
+    /// then gets no answer within as long either, the upstream is restarted.
+    #[arg(long, default_value_t = 120, value_parser = clap::value_parser!(u64).range(1..))]
+    upstream_timeout: u64,
+    /// The longest line the upstream may write, in bytes; a longer one ends the connection.
+    #[arg(long, default_value_t = toolgate::upstream::DEFAULT_UPSTREAM_MAX_LINE_BYTES, value_parser = parse_line_limit)]
+    upstream_max_line_bytes: usize,
+}
+
+impl UpstreamArgs {
+    fn options(
+        &self,
+        command: Vec<String>,
+        restarts: u32,
+        backoff_ms: u64,
+    ) -> toolgate_server::proxy::UpstreamOptions {
+        toolgate_server::proxy::UpstreamOptions {
+            command,
+            max_line_bytes: self.upstream_max_line_bytes,
+            timeout: std::time::Duration::from_secs(self.upstream_timeout),
+            restarts,
+            backoff: std::time::Duration::from_millis(backoff_ms),
+        }
+    }
+}
+
+/// A line limit of at least 1 KiB (an MCP handshake's answer does not fit in less).
+fn parse_line_limit(text: &str) -> Result<usize, String> {
+    let bytes: usize = text
+        .parse()
+        .map_err(|_| format!("`{text}` is not a number of bytes"))?;
+    if bytes < 1024 {
+        return Err(format!(
+            "{bytes} bytes is too small for an MCP message; give at least 1024"
+        ));
+    }
+    Ok(bytes)
 }
 
 #[derive(Debug, Clone, Copy, clap::ValueEnum)]
@@ -178,6 +232,8 @@ enum ProxyAction {
         /// The upstream pin to write.
         #[arg(long, default_value = "toolgate-proxy.lock")]
         lock: PathBuf,
+        #[command(flatten)]
+        upstream: UpstreamArgs,
         /// The upstream's command line, after `--`.
         #[arg(last = true, required = true, value_name = "CMD ARGS")]
         command: Vec<String>,
@@ -494,9 +550,13 @@ fn proxy_command(paths: &ServerOptions, args: ProxyArgs) -> ExitCode {
         Err(error) => return fail(&error.into()),
     };
     match args.action {
-        Some(ProxyAction::Lock { lock, command }) => {
+        Some(ProxyAction::Lock {
+            lock,
+            upstream,
+            command,
+        }) => {
             let config = toolgate_server::ProxyConfig {
-                command,
+                upstream: upstream.options(command, 0, 0),
                 lock,
                 on_drift: toolgate_server::OnDrift::default(),
             };
@@ -516,7 +576,11 @@ fn proxy_command(paths: &ServerOptions, args: ProxyArgs) -> ExitCode {
         }
         None => {
             let config = toolgate_server::ProxyConfig {
-                command: args.command,
+                upstream: args.upstream.options(
+                    args.command,
+                    args.upstream_restarts,
+                    args.restart_backoff_ms,
+                ),
                 lock: args.lock,
                 on_drift: match args.on_drift {
                     DriftArg::Hide => toolgate_server::OnDrift::Hide,

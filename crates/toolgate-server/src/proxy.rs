@@ -17,36 +17,55 @@
 
 use std::collections::{HashMap, HashSet};
 use std::path::Path;
-use std::sync::{Arc, OnceLock, PoisonError, RwLock};
+use std::process::Stdio;
+use std::sync::{Arc, Mutex, OnceLock, PoisonError, RwLock};
+use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
 use rmcp::model::{
-    CallToolRequestParams, CallToolResponse, ClientCapabilities, ClientConfig,
-    CompleteRequestParams, CompleteResult, CreateMessageRequestParams, CreateMessageResult,
-    ElicitRequestParams, ElicitResult, GetPromptRequestParams, GetPromptResponse, Implementation,
-    ListPromptsResult, ListResourceTemplatesResult, ListResourcesResult, ListRootsResult,
+    CallToolRequest, CallToolRequestParams, CallToolResponse, CancelledNotificationParam,
+    ClientCapabilities, ClientConfig, ClientRequest, CompleteRequest, CompleteRequestParams,
+    CompleteResult, CreateMessageRequestParams, CreateMessageResult, ElicitRequestParams,
+    ElicitResult, GetPromptRequest, GetPromptRequestParams, GetPromptResponse, Implementation,
+    ListPromptsRequest, ListPromptsResult, ListResourceTemplatesRequest,
+    ListResourceTemplatesResult, ListResourcesRequest, ListResourcesResult, ListRootsResult,
     ListToolsResult, LoggingMessageNotificationParam, PaginatedRequestParams,
-    ProgressNotificationParam, ReadResourceRequestParams, ReadResourceResponse,
-    ResourceUpdatedNotificationParam, ServerConfig, SetLevelRequestParams, Tool,
+    ProgressNotificationParam, ProgressToken, ReadResourceRequest, ReadResourceRequestParams,
+    ReadResourceResponse, RequestId, ResourceUpdatedNotificationParam, ResultType, ServerConfig,
+    ServerResult, SetLevelRequest, SetLevelRequestParams, Tool,
 };
-use rmcp::service::{NotificationContext, Peer, RequestContext, RunningService, ServiceError};
-use rmcp::transport::TokioChildProcess;
+use rmcp::service::{
+    NotificationContext, Peer, PeerRequestOptions, RequestContext, RunningService, ServiceError,
+};
 use rmcp::{ClientHandler, ErrorData as McpError, RoleClient, RoleServer, ServerHandler};
 use toolgate::audit::{AuditEntry, AuditSink, Decision, Outcome};
 use toolgate::canon::Sha256Digest;
 use toolgate::contract::upstream::{UpstreamPin, UpstreamTool};
+use toolgate::upstream::{UpstreamEnd, UpstreamTransport};
 
-/// The host side, once known: the peer of the first request the host sent.
+/// The host side, once known (the peer of the first request the host sent), the pin's
+/// comparison once the proxy serves, and the progress tokens of the calls in flight.
 #[derive(Debug, Default)]
-pub struct Host(OnceLock<Peer<RoleServer>>);
+pub struct Host {
+    peer: OnceLock<Peer<RoleServer>>,
+    drift: OnceLock<Arc<Drift>>,
+    /// The upstream's progress token of a forwarded call -> the host's.
+    progress: Mutex<HashMap<ProgressToken, ProgressToken>>,
+}
 
 impl Host {
     fn remember(&self, peer: &Peer<RoleServer>) {
-        let _first = self.0.set(peer.clone());
+        let _first = self.peer.set(peer.clone());
+    }
+
+    /// From now on, a `notifications/tools/list_changed` of the upstream is compared with the
+    /// pin at once.
+    pub fn watch_drift(&self, drift: Arc<Drift>) {
+        let _first = self.drift.set(drift);
     }
 
     fn peer(&self) -> Result<&Peer<RoleServer>, McpError> {
-        self.0.get().ok_or_else(|| {
+        self.peer.get().ok_or_else(|| {
             McpError::internal_error(
                 "the host has not sent a request yet, so the upstream's request cannot be forwarded",
                 None,
@@ -118,10 +137,19 @@ impl ClientHandler for HostLink {
 
     async fn on_progress(
         &self,
-        params: ProgressNotificationParam,
+        mut params: ProgressNotificationParam,
         _context: NotificationContext<RoleClient>,
     ) {
-        if let Ok(host) = self.host.peer() {
+        // Only the progress of a call the host gave a token for, under the host's token.
+        let host_token = self
+            .host
+            .progress
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(&params.progress_token)
+            .cloned();
+        if let (Some(token), Ok(host)) = (host_token, self.host.peer()) {
+            params.progress_token = token;
             let _ = host.notify_progress(params).await;
         }
     }
@@ -158,8 +186,22 @@ impl ClientHandler for HostLink {
         }
     }
 
-    async fn on_tool_list_changed(&self, _context: NotificationContext<RoleClient>) {
-        // The host lists again; that list goes through the pin like every other.
+    async fn on_tool_list_changed(&self, context: NotificationContext<RoleClient>) {
+        // Compared with the pin at once: a changed tool is hidden and refused before the host
+        // lists again (and the host's list goes through the pin too).
+        if let Some(drift) = self.host.drift.get() {
+            match context.peer.list_all_tools().await {
+                Ok(listed) => {
+                    let (name, version) = server_of(&context.peer);
+                    if let Err(error) = drift.observe_and_record((&name, &version), &listed).await {
+                        tracing::error!(error = %error.message, "cannot record the upstream's drift");
+                    }
+                }
+                Err(error) => {
+                    tracing::warn!(%error, "the upstream announced a new tool list but did not list it");
+                }
+            }
+        }
         if let Ok(host) = self.host.peer() {
             let _ = host.notify_tool_list_changed().await;
         }
@@ -169,8 +211,7 @@ impl ClientHandler for HostLink {
 /// The upstream as the gate's inner handler.
 #[derive(Debug)]
 pub struct Upstream {
-    client: RunningService<RoleClient, HostLink>,
-    host: Arc<Host>,
+    link: Arc<Link>,
     info: ServerConfig,
     drift: Arc<Drift>,
 }
@@ -304,19 +345,6 @@ impl toolgate::UnavailableTools for Drift {
     }
 }
 
-/// Why the upstream's answer is an error for the host.
-fn upstream_error(error: ServiceError) -> McpError {
-    match error {
-        // The upstream's own JSON-RPC error goes to the host as it is.
-        ServiceError::McpError(error) => error,
-        ServiceError::TransportClosed => McpError::internal_error(
-            "the upstream server is gone (its process exited or closed stdout); nothing more can be forwarded",
-            None,
-        ),
-        other => McpError::internal_error(format!("the upstream server failed: {other}"), None),
-    }
-}
-
 /// The pinned record of an rmcp tool.
 pub fn pinned_record(tool: &Tool) -> UpstreamTool {
     UpstreamTool {
@@ -335,46 +363,136 @@ pub fn pinned_record(tool: &Tool) -> UpstreamTool {
     }
 }
 
-/// Starts `command` and completes the MCP handshake with it (2025-11-25 `initialize`).
-pub async fn connect(
-    command: &[String],
-) -> anyhow::Result<(RunningService<RoleClient, HostLink>, Arc<Host>)> {
-    let (program, args) = command.split_first().context(
-        "no upstream command: give it after `--`, e.g. `proxy -- npx server-filesystem /data`",
-    )?;
-    let mut child = tokio::process::Command::new(program);
-    child.args(args);
-    let (transport, _stderr) = TokioChildProcess::builder(child)
-        .stderr(std::process::Stdio::inherit())
-        .spawn()
-        .with_context(|| format!("cannot start the upstream `{program}`"))?;
-    let host = Arc::new(Host::default());
-    let link = HostLink {
-        host: Arc::clone(&host),
-    };
-    let client = rmcp::serve_client(link, transport)
-        .await
-        .with_context(|| format!("the upstream `{program}` did not complete the MCP handshake"))?;
-    Ok((client, host))
+/// How the proxy runs its upstream.
+#[derive(Debug, Clone)]
+pub struct UpstreamOptions {
+    /// The upstream's command line.
+    pub command: Vec<String>,
+    /// The longest line the upstream may write, in bytes; a longer one ends the connection.
+    pub max_line_bytes: usize,
+    /// How long a forwarded request (and the handshake) may wait for the upstream's answer.
+    pub timeout: Duration,
+    /// How many restarts in a row the proxy attempts before it exits (0: exit at the first end).
+    pub restarts: u32,
+    /// The wait before the first restart, doubled for each further one in a row (at most
+    /// [`MAX_BACKOFF`]).
+    pub backoff: Duration,
 }
 
-/// The live pin of the connected upstream: its server info and every tool it lists.
-pub async fn live_pin(
-    client: &RunningService<RoleClient, HostLink>,
-) -> anyhow::Result<UpstreamPin> {
-    let info = client.peer_info();
-    let (name, version) = info
-        .as_ref()
-        .and_then(|info| info.server_info.as_ref())
-        .map(|server| (server.name.clone(), server.version.clone()))
-        .unwrap_or_default();
-    let tools = client
+/// The longest wait between two restarts.
+pub const MAX_BACKOFF: Duration = Duration::from_secs(30);
+
+/// An upstream that stayed up this long has recovered: its next end starts a new row of restarts.
+pub const RESTART_WINDOW: Duration = Duration::from_secs(60);
+
+/// How long a stopped upstream may take to exit by itself before it is killed.
+const EXIT_GRACE: Duration = Duration::from_millis(500);
+
+/// One started upstream process and the MCP client session with it.
+#[derive(Debug)]
+pub struct Connection {
+    client: RunningService<RoleClient, HostLink>,
+    end: Arc<UpstreamEnd>,
+    child: tokio::sync::Mutex<tokio::process::Child>,
+    started: Instant,
+}
+
+impl Connection {
+    fn peer(&self) -> &Peer<RoleClient> {
+        self.client.peer()
+    }
+
+    /// Stops the session and the process (see [`Connection::stop`]).
+    pub async fn close(self) {
+        self.end
+            .end("the proxy closed the connection to the upstream");
+        let _ = self.stop().await;
+    }
+
+    /// Stops the session and the process (killed unless it exits within [`EXIT_GRACE`]), and
+    /// returns why it ended, with its exit status.
+    async fn stop(&self) -> String {
+        self.client.cancellation_token().cancel();
+        let reason = self
+            .end
+            .reason()
+            .unwrap_or("the proxy stopped the upstream")
+            .to_owned();
+        let mut child = self.child.lock().await;
+        let status = match tokio::time::timeout(EXIT_GRACE, child.wait()).await {
+            Ok(status) => status,
+            Err(_) => {
+                let _ = child.start_kill();
+                child.wait().await
+            }
+        };
+        match status {
+            Ok(status) => format!("{reason}; the process ended with {status}"),
+            Err(error) => format!("{reason}; its exit status cannot be read: {error}"),
+        }
+    }
+}
+
+/// Starts the upstream and completes the MCP handshake with it (2025-11-25 `initialize`), within
+/// `options.timeout`.
+pub async fn connect(options: &UpstreamOptions, host: &Arc<Host>) -> anyhow::Result<Connection> {
+    let (program, args) = options.command.split_first().context(
+        "no upstream command: give it after `--`, e.g. `proxy -- npx server-filesystem /data`",
+    )?;
+    let mut child = tokio::process::Command::new(program)
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .kill_on_drop(true)
+        .spawn()
+        .with_context(|| format!("cannot start the upstream `{program}`"))?;
+    let (Some(stdin), Some(stdout)) = (child.stdin.take(), child.stdout.take()) else {
+        anyhow::bail!("the upstream `{program}` was started without pipes");
+    };
+    let (transport, end) = UpstreamTransport::new(stdout, stdin, options.max_line_bytes);
+    let link = HostLink {
+        host: Arc::clone(host),
+    };
+    let handshake = tokio::time::timeout(options.timeout, rmcp::serve_client(link, transport));
+    let client = match handshake.await {
+        Ok(Ok(client)) => client,
+        Ok(Err(error)) => {
+            let _ = child.start_kill();
+            let why = end.reason().map(|r| format!(" ({r})")).unwrap_or_default();
+            return Err(anyhow::Error::new(error).context(format!(
+                "the upstream `{program}` did not complete the MCP handshake{why}"
+            )));
+        }
+        Err(_) => {
+            let _ = child.start_kill();
+            anyhow::bail!(
+                "the upstream `{program}` did not complete the MCP handshake within {:?}",
+                options.timeout
+            );
+        }
+    };
+    Ok(Connection {
+        client,
+        end,
+        child: tokio::sync::Mutex::new(child),
+        started: Instant::now(),
+    })
+}
+
+/// The live pin of a connected upstream (its server info and every tool it lists), and the
+/// tools as listed.
+pub async fn live_pin(connection: &Connection) -> anyhow::Result<(UpstreamPin, Vec<Tool>)> {
+    let (name, version) = server_of(connection.peer());
+    let tools = connection
+        .peer()
         .list_all_tools()
         .await
-        .map_err(upstream_error)
+        .map_err(|e| upstream_error(e, &connection.end))
         .context("the upstream did not list its tools")?;
-    UpstreamPin::new(name, version, tools.iter().map(pinned_record))
-        .context("the upstream's tool list cannot be pinned")
+    let pin = UpstreamPin::new(name, version, tools.iter().map(pinned_record))
+        .context("the upstream's tool list cannot be pinned")?;
+    Ok((pin, tools))
 }
 
 /// Reads the pin file `path`.
@@ -397,17 +515,220 @@ pub fn read_pin(path: &Path) -> anyhow::Result<UpstreamPin> {
         .with_context(|| format!("the upstream pin {} is invalid", path.display()))
 }
 
+/// The name and version an upstream declared (empty when it declared none).
+fn server_of(peer: &Peer<RoleClient>) -> (String, String) {
+    peer.peer_info()
+        .as_ref()
+        .and_then(|info| info.server_info.as_ref())
+        .map(|server| (server.name.clone(), server.version.clone()))
+        .unwrap_or_default()
+}
+
+/// Why the upstream's answer is an error for the host.
+fn upstream_error(error: ServiceError, end: &UpstreamEnd) -> McpError {
+    match error {
+        // The upstream's own JSON-RPC error goes to the host as it is.
+        ServiceError::McpError(error) => error,
+        ServiceError::TransportClosed | ServiceError::TransportSend(_) => McpError::internal_error(
+            format!(
+                "the upstream server is gone: {}",
+                end.reason()
+                    .unwrap_or("its connection closed (the process exited or closed stdout)")
+            ),
+            None,
+        ),
+        ServiceError::Timeout { timeout } => McpError::internal_error(
+            format!(
+                "the upstream server did not answer within {timeout:?}; the request was cancelled upstream"
+            ),
+            None,
+        ),
+        other => McpError::internal_error(format!("the upstream server failed: {other}"), None),
+    }
+}
+
+/// The upstream as it is now.
+#[derive(Debug)]
+enum LinkState {
+    Up(Arc<Connection>),
+    /// Down, with what the host is told: why, and whether a restart is coming.
+    Down(String),
+}
+
+/// The upstream's connection, replaced when it restarts, and the requests forwarded to it.
+#[derive(Debug)]
+pub struct Link {
+    options: UpstreamOptions,
+    host: Arc<Host>,
+    state: RwLock<LinkState>,
+}
+
+impl Link {
+    /// The link to the upstream `connection` was started with `options` for `host`.
+    pub fn new(options: UpstreamOptions, host: Arc<Host>, connection: Connection) -> Self {
+        Link {
+            options,
+            host,
+            state: RwLock::new(LinkState::Up(Arc::new(connection))),
+        }
+    }
+
+    /// Closes the upstream when the proxy stops: its stdin is closed, and it is killed unless it
+    /// exits within [`EXIT_GRACE`]. Nothing is restarted afterwards.
+    pub async fn close(&self) {
+        let current = std::mem::replace(
+            &mut *self.state.write().unwrap_or_else(PoisonError::into_inner),
+            LinkState::Down("the proxy is stopping".to_owned()),
+        );
+        if let LinkState::Up(connection) = current {
+            connection
+                .end
+                .end("the proxy closed the connection to the upstream");
+            let _ = connection.stop().await;
+        }
+    }
+
+    fn connection(&self) -> Result<Arc<Connection>, McpError> {
+        match &*self.state.read().unwrap_or_else(PoisonError::into_inner) {
+            LinkState::Up(connection) => Ok(Arc::clone(connection)),
+            LinkState::Down(why) => Err(McpError::internal_error(why.clone(), None)),
+        }
+    }
+
+    fn set(&self, state: LinkState) {
+        *self.state.write().unwrap_or_else(PoisonError::into_inner) = state;
+    }
+}
+
+/// Where the proxy's lifecycle records go.
+fn lifecycle(decision: Decision, outcome: Outcome, reason: String) -> AuditEntry {
+    let mut entry = AuditEntry::tool_call(
+        "proxy",
+        "upstream",
+        decision,
+        outcome,
+        Sha256Digest::of(reason.as_bytes()),
+    )
+    .with_reason(reason);
+    entry.method = "proxy/upstream".to_owned();
+    entry
+}
+
+/// Watches the upstream: when it ends (exit, crash, a protocol breach, a hang), records why in
+/// the audit log, then restarts it with backoff, or, once the restarts in a row are used up,
+/// returns the error the proxy exits with.
+pub async fn supervise(
+    link: Arc<Link>,
+    drift: Arc<Drift>,
+    audit: Arc<dyn AuditSink>,
+) -> anyhow::Error {
+    let mut in_a_row: u32 = 0;
+    let mut connection = match link.connection() {
+        Ok(connection) => connection,
+        Err(error) => return anyhow::anyhow!("{}", error.message),
+    };
+    loop {
+        let _ = connection.end.wait().await;
+        if connection.started.elapsed() >= RESTART_WINDOW {
+            in_a_row = 0;
+        }
+        let mut why = connection.stop().await;
+        loop {
+            let restart = in_a_row < link.options.restarts;
+            let delay = link
+                .options
+                .backoff
+                .saturating_mul(1 << in_a_row.min(16))
+                .min(MAX_BACKOFF);
+            let told = if restart {
+                format!(
+                    "the upstream is not running ({why}); the proxy restarts it in {delay:?} (restart {} of {} in a row): retry the request then; a call in flight when it ended is indeterminate",
+                    in_a_row + 1,
+                    link.options.restarts
+                )
+            } else {
+                format!(
+                    "the upstream is not running ({why}) and the proxy has no restart left ({} in a row); the proxy exits",
+                    link.options.restarts
+                )
+            };
+            link.set(LinkState::Down(told.clone()));
+            tracing::error!("{told}");
+            let entry = lifecycle(
+                Decision::Deny,
+                Outcome::Error,
+                format!("upstream_ended: {told}"),
+            );
+            let audit_sink = Arc::clone(&audit);
+            if let Ok(Err(error)) = toolgate::run_blocking(move || audit_sink.append(&entry)).await
+            {
+                tracing::error!(%error, "cannot audit the upstream's end");
+            }
+            if !restart {
+                return anyhow::anyhow!("{told}");
+            }
+            in_a_row += 1;
+            tokio::time::sleep(delay).await;
+            match restart_upstream(&link, &drift).await {
+                Ok(started) => {
+                    let (name, version) = server_of(started.peer());
+                    let entry = lifecycle(
+                        Decision::Allow,
+                        Outcome::Observed,
+                        format!(
+                            "upstream_restarted: {name} {version} started again (restart {in_a_row} in a row); its tools were compared with the pin"
+                        ),
+                    );
+                    let audit_sink = Arc::clone(&audit);
+                    if let Ok(Err(error)) =
+                        toolgate::run_blocking(move || audit_sink.append(&entry)).await
+                    {
+                        tracing::error!(%error, "cannot audit the upstream's restart");
+                    }
+                    link.set(LinkState::Up(Arc::clone(&started)));
+                    connection = started;
+                    break;
+                }
+                Err(error) => why = format!("its restart failed: {error:#}"),
+            }
+        }
+    }
+}
+
+/// Starts the upstream again and compares its tools with the pin before it serves.
+async fn restart_upstream(link: &Link, drift: &Drift) -> anyhow::Result<Arc<Connection>> {
+    let connection = connect(&link.options, &link.host).await?;
+    let listed = connection
+        .peer()
+        .list_all_tools()
+        .await
+        .map_err(|e| upstream_error(e, &connection.end))
+        .context("the upstream did not list its tools")?;
+    let (name, version) = server_of(connection.peer());
+    drift
+        .observe_and_record((&name, &version), &listed)
+        .await
+        .map_err(|e| anyhow::anyhow!("{}", e.message))?;
+    Ok(Arc::new(connection))
+}
+
+/// Sends the host's cancellation of a forwarded request upstream.
+async fn cancel_upstream(peer: &Peer<RoleClient>, id: RequestId) {
+    let _ = peer
+        .notify_cancelled(CancelledNotificationParam::new(
+            Some(id),
+            Some("cancelled by the host".to_owned()),
+        ))
+        .await;
+}
+
 impl Upstream {
-    /// The gate's inner handler for the connected upstream, serving the tools `drift` approves
+    /// The gate's inner handler for the upstream `link`, serving the tools `drift` approves
     /// (it has observed the first list already).
-    pub fn new(
-        client: RunningService<RoleClient, HostLink>,
-        host: Arc<Host>,
-        drift: Arc<Drift>,
-    ) -> Self {
+    pub fn new(link: Arc<Link>, drift: Arc<Drift>) -> Self {
         // The upstream's capabilities, name and instructions; the protocol version is the one
         // negotiated with the host.
-        let info = match client.peer_info() {
+        let info = match link.connection().ok().and_then(|c| c.peer().peer_info()) {
             Some(peer) => {
                 let mut info = ServerConfig::new(peer.capabilities.clone());
                 if let Some(server) = &peer.server_info {
@@ -420,32 +741,149 @@ impl Upstream {
             }
             None => ServerConfig::new(Default::default()),
         };
-        Upstream {
-            client,
-            host,
-            info,
-            drift,
+        Upstream { link, info, drift }
+    }
+
+    /// Sends `request` upstream and waits for its answer within the timeout; the host's
+    /// cancellation is passed on. A `tools/call` carries the host's progress token, translated.
+    async fn forward(
+        &self,
+        request: ClientRequest,
+        context: &RequestContext<RoleServer>,
+    ) -> Result<(ServerResult, Arc<Connection>), Forwarded> {
+        self.link.host.remember(&context.peer);
+        let connection = self.link.connection().map_err(Forwarded::NotSent)?;
+        let options = PeerRequestOptions::with_timeout(self.link.options.timeout);
+        let handle = connection
+            .peer()
+            .send_request_with_option(request, options)
+            .await
+            .map_err(|e| Forwarded::NotSent(upstream_error(e, &connection.end)))?;
+        let id = handle.id.clone();
+        let progress = context.meta.get_progress_token().map(|host_token| {
+            ProgressRoute::open(&self.link.host, handle.progress_token.clone(), host_token)
+        });
+        let answer = tokio::select! {
+            answer = handle.await_response() => answer,
+            () = context.ct.cancelled() => {
+                cancel_upstream(connection.peer(), id).await;
+                return Err(Forwarded::Lost(McpError::internal_error(
+                    "the call was cancelled by the host; the upstream was told to stop",
+                    None,
+                )));
+            }
+        };
+        drop(progress);
+        match answer {
+            Ok(result) => Ok((result, connection)),
+            Err(ServiceError::McpError(error)) => Err(Forwarded::Refused(error)),
+            // The transport refused to send it: nothing reached the upstream.
+            Err(error @ ServiceError::TransportSend(_)) => {
+                Err(Forwarded::NotSent(upstream_error(error, &connection.end)))
+            }
+            Err(error) => {
+                if matches!(error, ServiceError::Timeout { .. }) {
+                    self.check_alive(&connection);
+                }
+                Err(Forwarded::Lost(upstream_error(error, &connection.end)))
+            }
         }
     }
 
-    fn peer(&self) -> &Peer<RoleClient> {
-        self.client.peer()
-    }
-
-    /// The upstream's name and version as it declared them.
-    fn server(&self) -> (String, String) {
-        server_of(&self.client)
+    /// After a request timed out: pings the upstream, and ends the connection (so that it is
+    /// restarted) when the ping is not answered within the timeout either.
+    fn check_alive(&self, connection: &Arc<Connection>) {
+        let connection = Arc::clone(connection);
+        let timeout = self.link.options.timeout;
+        tokio::spawn(async move {
+            let ping = connection.peer().send_request_with_option(
+                ClientRequest::PingRequest(Default::default()),
+                PeerRequestOptions::with_timeout(timeout),
+            );
+            let answered = match ping.await {
+                Ok(handle) => handle.await_response().await.is_ok(),
+                Err(_) => false,
+            };
+            if !answered {
+                connection.end.end(format!(
+                    "the upstream stopped answering: a request and then a ping got no answer within {timeout:?}"
+                ));
+            }
+        });
     }
 }
 
-/// The name and version `client`'s upstream declared (empty when it declared none).
-fn server_of(client: &RunningService<RoleClient, HostLink>) -> (String, String) {
-    client
-        .peer_info()
-        .as_ref()
-        .and_then(|info| info.server_info.as_ref())
-        .map(|server| (server.name.clone(), server.version.clone()))
-        .unwrap_or_default()
+/// What happened to a forwarded request that has no answer for the host.
+#[derive(Debug)]
+enum Forwarded {
+    /// Nothing reached the upstream.
+    NotSent(McpError),
+    /// The upstream answered with a JSON-RPC error (nothing was done, as far as it says).
+    Refused(McpError),
+    /// Sent, and then no answer: the upstream may or may not have acted on it.
+    Lost(McpError),
+}
+
+impl Forwarded {
+    fn into_error(self) -> McpError {
+        match self {
+            Forwarded::NotSent(error) | Forwarded::Refused(error) | Forwarded::Lost(error) => error,
+        }
+    }
+}
+
+/// A progress token of the host, while the upstream reports progress of the request it was
+/// given for: the upstream's token (rmcp's own, per request) is translated back.
+struct ProgressRoute<'a> {
+    host: &'a Host,
+    upstream: ProgressToken,
+}
+
+impl<'a> ProgressRoute<'a> {
+    fn open(host: &'a Host, upstream: ProgressToken, host_token: ProgressToken) -> Self {
+        host.progress
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(upstream.clone(), host_token);
+        ProgressRoute { host, upstream }
+    }
+}
+
+impl Drop for ProgressRoute<'_> {
+    fn drop(&mut self) {
+        self.host
+            .progress
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(&self.upstream);
+    }
+}
+
+/// Marks a forwarded result `complete` when the upstream left the discriminator out: a
+/// 2025-11-25 upstream never sends it (absent means complete), and a 2026-07-28 host requires it
+/// (rmcp removes it again for a host of the older protocol).
+fn complete(result_type: &mut Option<ResultType>) {
+    result_type.get_or_insert(ResultType::COMPLETE);
+}
+
+/// The answer of a forwarded request, or the error to give the host.
+macro_rules! expect_result {
+    ($answer:expr, $variant:ident) => {
+        match $answer {
+            Ok((ServerResult::$variant(mut result), _)) => {
+                complete(&mut result.result_type);
+                Ok(result)
+            }
+            Ok(_) => Err(McpError::internal_error(
+                concat!(
+                    "the upstream answered with another kind of result than a ",
+                    stringify!($variant)
+                ),
+                None,
+            )),
+            Err(forwarded) => Err(forwarded.into_error()),
+        }
+    };
 }
 
 impl ServerHandler for Upstream {
@@ -468,9 +906,23 @@ impl ServerHandler for Upstream {
         _request: Option<PaginatedRequestParams>,
         context: RequestContext<RoleServer>,
     ) -> Result<ListToolsResult, McpError> {
-        self.host.remember(&context.peer);
-        let listed = self.peer().list_all_tools().await.map_err(upstream_error)?;
-        let (name, version) = self.server();
+        self.link.host.remember(&context.peer);
+        let connection = self.link.connection()?;
+        let listed = tokio::time::timeout(
+            self.link.options.timeout,
+            connection.peer().list_all_tools(),
+        )
+        .await
+        .map_err(|_| {
+            upstream_error(
+                ServiceError::Timeout {
+                    timeout: self.link.options.timeout,
+                },
+                &connection.end,
+            )
+        })?
+        .map_err(|e| upstream_error(e, &connection.end))?;
+        let (name, version) = server_of(connection.peer());
         let approved = self
             .drift
             .observe_and_record((&name, &version), &listed)
@@ -483,13 +935,34 @@ impl ServerHandler for Upstream {
         request: CallToolRequestParams,
         context: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, McpError> {
-        self.host.remember(&context.peer);
-        tokio::select! {
-            answer = self.peer().call_tool_once(request) => answer.map_err(upstream_error),
-            () = context.ct.cancelled() => Err(McpError::internal_error(
-                "the call was cancelled by the host; the upstream was told to stop",
+        let call = ClientRequest::CallToolRequest(CallToolRequest::new(request));
+        match self.forward(call, &context).await {
+            Ok((ServerResult::CallToolResult(mut result), _)) => {
+                complete(&mut result.result_type);
+                Ok(CallToolResponse::Complete(result))
+            }
+            Ok((ServerResult::InputRequiredResult(result), _)) => {
+                Ok(CallToolResponse::InputRequired(result))
+            }
+            Ok((ServerResult::CreateTaskResult(result), _)) => Ok(CallToolResponse::Task(result)),
+            Ok(_) => Err(McpError::internal_error(
+                "the upstream answered tools/call with another kind of result",
                 None,
             )),
+            Err(Forwarded::Lost(error)) => {
+                // The call may have run upstream: an exactly-once key is left for an operator.
+                if let Some(permit) = context.extensions.get::<toolgate::Permit>() {
+                    let _ = permit.record_outcome(Outcome::Indeterminate);
+                }
+                Err(McpError::internal_error(
+                    format!(
+                        "{}; the call may or may not have taken effect upstream, so it is indeterminate: inspect the target before retrying (an idempotency key of an unsafe tool stays indeterminate until an operator resolves it)",
+                        error.message
+                    ),
+                    error.data,
+                ))
+            }
+            Err(other) => Err(other.into_error()),
         }
     }
 
@@ -498,11 +971,12 @@ impl ServerHandler for Upstream {
         request: Option<PaginatedRequestParams>,
         context: RequestContext<RoleServer>,
     ) -> Result<ListResourcesResult, McpError> {
-        self.host.remember(&context.peer);
-        self.peer()
-            .list_resources(request)
-            .await
-            .map_err(upstream_error)
+        let request = ClientRequest::ListResourcesRequest(ListResourcesRequest {
+            method: Default::default(),
+            params: request,
+            extensions: Default::default(),
+        });
+        expect_result!(self.forward(request, &context).await, ListResourcesResult)
     }
 
     async fn list_resource_templates(
@@ -510,11 +984,15 @@ impl ServerHandler for Upstream {
         request: Option<PaginatedRequestParams>,
         context: RequestContext<RoleServer>,
     ) -> Result<ListResourceTemplatesResult, McpError> {
-        self.host.remember(&context.peer);
-        self.peer()
-            .list_resource_templates(request)
-            .await
-            .map_err(upstream_error)
+        let request = ClientRequest::ListResourceTemplatesRequest(ListResourceTemplatesRequest {
+            method: Default::default(),
+            params: request,
+            extensions: Default::default(),
+        });
+        expect_result!(
+            self.forward(request, &context).await,
+            ListResourceTemplatesResult
+        )
     }
 
     async fn read_resource(
@@ -522,11 +1000,21 @@ impl ServerHandler for Upstream {
         request: ReadResourceRequestParams,
         context: RequestContext<RoleServer>,
     ) -> Result<ReadResourceResponse, McpError> {
-        self.host.remember(&context.peer);
-        self.peer()
-            .read_resource_once(request)
-            .await
-            .map_err(upstream_error)
+        let request = ClientRequest::ReadResourceRequest(ReadResourceRequest::new(request));
+        match self.forward(request, &context).await {
+            Ok((ServerResult::ReadResourceResult(mut result), _)) => {
+                complete(&mut result.result_type);
+                Ok(ReadResourceResponse::Complete(result))
+            }
+            Ok((ServerResult::InputRequiredResult(result), _)) => {
+                Ok(ReadResourceResponse::InputRequired(result))
+            }
+            Ok(_) => Err(McpError::internal_error(
+                "the upstream answered resources/read with another kind of result",
+                None,
+            )),
+            Err(forwarded) => Err(forwarded.into_error()),
+        }
     }
 
     async fn list_prompts(
@@ -534,11 +1022,12 @@ impl ServerHandler for Upstream {
         request: Option<PaginatedRequestParams>,
         context: RequestContext<RoleServer>,
     ) -> Result<ListPromptsResult, McpError> {
-        self.host.remember(&context.peer);
-        self.peer()
-            .list_prompts(request)
-            .await
-            .map_err(upstream_error)
+        let request = ClientRequest::ListPromptsRequest(ListPromptsRequest {
+            method: Default::default(),
+            params: request,
+            extensions: Default::default(),
+        });
+        expect_result!(self.forward(request, &context).await, ListPromptsResult)
     }
 
     async fn get_prompt(
@@ -546,11 +1035,21 @@ impl ServerHandler for Upstream {
         request: GetPromptRequestParams,
         context: RequestContext<RoleServer>,
     ) -> Result<GetPromptResponse, McpError> {
-        self.host.remember(&context.peer);
-        self.peer()
-            .get_prompt_once(request)
-            .await
-            .map_err(upstream_error)
+        let request = ClientRequest::GetPromptRequest(GetPromptRequest::new(request));
+        match self.forward(request, &context).await {
+            Ok((ServerResult::GetPromptResult(mut result), _)) => {
+                complete(&mut result.result_type);
+                Ok(GetPromptResponse::Complete(result))
+            }
+            Ok((ServerResult::InputRequiredResult(result), _)) => {
+                Ok(GetPromptResponse::InputRequired(result))
+            }
+            Ok(_) => Err(McpError::internal_error(
+                "the upstream answered prompts/get with another kind of result",
+                None,
+            )),
+            Err(forwarded) => Err(forwarded.into_error()),
+        }
     }
 
     async fn complete(
@@ -558,8 +1057,8 @@ impl ServerHandler for Upstream {
         request: CompleteRequestParams,
         context: RequestContext<RoleServer>,
     ) -> Result<CompleteResult, McpError> {
-        self.host.remember(&context.peer);
-        self.peer().complete(request).await.map_err(upstream_error)
+        let request = ClientRequest::CompleteRequest(CompleteRequest::new(request));
+        expect_result!(self.forward(request, &context).await, CompleteResult)
     }
 
     async fn set_level(
@@ -567,7 +1066,10 @@ impl ServerHandler for Upstream {
         request: SetLevelRequestParams,
         context: RequestContext<RoleServer>,
     ) -> Result<(), McpError> {
-        self.host.remember(&context.peer);
-        self.peer().set_level(request).await.map_err(upstream_error)
+        let request = ClientRequest::SetLevelRequest(SetLevelRequest::new(request));
+        match self.forward(request, &context).await {
+            Ok(_) => Ok(()),
+            Err(forwarded) => Err(forwarded.into_error()),
+        }
     }
 }
