@@ -295,13 +295,12 @@ where
                         "the upstream answered with an error without a request id (it could not read a request it was sent): {error}"
                     ));
                 }
-                Some(Some(id)) => {
-                    if !Outstanding::lock(&self.outstanding).answer(id) {
-                        return self.fault(format!(
-                            "the upstream answered request id {id}, which was not asked or was already answered"
-                        ));
-                    }
+                Some(Some(id)) if !Outstanding::lock(&self.outstanding).answer(id) => {
+                    return self.fault(format!(
+                        "the upstream answered request id {id}, which was not asked or was already answered"
+                    ));
                 }
+                Some(Some(_)) => {}
             }
             return Some(message);
         }

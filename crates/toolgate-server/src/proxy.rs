@@ -280,7 +280,10 @@ impl Drift {
                         crate::SERVER_NAME
                     )
                 });
-                note.push_str(&format!(" {} ({});", change.rule, change.detail));
+                note.push_str(&format!(
+                    " {} {} ({});",
+                    change.verdict, change.rule, change.detail
+                ));
             }
             if state
                 .recorded
@@ -298,7 +301,10 @@ impl Drift {
                     Outcome::Refused,
                     Sha256Digest::of(change.detail.as_bytes()),
                 )
-                .with_reason(format!("{}: {}", change.rule, change.detail));
+                .with_reason(format!(
+                    "{} {}: {}",
+                    change.verdict, change.rule, change.detail
+                ));
                 entry.method = "proxy/drift".to_owned();
                 entries.push(entry);
             }

@@ -7,6 +7,7 @@
 mod common;
 
 use std::path::{Path, PathBuf};
+use std::time::Instant;
 
 use common::{Server, TestEnv, output_text};
 use serde_json::{Value, json};
@@ -224,8 +225,8 @@ fn a_tool_that_drifted_from_its_pin_is_hidden_refused_and_audited() {
     // Recorded once each, at start (the host's list found nothing new).
     assert_eq!(drift.len(), 2, "{drift:?}");
     assert!(
-        drift[0].starts_with("read_ledger upstream.description_changed")
-            && drift[1].starts_with("write_note upstream.description_changed"),
+        drift[0].starts_with("read_ledger RISKY upstream.description_changed")
+            && drift[1].starts_with("write_note RISKY upstream.description_changed"),
         "{drift:?}"
     );
 
@@ -275,4 +276,352 @@ fn the_proxy_does_not_start_without_a_pin_or_an_upstream() {
         "{}",
         output_text(&output)
     );
+}
+
+// ---------------------------------------------------------------------------------------------
+// A scripted upstream (tests/fixtures/scripted_upstream.py): rug pulls, faults, progress.
+
+const SCRIPTED: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/tests/fixtures/scripted_upstream.py"
+);
+
+/// Every tool of the scripted upstream allowed; `store` exactly once per key, unsafe.
+const SCRIPTED_POLICY: &str = r#"{
+  "version": 1,
+  "allow": ["echo", "echo_v2", "store", "progress", "rug_pull", "fault"],
+  "idempotency": {"store": {"key_argument": "key", "effect": "unsafe"}},
+  "effects": {"store": "write"}
+}"#;
+
+struct Scripted {
+    proxy: TestEnv,
+    state: PathBuf,
+    pin: PathBuf,
+}
+
+impl Scripted {
+    fn new() -> Scripted {
+        let proxy = TestEnv::new();
+        std::fs::write(&proxy.policy, SCRIPTED_POLICY).unwrap();
+        let state = proxy.path("upstream-state");
+        let pin = proxy.path("toolgate-proxy.lock");
+        let scripted = Scripted { proxy, state, pin };
+        let output = common::run_to_end({
+            let mut command = scripted.proxy.command();
+            command
+                .args(["proxy", "lock", "--lock"])
+                .arg(&scripted.pin)
+                .arg("--")
+                .args(scripted.upstream_command());
+            command
+        });
+        assert!(output.status.success(), "{}", output_text(&output));
+        assert!(
+            output_text(&output).contains("pinned 5 tools of scripted-upstream 1.0.0"),
+            "{}",
+            output_text(&output)
+        );
+        scripted
+    }
+
+    fn upstream_command(&self) -> Vec<String> {
+        vec![
+            "python3".to_owned(),
+            SCRIPTED.to_owned(),
+            self.state.display().to_string(),
+        ]
+    }
+
+    fn start(&self, extra: &[&str]) -> Server {
+        let mut command = self.proxy.command();
+        command
+            .arg("proxy")
+            .arg("--lock")
+            .arg(&self.pin)
+            .args(extra)
+            .arg("--")
+            .args(self.upstream_command());
+        let mut server = Server::spawn(command, &self.proxy.path("proxy.stderr"));
+        server.discover();
+        server
+    }
+
+    /// How many times the upstream was started.
+    fn starts(&self) -> usize {
+        std::fs::read_to_string(self.state.join("starts"))
+            .unwrap_or_default()
+            .lines()
+            .count()
+    }
+
+    /// The values `store` ran with (one line per execution upstream).
+    fn stored(&self) -> Vec<String> {
+        std::fs::read_to_string(self.state.join("stored"))
+            .unwrap_or_default()
+            .lines()
+            .map(str::to_owned)
+            .collect()
+    }
+
+    /// The proxy's audit records of `method`.
+    fn records(&self, method: &str) -> Vec<Value> {
+        self.proxy
+            .audit_records()
+            .into_iter()
+            .filter(|r| r["method"] == method)
+            .collect()
+    }
+
+    /// Waits until the proxy's audit log has a record of `method` whose reason contains `text`.
+    fn wait_for_record(&self, server: &mut Server, method: &str, text: &str) -> Value {
+        let deadline = Instant::now() + common::TIMEOUT;
+        loop {
+            if let Some(record) = self
+                .records(method)
+                .into_iter()
+                .find(|r| r["reason"].as_str().is_some_and(|s| s.contains(text)))
+            {
+                return record;
+            }
+            assert!(
+                server.is_running() && Instant::now() < deadline,
+                "no {method} record with {text:?} in the proxy's audit log; stderr:\n{}",
+                server.stderr()
+            );
+            common::poll_pause();
+        }
+    }
+}
+
+/// Reads the proxy's output until `count` notifications of `method` arrived; returns them.
+fn wait_for_notifications(server: &mut Server, method: &str, count: usize) -> Vec<Value> {
+    let deadline = Instant::now() + common::TIMEOUT;
+    loop {
+        let found: Vec<Value> = server
+            .transcript
+            .iter()
+            .filter_map(|line| serde_json::from_str::<Value>(line).ok())
+            .filter(|m| m["method"] == method)
+            .collect();
+        if found.len() >= count {
+            return found;
+        }
+        let left = deadline.saturating_duration_since(Instant::now());
+        assert!(
+            server.recv_line_within(left).is_some(),
+            "{count} {method} notifications did not arrive; stderr:\n{}",
+            server.stderr()
+        );
+    }
+}
+
+fn error_message(reply: &Value) -> String {
+    reply["error"]["message"]
+        .as_str()
+        .unwrap_or_else(|| panic!("not an error: {reply}"))
+        .to_owned()
+}
+
+#[test]
+fn a_rug_pull_after_start_is_caught_at_the_upstreams_list_changed() {
+    // (change, the tool the host then calls, its rule, its verdict)
+    let cases = [
+        (
+            "description",
+            "echo",
+            "upstream.description_changed",
+            "RISKY",
+        ),
+        (
+            "annotation",
+            "echo",
+            "upstream.annotations_changed",
+            "RISKY",
+        ),
+        (
+            "schema",
+            "echo",
+            "upstream.input_schema_changed",
+            "BREAKING",
+        ),
+        ("rename", "echo_v2", "upstream.tool_renamed", "BREAKING"),
+    ];
+    for (change, tool, rule, verdict) in cases {
+        let scripted = Scripted::new();
+        let mut proxy = scripted.start(&[]);
+        assert!(proxy.list_tool_names().contains(&"echo".to_owned()));
+        let echoed = proxy.call("echo", json!({"text": "before"}));
+        assert_eq!(common::first_text(&echoed), "before", "{echoed}");
+
+        let changed = proxy.call("rug_pull", json!({"change": change}));
+        assert_eq!(common::first_text(&changed), "changed", "{changed}");
+        // The proxy compares the new list before it passes the notification on.
+        wait_for_notifications(&mut proxy, "notifications/tools/list_changed", 1);
+
+        let refused = proxy.call(tool, json!({"text": "after"}));
+        assert_eq!(
+            refused["error"]["code"],
+            json!(-32602),
+            "{change}: {refused}"
+        );
+        let message = error_message(&refused);
+        assert!(
+            message.contains(&format!("{verdict} {rule}")) && message.contains("proxy lock"),
+            "{change}: {message}"
+        );
+        let listed = proxy.list_tool_names();
+        assert!(
+            !listed.contains(&"echo".to_owned()) && !listed.contains(&"echo_v2".to_owned()),
+            "{change}: {listed:?}"
+        );
+        assert!(proxy.close().success());
+
+        let drift = scripted.records("proxy/drift");
+        assert_eq!(drift.len(), 1, "{change}: recorded once: {drift:?}");
+        assert_eq!(drift[0]["name"], json!(tool), "{change}");
+        assert!(
+            drift[0]["reason"]
+                .as_str()
+                .unwrap()
+                .starts_with(&format!("{verdict} {rule}: ")),
+            "{change}: {}",
+            drift[0]
+        );
+        assert!(scripted.proxy.audit_verify().status.success());
+    }
+}
+
+#[test]
+fn progress_of_a_forwarded_call_reaches_the_host_under_its_own_token() {
+    let scripted = Scripted::new();
+    let mut proxy = scripted.start(&[]);
+    let id = proxy.next_id();
+    let mut meta = common::meta();
+    meta["progressToken"] = json!("host-token-7");
+    proxy.send(&json!({
+        "jsonrpc": "2.0",
+        "id": id,
+        "method": "tools/call",
+        "params": {"name": "progress", "arguments": {}, "_meta": meta},
+    }));
+    let reply = proxy.response(id);
+    assert_eq!(common::first_text(&reply), "done", "{reply}");
+    let progress = wait_for_notifications(&mut proxy, "notifications/progress", 2);
+    for notification in &progress {
+        assert_eq!(
+            notification["params"]["progressToken"],
+            json!("host-token-7"),
+            "{notification}"
+        );
+    }
+    assert!(proxy.close().success());
+}
+
+#[test]
+fn an_upstream_that_breaks_the_protocol_is_restarted_and_its_call_is_indeterminate() {
+    // (fault, what the host's error says, what the audit record of the upstream's end says)
+    let cases = [
+        ("crash", "closed its output", "closed its output"),
+        (
+            "garbage",
+            "not a JSON-RPC message",
+            "not a JSON-RPC message",
+        ),
+        ("huge", "more than 1048576 bytes", "more than 1048576 bytes"),
+        ("wrong_id", "answered request id", "answered request id"),
+        ("hang", "did not answer within 2s", "stopped answering"),
+    ];
+    for (fault, says, recorded) in cases {
+        let scripted = Scripted::new();
+        let mut proxy = scripted.start(&[
+            "--upstream-restarts",
+            "1",
+            "--restart-backoff-ms",
+            "20",
+            "--upstream-timeout",
+            "2",
+            "--upstream-max-line-bytes",
+            "1048576",
+        ]);
+        let failed = proxy.call("fault", json!({"kind": fault}));
+        let message = error_message(&failed);
+        assert!(
+            message.contains(says) && message.contains("indeterminate"),
+            "{fault}: {message}"
+        );
+        // The end is audited, the upstream started again, and serves.
+        let ended = scripted.wait_for_record(&mut proxy, "proxy/upstream", "upstream_ended");
+        assert!(
+            ended["reason"].as_str().unwrap().contains(recorded),
+            "{fault}: {ended}"
+        );
+        scripted.wait_for_record(&mut proxy, "proxy/upstream", "upstream_restarted");
+        // `proxy lock`, the proxy's start, the restart.
+        assert_eq!(scripted.starts(), 3, "{fault}");
+        let echoed = proxy.call("echo", json!({"text": "again"}));
+        assert_eq!(common::first_text(&echoed), "again", "{fault}: {echoed}");
+        assert!(proxy.close().success());
+
+        let calls: Vec<String> = scripted
+            .records("tools/call")
+            .iter()
+            .map(|r| format!("{} {}", r["name"], r["outcome"]))
+            .collect();
+        assert_eq!(
+            calls,
+            [r#""fault" "indeterminate""#, r#""echo" "committed""#],
+            "{fault}"
+        );
+        assert!(scripted.proxy.audit_verify().status.success());
+    }
+}
+
+#[test]
+fn an_exactly_once_call_lost_with_its_upstream_is_never_forwarded_again() {
+    let scripted = Scripted::new();
+    let mut proxy = scripted.start(&["--restart-backoff-ms", "20"]);
+    let arguments = json!({"key": "order-1", "value": "v1", "crash_after_write": true});
+    let lost = proxy.call("store", arguments.clone());
+    assert!(error_message(&lost).contains("indeterminate"), "{lost}");
+    scripted.wait_for_record(&mut proxy, "proxy/upstream", "upstream_restarted");
+    // The effect happened once upstream; the retry is answered by the proxy, not forwarded.
+    let retried = proxy.call("store", arguments);
+    assert_eq!(scripted.stored(), ["v1"]);
+    let text = serde_json::to_string(&retried).unwrap();
+    assert!(text.contains("indeterminate"), "{retried}");
+    // Another key runs normally.
+    let other = proxy.call("store", json!({"key": "order-2", "value": "v2"}));
+    assert_eq!(common::first_text(&other), "stored", "{other}");
+    assert_eq!(scripted.stored(), ["v1", "v2"]);
+    assert!(proxy.close().success());
+    let outcomes: Vec<String> = scripted
+        .records("tools/call")
+        .iter()
+        .map(|r| r["outcome"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(outcomes, ["indeterminate", "indeterminate", "committed"]);
+}
+
+#[test]
+fn without_restarts_left_the_proxy_answers_then_exits_non_zero() {
+    let scripted = Scripted::new();
+    let mut proxy = scripted.start(&["--upstream-restarts", "0"]);
+    let failed = proxy.call("fault", json!({"kind": "crash"}));
+    assert!(
+        error_message(&failed).contains("closed its output"),
+        "{failed}"
+    );
+    let status = proxy.wait_exit();
+    assert_eq!(status.code(), Some(2), "stderr:\n{}", proxy.stderr());
+    assert!(
+        proxy.stderr().contains("no restart left"),
+        "{}",
+        proxy.stderr()
+    );
+    // `proxy lock` and the proxy's start, no restart.
+    assert_eq!(scripted.starts(), 2);
+    let ended = scripted.records("proxy/upstream");
+    assert_eq!(ended.len(), 1, "{ended:?}");
+    assert!(scripted.proxy.audit_verify().status.success());
 }

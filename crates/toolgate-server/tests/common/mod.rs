@@ -396,6 +396,16 @@ impl Server {
         status
     }
 
+    /// Waits for the server to exit by itself, with stdin still open.
+    pub fn wait_exit(&mut self) -> ExitStatus {
+        wait_exit(&mut self.child, TIMEOUT).unwrap_or_else(|| {
+            panic!(
+                "the server did not exit within {TIMEOUT:?}; stderr:\n{}",
+                self.stderr()
+            )
+        })
+    }
+
     /// SIGKILLs the server and reaps it.
     pub fn kill(mut self) {
         self.child.kill().expect("SIGKILL the server");
