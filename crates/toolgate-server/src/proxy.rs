@@ -30,12 +30,14 @@ use rmcp::model::{
     ListPromptsRequest, ListPromptsResult, ListResourceTemplatesRequest,
     ListResourceTemplatesResult, ListResourcesRequest, ListResourcesResult, ListRootsResult,
     ListToolsResult, LoggingMessageNotificationParam, PaginatedRequestParams,
-    ProgressNotificationParam, ProgressToken, ReadResourceRequest, ReadResourceRequestParams,
-    ReadResourceResponse, RequestId, ResourceUpdatedNotificationParam, ResultType, ServerConfig,
-    ServerResult, SetLevelRequest, SetLevelRequestParams, Tool,
+    ProgressNotificationParam, ProgressToken, ProtocolVersion, ReadResourceRequest,
+    ReadResourceRequestParams, ReadResourceResponse, RequestId, ResourceUpdatedNotificationParam,
+    ResultType, ServerConfig, ServerNotification, ServerResult, SetLevelRequest,
+    SetLevelRequestParams, SubscriptionFilter, Tool,
 };
 use rmcp::service::{
-    NotificationContext, Peer, PeerRequestOptions, RequestContext, RunningService, ServiceError,
+    ClientLifecycleMode, NotificationContext, Peer, PeerRequestOptions, RequestContext,
+    RunningService, ServiceError, serve_client_with_lifecycle,
 };
 use rmcp::{ClientHandler, ErrorData as McpError, RoleClient, RoleServer, ServerHandler};
 use toolgate::audit::{AuditEntry, AuditSink, Decision, Outcome};
@@ -48,6 +50,8 @@ use toolgate::upstream::{UpstreamEnd, UpstreamTransport};
 #[derive(Debug, Default)]
 pub struct Host {
     peer: OnceLock<Peer<RoleServer>>,
+    /// Woken when the host's first request arrives.
+    arrived: tokio::sync::Notify,
     drift: OnceLock<Arc<Drift>>,
     /// The upstream's progress token of a forwarded call -> the host's.
     progress: Mutex<HashMap<ProgressToken, ProgressToken>>,
@@ -55,7 +59,25 @@ pub struct Host {
 
 impl Host {
     fn remember(&self, peer: &Peer<RoleServer>) {
-        let _first = self.peer.set(peer.clone());
+        if self.peer.set(peer.clone()).is_ok() {
+            self.arrived.notify_waiters();
+        }
+    }
+
+    /// The host, for a request of the upstream: one made before the host's first request (a
+    /// `roots/list` right after the upstream's handshake, while the proxy starts) waits for it,
+    /// at most [`HOST_WAIT`].
+    async fn requested(&self) -> Result<Peer<RoleServer>, McpError> {
+        let deadline = tokio::time::Instant::now() + HOST_WAIT;
+        loop {
+            let arrived = self.arrived.notified();
+            if let Some(peer) = self.peer.get() {
+                return Ok(peer.clone());
+            }
+            if tokio::time::timeout_at(deadline, arrived).await.is_err() {
+                return self.peer().cloned();
+            }
+        }
     }
 
     /// From now on, a `notifications/tools/list_changed` of the upstream is compared with the
@@ -73,6 +95,9 @@ impl Host {
         })
     }
 }
+
+/// How long a request of the upstream waits for the host to connect.
+const HOST_WAIT: Duration = Duration::from_secs(60);
 
 /// The proxy's client towards the upstream: forwards what the upstream asks of the host.
 #[derive(Debug, Clone)]
@@ -105,7 +130,8 @@ impl ClientHandler for HostLink {
         _context: RequestContext<RoleClient>,
     ) -> Result<CreateMessageResult, McpError> {
         self.host
-            .peer()?
+            .requested()
+            .await?
             .create_message(params)
             .await
             .map_err(host_error)
@@ -118,7 +144,7 @@ impl ClientHandler for HostLink {
     ) -> Result<ElicitResult, McpError> {
         let request =
             rmcp::model::ServerRequest::ElicitRequest(rmcp::model::ElicitRequest::new(params));
-        match self.host.peer()?.send_request(request).await {
+        match self.host.requested().await?.send_request(request).await {
             Ok(rmcp::model::ClientResult::ElicitResult(result)) => Ok(result),
             Ok(_) => Err(McpError::internal_error(
                 "the host answered the elicitation with another kind of result",
@@ -132,7 +158,12 @@ impl ClientHandler for HostLink {
         &self,
         _context: RequestContext<RoleClient>,
     ) -> Result<ListRootsResult, McpError> {
-        self.host.peer()?.list_roots().await.map_err(host_error)
+        self.host
+            .requested()
+            .await?
+            .list_roots()
+            .await
+            .map_err(host_error)
     }
 
     async fn on_progress(
@@ -187,24 +218,30 @@ impl ClientHandler for HostLink {
     }
 
     async fn on_tool_list_changed(&self, context: NotificationContext<RoleClient>) {
-        // Compared with the pin at once: a changed tool is hidden and refused before the host
-        // lists again (and the host's list goes through the pin too).
-        if let Some(drift) = self.host.drift.get() {
-            match context.peer.list_all_tools().await {
-                Ok(listed) => {
-                    let (name, version) = server_of(&context.peer);
-                    if let Err(error) = drift.observe_and_record((&name, &version), &listed).await {
-                        tracing::error!(error = %error.message, "cannot record the upstream's drift");
-                    }
-                }
-                Err(error) => {
-                    tracing::warn!(%error, "the upstream announced a new tool list but did not list it");
+        tool_list_changed(&self.host, &context.peer).await;
+    }
+}
+
+/// The upstream's tools changed (its `notifications/tools/list_changed`, unsolicited from a
+/// 2025-11-25 upstream, on the proxy's subscription from a 2026-07-28 one): the new list is
+/// compared with the pin at once, so a changed tool is hidden and refused before the host lists
+/// again (the host's list goes through the pin too); then the host is told.
+async fn tool_list_changed(host: &Host, upstream: &Peer<RoleClient>) {
+    if let Some(drift) = host.drift.get() {
+        match upstream.list_all_tools().await {
+            Ok(listed) => {
+                let (name, version) = server_of(upstream);
+                if let Err(error) = drift.observe_and_record((&name, &version), &listed).await {
+                    tracing::error!(error = %error.message, "cannot record the upstream's drift");
                 }
             }
+            Err(error) => {
+                tracing::warn!(%error, "the upstream announced a new tool list but did not list it");
+            }
         }
-        if let Ok(host) = self.host.peer() {
-            let _ = host.notify_tool_list_changed().await;
-        }
+    }
+    if let Ok(host) = host.peer() {
+        let _ = host.notify_tool_list_changed().await;
     }
 }
 
@@ -460,7 +497,16 @@ pub async fn connect(options: &UpstreamOptions, host: &Arc<Host>) -> anyhow::Res
     let link = HostLink {
         host: Arc::clone(host),
     };
-    let handshake = tokio::time::timeout(options.timeout, rmcp::serve_client(link, transport));
+    // The 2026-07-28 `server/discover` first; an upstream that answers it as a 2025-11-25 server
+    // would (an error such as -32601) gets `initialize`.
+    let lifecycle = ClientLifecycleMode::Auto {
+        preferred_versions: vec![ProtocolVersion::V_2026_07_28],
+        legacy_version: Some(ProtocolVersion::V_2025_11_25),
+    };
+    let handshake = tokio::time::timeout(
+        options.timeout,
+        serve_client_with_lifecycle(link, transport, lifecycle),
+    );
     let client = match handshake.await {
         Ok(Ok(client)) => client,
         Ok(Err(error)) => {
@@ -478,12 +524,51 @@ pub async fn connect(options: &UpstreamOptions, host: &Arc<Host>) -> anyhow::Res
             );
         }
     };
+    subscribe_to_tool_changes(&client, host).await;
     Ok(Connection {
         client,
         end,
         child: tokio::sync::Mutex::new(child),
         started: Instant::now(),
     })
+}
+
+/// A 2026-07-28 upstream sends list changes only on a subscription: when it declares them, the
+/// proxy opens one (`subscriptions/listen`) for the connection's life.
+async fn subscribe_to_tool_changes(
+    client: &RunningService<RoleClient, HostLink>,
+    host: &Arc<Host>,
+) {
+    let Some(info) = client.peer_info() else {
+        return;
+    };
+    let modern = info.protocol_version >= ProtocolVersion::V_2026_07_28;
+    let announces = info
+        .capabilities
+        .tools
+        .as_ref()
+        .and_then(|tools| tools.list_changed)
+        == Some(true);
+    if !(modern && announces) {
+        return;
+    }
+    let filter = SubscriptionFilter::builder().tools_list_changed().build();
+    let mut subscription = match client.peer().listen(filter).await {
+        Ok(subscription) => subscription,
+        Err(error) => {
+            tracing::warn!(%error, "the upstream refused a subscription to its tool list changes; the proxy sees them only when the host lists");
+            return;
+        }
+    };
+    let peer = client.peer().clone();
+    let host = Arc::clone(host);
+    tokio::spawn(async move {
+        while let Ok(Some(notification)) = subscription.next().await {
+            if let ServerNotification::ToolListChangedNotification(_) = notification {
+                tool_list_changed(&host, &peer).await;
+            }
+        }
+    });
 }
 
 /// The live pin of a connected upstream (its server info and every tool it lists), and the

@@ -298,15 +298,27 @@ struct Scripted {
     proxy: TestEnv,
     state: PathBuf,
     pin: PathBuf,
+    /// A 2026-07-28 upstream (`server/discover`, list changes on a subscription) rather than a
+    /// 2025-11-25 one.
+    modern: bool,
 }
 
 impl Scripted {
     fn new() -> Scripted {
+        Scripted::speaking(false)
+    }
+
+    fn speaking(modern: bool) -> Scripted {
         let proxy = TestEnv::new();
         std::fs::write(&proxy.policy, SCRIPTED_POLICY).unwrap();
         let state = proxy.path("upstream-state");
         let pin = proxy.path("toolgate-proxy.lock");
-        let scripted = Scripted { proxy, state, pin };
+        let scripted = Scripted {
+            proxy,
+            state,
+            pin,
+            modern,
+        };
         let output = common::run_to_end({
             let mut command = scripted.proxy.command();
             command
@@ -326,11 +338,24 @@ impl Scripted {
     }
 
     fn upstream_command(&self) -> Vec<String> {
-        vec![
+        let mut command = vec![
             "python3".to_owned(),
             SCRIPTED.to_owned(),
             self.state.display().to_string(),
-        ]
+        ];
+        if self.modern {
+            command.push("modern".to_owned());
+        }
+        command
+    }
+
+    /// The handshake requests the upstream received, in order.
+    fn handshakes(&self) -> Vec<String> {
+        std::fs::read_to_string(self.state.join("handshakes"))
+            .unwrap_or_default()
+            .lines()
+            .map(str::to_owned)
+            .collect()
     }
 
     fn start(&self, extra: &[&str]) -> Server {
@@ -447,14 +472,29 @@ fn a_rug_pull_after_start_is_caught_at_the_upstreams_list_changed() {
         ),
         ("rename", "echo_v2", "upstream.tool_renamed", "BREAKING"),
     ];
-    for (change, tool, rule, verdict) in cases {
-        let scripted = Scripted::new();
+    for ((change, tool, rule, verdict), modern) in cases
+        .into_iter()
+        .flat_map(|case| [(case, false), (case, true)])
+    {
+        let change = &format!(
+            "{change} ({})",
+            if modern { "2026-07-28" } else { "2025-11-25" }
+        );
+        let scripted = Scripted::speaking(modern);
         let mut proxy = scripted.start(&[]);
+        // Each start (`proxy lock`, the proxy) spoke the upstream's protocol.
+        let handshakes = if modern {
+            vec!["server/discover"; 2]
+        } else {
+            ["server/discover", "initialize"].repeat(2)
+        };
+        assert_eq!(scripted.handshakes(), handshakes, "{change}");
         assert!(proxy.list_tool_names().contains(&"echo".to_owned()));
         let echoed = proxy.call("echo", json!({"text": "before"}));
         assert_eq!(common::first_text(&echoed), "before", "{echoed}");
 
-        let changed = proxy.call("rug_pull", json!({"change": change}));
+        let pulled = change.split(' ').next().unwrap();
+        let changed = proxy.call("rug_pull", json!({"change": pulled}));
         assert_eq!(common::first_text(&changed), "changed", "{changed}");
         // The proxy compares the new list before it passes the notification on.
         wait_for_notifications(&mut proxy, "notifications/tools/list_changed", 1);
