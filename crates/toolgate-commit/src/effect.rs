@@ -197,6 +197,14 @@ pub trait EffectBackend: Send + Sync + fmt::Debug {
     /// Stores a definite failure; a `retryable` one lets the next call execute again.
     fn fail(&self, ticket: Ticket, error: &str, retryable: bool) -> Result<(), EffectError>;
 
+    /// Gives `ticket` up without an outcome, for a caller that cannot tell whether the effect
+    /// happened (the server it forwarded the call to died mid-call): the record stays
+    /// `in_progress` with an owner that is dead for every process at once (pid 0, and for
+    /// PostgreSQL owner key 0, which no replica holds), so an unsafe effect is `Indeterminate`
+    /// everywhere until [`EffectBackend::resolve`], and an idempotent one is taken over. Dropping
+    /// the ticket has that effect only inside this process (others see its live pid).
+    fn abandon(&self, ticket: Ticket) -> Result<(), EffectError>;
+
     /// What the backend holds for `key` in `scope`.
     fn lookup(&self, scope: &Scope, key: &str) -> Result<Option<EffectStatus>, EffectError>;
 
@@ -300,6 +308,9 @@ impl EffectBackend for EffectStore {
     }
     fn fail(&self, ticket: Ticket, error: &str, retryable: bool) -> Result<(), EffectError> {
         EffectStore::fail(self, ticket, error, retryable)
+    }
+    fn abandon(&self, ticket: Ticket) -> Result<(), EffectError> {
+        EffectStore::abandon(self, ticket)
     }
     fn lookup(&self, scope: &Scope, key: &str) -> Result<Option<EffectStatus>, EffectError> {
         EffectStore::lookup(self, scope, key)
@@ -496,6 +507,21 @@ impl Ticket {
             lease_until_ns: self.lease_until_ns,
             created_ns: self.created_ns,
             finished_ns: Some(now_ns(SystemTime::now())),
+            principal: self.scope.principal.as_str().into(),
+            tool: self.scope.tool.as_str().into(),
+        }
+    }
+
+    /// The record of this execution given up without an outcome: still `in_progress`, under an
+    /// owner no process can be ([`Owner::abandoned`]).
+    fn abandoned(&self) -> Record {
+        Record {
+            state: State::InProgress,
+            fingerprint: self.fingerprint,
+            owner: Owner::abandoned(self.owner.nonce),
+            lease_until_ns: 0,
+            created_ns: self.created_ns,
+            finished_ns: None,
             principal: self.scope.principal.as_str().into(),
             tool: self.scope.tool.as_str().into(),
         }
@@ -1405,6 +1431,20 @@ impl EffectStore {
                 retryable,
             },
         )
+    }
+
+    /// Gives `ticket` up without an outcome (see [`EffectBackend::abandon`]): its record is
+    /// rewritten `in_progress` under the abandoned owner (pid 0, lease 0); durable when this
+    /// returns for an unsafe effect.
+    pub fn abandon(&self, ticket: Ticket) -> Result<(), EffectError> {
+        let record = ticket.abandoned();
+        self.submit(Job::Finish {
+            name: ticket.name,
+            owner: ticket.owner,
+            record,
+            kind: ticket.kind,
+        })?;
+        Ok(())
     }
 
     /// Removes finished records (completed and failed, retryable or not) whose `finished_ns` is

@@ -204,6 +204,51 @@ fn failures_replay_or_retry_as_stored() {
 }
 
 #[test]
+fn an_abandoned_execution_is_indeterminate_or_taken_over_as_a_dead_owners() {
+    each(|name, backend| {
+        // Unsafe: indeterminate at once (for every process: its owner is pid 0), never re-run.
+        let u = simple("abandoned-unsafe", "a");
+        let t = ticket(execute(name, backend, &u, EffectKind::Unsafe));
+        backend.abandon(t).unwrap();
+        assert!(
+            matches!(
+                backend.lookup(&u.scope, &u.key).unwrap(),
+                Some(EffectStatus::InProgress { live: false, .. })
+            ),
+            "{name}"
+        );
+        assert!(
+            matches!(
+                backend.begin(&u, EffectKind::Unsafe),
+                Err(EffectError::Indeterminate { .. })
+            ),
+            "{name}"
+        );
+        // Other arguments under the key are still a conflict.
+        assert!(
+            matches!(
+                backend.begin(&simple("abandoned-unsafe", "b"), EffectKind::Unsafe),
+                Err(EffectError::Conflict { .. })
+            ),
+            "{name}"
+        );
+        backend
+            .resolve(&u.scope, &u.key, Resolution::Completed(result(7)))
+            .unwrap();
+        match backend.begin(&u, EffectKind::Unsafe).unwrap() {
+            Begin::Replay(value) => assert_eq!(value, result(7), "{name}"),
+            other => panic!("{name}: expected Replay, got {other:?}"),
+        }
+        // Idempotent: taken over by the next call.
+        let i = simple("abandoned-idempotent", "a");
+        let t = ticket(execute(name, backend, &i, EffectKind::Idempotent));
+        backend.abandon(t).unwrap();
+        let t = ticket(execute(name, backend, &i, EffectKind::Idempotent));
+        backend.complete(t, &result(8)).unwrap();
+    });
+}
+
+#[test]
 fn a_live_owner_holds_the_key_and_a_dead_one_is_taken_over_or_indeterminate() {
     each(|name, backend| {
         // Live: the ticket is held.

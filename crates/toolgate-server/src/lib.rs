@@ -1349,6 +1349,54 @@ pub fn rights_document(options: &ServerOptions) -> anyhow::Result<Option<Vec<u8>
     rights_store(options).map(|()| None)
 }
 
+/// `effects resolve`: settles the indeterminate call of `options.principal` (default `local`) to
+/// `tool` under `key` (or, without one, its `args_digest`): replayed as `completed` (a
+/// `CallToolResult` as JSON) from now on, or forgotten when `completed` is `None`. Audited.
+/// Returns what was done, for the operator.
+pub fn resolve_effect(
+    options: &ServerOptions,
+    tool: &str,
+    key: Option<&str>,
+    args_digest: Option<&str>,
+    completed: Option<&str>,
+) -> anyhow::Result<String> {
+    use toolgate::operator::EffectKey;
+    let key = match (key, args_digest) {
+        (Some(key), _) => EffectKey::given(key),
+        (None, Some(hex)) => EffectKey::arguments(hex).with_context(|| {
+            format!("--args-digest {hex:?} is not a SHA-256 digest: give the 64 lowercase hex digits of the call's args_digest in the audit log")
+        })?,
+        (None, None) => anyhow::bail!("give the call's --key, or --args-digest for a call without one"),
+    };
+    let resolution = match completed {
+        Some(text) => {
+            let result: rmcp::model::CallToolResult = serde_json::from_str(text).context(
+                "--completed is not a CallToolResult: give JSON such as {\"content\":[{\"type\":\"text\",\"text\":\"done\"}]}",
+            )?;
+            toolgate::effect::Resolution::Completed(serde_json::to_value(&result)?)
+        }
+        None => toolgate::effect::Resolution::Forget,
+    };
+    let forget = matches!(resolution, toolgate::effect::Resolution::Forget);
+    let principal = options.principal.as_deref().unwrap_or("local");
+    let policy = load_policy(&options.policy)?;
+    let Stores { audit, effects, .. } = open_stores(options, &policy)?;
+    toolgate::operator::resolve_effect(
+        effects.as_ref(),
+        audit.sink().as_ref(),
+        principal,
+        tool,
+        &key,
+        resolution,
+    )?;
+    audit.checkpoint()?;
+    Ok(if forget {
+        format!("the call of {principal} to {tool} is forgotten: the next call with its key runs")
+    } else {
+        format!("the call of {principal} to {tool} is settled: later calls replay the given result")
+    })
+}
+
 /// Removes completed exactly-once records older than their retention window, and records the
 /// pruning in the audit log (pruning is explicit and audited). Returns how many were removed.
 pub fn prune_effects(options: &ServerOptions) -> anyhow::Result<u64> {

@@ -332,6 +332,36 @@ enum RightsCommand {
 enum EffectsCommand {
     /// Remove completed records older than their window (24 h by default); audited.
     Prune,
+    /// Settle an indeterminate call (its caller died, or the proxy lost its upstream mid-call)
+    /// after inspecting its target: `--completed RESULT` if the effect happened (later calls
+    /// replay RESULT), `--forget` if it did not (the next call runs); audited. The call is the
+    /// one of --principal (default `local`) to TOOL with KEY.
+    Resolve {
+        /// The tool of the call.
+        #[arg(long)]
+        tool: String,
+        /// The idempotency key the call carried (its key argument or `_meta`).
+        #[arg(
+            long,
+            required_unless_present = "args_digest",
+            conflicts_with = "args_digest"
+        )]
+        key: Option<String>,
+        /// For a call that carried no key: the `args_digest` of its audit record.
+        #[arg(long)]
+        args_digest: Option<String>,
+        /// The effect did not happen: the next call with this key runs.
+        #[arg(
+            long,
+            required_unless_present = "completed",
+            conflicts_with = "completed"
+        )]
+        forget: bool,
+        /// The effect happened: later calls replay this result (a CallToolResult as JSON, e.g.
+        /// `{"content":[{"type":"text","text":"done"}]}`).
+        #[arg(long)]
+        completed: Option<String>,
+    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -825,6 +855,28 @@ fn run(paths: &ServerOptions, command: Command) -> ExitCode {
                 }
                 Err(error) => fail(&error),
             },
+        },
+        Command::Effects {
+            command:
+                EffectsCommand::Resolve {
+                    tool,
+                    key,
+                    args_digest,
+                    forget: _,
+                    completed,
+                },
+        } => match toolgate_server::resolve_effect(
+            paths,
+            &tool,
+            key.as_deref(),
+            args_digest.as_deref(),
+            completed.as_deref(),
+        ) {
+            Ok(summary) => {
+                println!("effects resolve: {summary}");
+                ExitCode::SUCCESS
+            }
+            Err(error) => fail(&error),
         },
         Command::Effects {
             command: EffectsCommand::Prune,

@@ -634,13 +634,60 @@ fn an_exactly_once_call_lost_with_its_upstream_is_never_forwarded_again() {
     let other = proxy.call("store", json!({"key": "order-2", "value": "v2"}));
     assert_eq!(common::first_text(&other), "stored", "{other}");
     assert_eq!(scripted.stored(), ["v1", "v2"]);
+
+    // The operator sees v1 in the store and settles the call while the proxy runs: the next
+    // retry replays the result given, still without reaching the upstream.
+    let resolved = common::run_to_end({
+        let mut command = scripted.proxy.command();
+        command.args([
+            "effects",
+            "resolve",
+            "--tool",
+            "store",
+            "--key",
+            "order-1",
+            "--completed",
+            r#"{"content":[{"type":"text","text":"stored (settled by an operator)"}]}"#,
+        ]);
+        command
+    });
+    assert!(resolved.status.success(), "{}", output_text(&resolved));
+    let replayed = proxy.call(
+        "store",
+        json!({"key": "order-1", "value": "v1", "crash_after_write": true}),
+    );
+    assert_eq!(
+        common::first_text(&replayed),
+        "stored (settled by an operator)",
+        "{replayed}"
+    );
+    assert_eq!(scripted.stored(), ["v1", "v2"]);
+    // Only an indeterminate call can be settled.
+    let again = common::run_to_end({
+        let mut command = scripted.proxy.command();
+        command.args([
+            "effects", "resolve", "--tool", "store", "--key", "order-2", "--forget",
+        ]);
+        command
+    });
+    assert_eq!(again.status.code(), Some(2), "{}", output_text(&again));
+    assert!(
+        output_text(&again).contains("not indeterminate"),
+        "{}",
+        output_text(&again)
+    );
     assert!(proxy.close().success());
     let outcomes: Vec<String> = scripted
         .records("tools/call")
         .iter()
         .map(|r| r["outcome"].as_str().unwrap().to_owned())
         .collect();
-    assert_eq!(outcomes, ["indeterminate", "indeterminate", "committed"]);
+    assert_eq!(
+        outcomes,
+        ["indeterminate", "indeterminate", "committed", "replay"]
+    );
+    assert_eq!(scripted.records("effects/resolve").len(), 1);
+    assert!(scripted.proxy.audit_verify().status.success());
 }
 
 #[test]

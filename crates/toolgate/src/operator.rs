@@ -126,6 +126,72 @@ pub fn prune_effects(
     Ok(removed)
 }
 
+/// Which call an operator settles with [`resolve_effect`]: the key the caller gave (the
+/// `key_argument` or `_meta` `io.toolgate/idempotencyKey`), or, for a call that had none, the
+/// `args_digest` of its audit record.
+#[derive(Debug, Clone)]
+pub struct EffectKey(String);
+
+impl EffectKey {
+    /// The idempotency key as the caller sent it.
+    pub fn given(key: &str) -> Self {
+        EffectKey(format!("key:{key}"))
+    }
+
+    /// The `args_digest` of the call's audit record (64 lowercase hex digits), for a call that
+    /// carried no key; `None` when `hex` is not one.
+    pub fn arguments(hex: &str) -> Option<Self> {
+        let valid = hex.len() == 64 && hex.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'));
+        valid.then(|| EffectKey(format!("args:{hex}")))
+    }
+
+    /// The key as the gate stores it (`toolgate_rmcp::checks::exactly_once`).
+    fn stored(&self) -> &str {
+        &self.0
+    }
+}
+
+/// Settles an indeterminate exactly-once call of `principal` to `tool` (one whose caller died or
+/// whose upstream was lost mid-effect) after the operator inspected the target: with
+/// `Resolution::Completed(result)` (a `CallToolResult` as JSON) later calls replay `result`; with
+/// `Resolution::Forget` the next call runs. Records `effects/resolve`. Only a record that is
+/// indeterminate can be settled (otherwise `EffectError::NotIndeterminate`, nothing changes).
+pub fn resolve_effect(
+    effects: &dyn EffectBackend,
+    audit: &dyn AuditSink,
+    principal: &str,
+    tool: &str,
+    key: &EffectKey,
+    resolution: toolgate_commit::effect::Resolution,
+) -> Result<(), OperatorError> {
+    let scope = toolgate_commit::effect::Scope {
+        principal: principal.to_owned(),
+        tool: tool.to_owned(),
+    };
+    let (outcome, what) = match &resolution {
+        toolgate_commit::effect::Resolution::Completed(_) => (
+            Outcome::Committed,
+            "the effect happened: later calls replay the given result",
+        ),
+        toolgate_commit::effect::Resolution::Forget => (
+            Outcome::NotExecuted,
+            "the effect did not happen: the next call runs",
+        ),
+    };
+    let stored = key.stored();
+    effects.resolve(&scope, stored, resolution)?;
+    let mut record = entry(
+        "effects/resolve",
+        tool,
+        outcome,
+        format!("resolved the indeterminate call of {principal}: {what}"),
+        &json!({"principal": principal, "tool": tool, "key_digest": Sha256Digest::of(stored.as_bytes()).to_hex()}),
+    );
+    record.principal = Some(principal.to_owned());
+    audit.append(&record)?;
+    Ok(())
+}
+
 /// Sets the rights of every replica on the database of `store` to the rights file at `file`
 /// (validated first: an invalid file changes nothing), or clears them (`None`: only the policy
 /// decides), and records `admin/rights` (`reloaded`, the new document's digest in the reason).

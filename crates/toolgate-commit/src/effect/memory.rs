@@ -152,6 +152,17 @@ impl EffectBackend for MemoryEffects {
         )
     }
 
+    fn abandon(&self, ticket: Ticket) -> Result<(), EffectError> {
+        let mut records = self.records();
+        if !held_by(records.get(&ticket.name), &ticket.owner) {
+            return Err(EffectError::LostOwnership {
+                key_digest: ticket.name,
+            });
+        }
+        records.insert(ticket.name, ticket.abandoned());
+        Ok(())
+    }
+
     fn lookup(&self, scope: &Scope, key: &str) -> Result<Option<EffectStatus>, EffectError> {
         let name = record_name(scope, key)?;
         let now = now_ns(SystemTime::now());

@@ -148,7 +148,8 @@ impl PgEffects {
             cause: format!("cannot draw an owner key: {e}"),
         })?;
         // Positive, so it prints and compares the same in SQL and here.
-        let owner_key = i64::from_le_bytes(bytes) & i64::MAX;
+        // Never 0: that key marks an abandoned execution (`abandon`).
+        let owner_key = (i64::from_le_bytes(bytes) & i64::MAX).max(1);
         let effects = PgEffects {
             store,
             owner_key,
@@ -265,6 +266,42 @@ impl PgEffects {
                 c.committed += 1;
             }
         });
+        Ok(())
+    }
+
+    /// Gives the ticket up: its row keeps `in_progress` under owner key 0 (never drawn, so no
+    /// replica holds its lock) and pid 0, so every replica sees a dead owner.
+    fn abandon_row(&self, ticket: Ticket) -> Result<(), EffectError> {
+        let name = ticket.name.to_hex();
+        let nonce = ticket.owner.nonce as i64;
+        let key = self.owner_key;
+        let updated = self
+            .store
+            .run(move |pool, database| async move {
+                let query = query_error(&database, "give up an effect without an outcome");
+                let client = get(&pool, &database).await?;
+                let abandon = client
+                    .prepare_cached(
+                        "UPDATE toolgate_effects SET owner_key = 0, owner_pid = 0, \
+                         lease_until_ns = 0 \
+                         WHERE name = $1 AND state = 'in_progress' AND owner_key = $2 \
+                         AND owner_nonce = $3",
+                    )
+                    .await
+                    .map_err(&query)?;
+                let n = client
+                    .execute(&abandon, &[&name, &key, &nonce])
+                    .await
+                    .map_err(&query)?;
+                Ok::<u64, PgError>(n)
+            })
+            .and_then(|r| r)
+            .map_err(backend)?;
+        if updated != 1 {
+            return Err(EffectError::LostOwnership {
+                key_digest: ticket.name,
+            });
+        }
         Ok(())
     }
 
@@ -473,6 +510,10 @@ impl EffectBackend for PgEffects {
                 retryable,
             },
         )
+    }
+
+    fn abandon(&self, ticket: Ticket) -> Result<(), EffectError> {
+        self.abandon_row(ticket)
     }
 
     fn lookup(&self, scope: &Scope, key: &str) -> Result<Option<EffectStatus>, EffectError> {

@@ -57,6 +57,16 @@ impl Owner {
         }
     }
 
+    /// The owner of an execution given up without an outcome: pid 0 names no process, so it is
+    /// dead for every reader (see `EffectBackend::abandon`).
+    pub(crate) fn abandoned(nonce: u64) -> Self {
+        Owner {
+            pid: 0,
+            start_ticks: 0,
+            nonce,
+        }
+    }
+
     pub(crate) fn register_live(&self) {
         set(&LIVE).insert(self.nonce);
     }
@@ -88,6 +98,10 @@ pub(crate) enum Liveness {
 
 /// Decides whether `owner` is alive. `lease_until_ns` is only consulted where `/proc` is missing.
 pub(crate) fn liveness(owner: &Owner, lease_until_ns: u64, now_ns: u64) -> Liveness {
+    if owner.pid == 0 {
+        // Abandoned (`Owner::abandoned`): its execution may or may not have happened.
+        return Liveness::Dead;
+    }
     if owner.is_this_process() {
         if set(&LIVE).contains(&owner.nonce) {
             return Liveness::Live;

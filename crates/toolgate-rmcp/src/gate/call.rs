@@ -524,13 +524,10 @@ impl<H: ServerHandler> Gated<H> {
                     Ok(stored) => store.complete(ticket, &stored),
                     // The handler cannot tell whether the effect happened (its upstream died or
                     // stopped answering mid-call): the ticket is abandoned, not failed, so the
-                    // record keeps its `in_progress` state with an owner that is gone. A retry of
-                    // an `unsafe` effect then gets `Indeterminate` until an operator resolves it,
-                    // and an `idempotent` one is taken over (commit-store.md, "Effect store").
-                    Err(Outcome::Indeterminate) => {
-                        drop(ticket);
-                        Ok(())
-                    }
+                    // record stays `in_progress` under an owner that is dead for every process.
+                    // A retry of an `unsafe` effect then gets `Indeterminate` until an operator
+                    // resolves it, and an `idempotent` one is taken over (commit-store.md).
+                    Err(Outcome::Indeterminate) => store.abandon(ticket),
                     Err(why) => store.fail(
                         ticket,
                         &format!("Error: the earlier call ended as {why}"),
