@@ -10,6 +10,13 @@
 //! live list is compared with the pin, every difference is logged and audited as `proxy/drift`,
 //! and a tool whose record is not exactly the pinned one is hidden and refused (or, with
 //! `--on-drift=refuse-start`, the proxy does not start). Without a pin the proxy does not start.
+//! The comparison runs again on every list and whenever the upstream says its tools changed.
+//!
+//! The upstream is not trusted to behave: its output is read by toolgate's `UpstreamTransport`,
+//! which ends the connection on anything but well-formed answers to requests asked, and a request
+//! without an answer in time is cancelled ([`UpstreamOptions::timeout`]). [`supervise`] then
+//! audits the end, and restarts the upstream with backoff or ends the proxy; a call lost with its
+//! upstream is `indeterminate` (`docs/proxy.md`).
 
 // Sampling, roots and logging are deprecated in the 2026-07-28 protocol (SEP-2577), but upstreams
 // of the 2025-11-25 era send them, and a proxy forwards what its upstream speaks.
@@ -476,8 +483,9 @@ impl Connection {
     }
 }
 
-/// Starts the upstream and completes the MCP handshake with it (2025-11-25 `initialize`), within
-/// `options.timeout`.
+/// Starts the upstream and completes the MCP handshake with it within `options.timeout`
+/// (2026-07-28 `server/discover`, or 2025-11-25 `initialize` for an older server), then, for a
+/// 2026-07-28 upstream that announces tool list changes, subscribes to them.
 pub async fn connect(options: &UpstreamOptions, host: &Arc<Host>) -> anyhow::Result<Connection> {
     let (program, args) = options.command.split_first().context(
         "no upstream command: give it after `--`, e.g. `proxy -- npx server-filesystem /data`",
