@@ -770,6 +770,8 @@ pub async fn supervise(
             tokio::time::sleep(delay).await;
             match restart_upstream(&link, &drift).await {
                 Ok(started) => {
+                    // Serving before the record is written: whoever reads the record can call.
+                    link.set(LinkState::Up(Arc::clone(&started)));
                     let (name, version) = server_of(started.peer());
                     let entry = lifecycle(
                         Decision::Allow,
@@ -784,7 +786,6 @@ pub async fn supervise(
                     {
                         tracing::error!(%error, "cannot audit the upstream's restart");
                     }
-                    link.set(LinkState::Up(Arc::clone(&started)));
                     connection = started;
                     break;
                 }

@@ -570,17 +570,20 @@ fn an_upstream_that_breaks_the_protocol_is_restarted_and_its_call_is_indetermina
         ),
         ("huge", "more than 1048576 bytes", "more than 1048576 bytes"),
         ("wrong_id", "answered request id", "answered request id"),
-        ("hang", "did not answer within 2s", "stopped answering"),
+        ("hang", "did not answer within 4s", "stopped answering"),
     ];
     for (fault, says, recorded) in cases {
         let scripted = Scripted::new();
+        // The hang waits for the timeout twice (the call, then a ping); the others need none
+        // (the default, 120 s, leaves a loaded machine all the time it needs to start Python).
+        let timeout = if fault == "hang" { "4" } else { "120" };
         let mut proxy = scripted.start(&[
             "--upstream-restarts",
             "1",
             "--restart-backoff-ms",
             "20",
             "--upstream-timeout",
-            "2",
+            timeout,
             "--upstream-max-line-bytes",
             "1048576",
         ]);
