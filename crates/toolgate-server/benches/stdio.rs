@@ -17,10 +17,12 @@
 // Set-up failures in a bench should stop it loudly with the cause.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::io::{BufRead, BufReader, Write};
-use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+mod common;
+
+use std::process::Command;
 use std::time::{Duration, Instant};
 
+use common::Peer;
 use serde_json::{Value, json};
 
 /// Sequential write_note calls (and as many replays), unless `STDIO_BENCH_NOTES` says otherwise.
@@ -28,131 +30,60 @@ const NOTES: usize = 2000;
 /// Sequential read_ledger calls once all notes are written (each lists every note).
 const READS: usize = 50;
 
-struct Server {
-    child: Child,
-    stdin: ChildStdin,
-    stdout: BufReader<ChildStdout>,
-    next_id: u64,
+/// The server under test on a ledger directory: `STDIO_BENCH_SERVER`, else this package's build.
+fn spawn(ledger: &std::path::Path) -> Peer {
+    let policy = concat!(env!("CARGO_MANIFEST_DIR"), "/../../fixtures/policy.json");
+    let command = match std::env::var("STDIO_BENCH_SERVER") {
+        Ok(line) => {
+            let mut words = line.split_whitespace();
+            let mut command = Command::new(words.next().expect("STDIO_BENCH_SERVER is empty"));
+            command
+                .args(words)
+                .env("LEDGER_DIR", ledger)
+                .env("POLICY_PATH", policy);
+            command
+        }
+        Err(_) => {
+            let mut command = Command::new(env!("CARGO_BIN_EXE_toolgate-server"));
+            command
+                .arg("--policy")
+                .arg(policy)
+                .arg("--ledger")
+                .arg(ledger);
+            command
+        }
+    };
+    Peer::spawn(command)
 }
 
-fn meta() -> Value {
-    json!({
-        "io.modelcontextprotocol/protocolVersion": "2026-07-28",
-        "io.modelcontextprotocol/clientCapabilities": {}
-    })
+/// A `/proc/<pid>/status` field of the server process in KiB (`VmHWM`: peak resident set).
+fn status_kib(server: &Peer, field: &str) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{}/status", server.pid()))
+        .expect("/proc is readable (Linux)");
+    status
+        .lines()
+        .find_map(|line| line.strip_prefix(field)?.strip_prefix(':'))
+        .and_then(|rest| rest.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap_or_else(|| panic!("{field} is present"))
 }
 
-impl Server {
-    fn spawn(ledger: &std::path::Path) -> Self {
-        let policy = concat!(env!("CARGO_MANIFEST_DIR"), "/../../fixtures/policy.json");
-        let mut command = match std::env::var("STDIO_BENCH_SERVER") {
-            Ok(line) => {
-                let mut words = line.split_whitespace();
-                let mut command = Command::new(words.next().expect("STDIO_BENCH_SERVER is empty"));
-                command
-                    .args(words)
-                    .env("LEDGER_DIR", ledger)
-                    .env("POLICY_PATH", policy);
-                command
-            }
-            Err(_) => {
-                let mut command = Command::new(env!("CARGO_BIN_EXE_toolgate-server"));
-                command
-                    .arg("--policy")
-                    .arg(policy)
-                    .arg("--ledger")
-                    .arg(ledger);
-                command
-            }
-        };
-        let mut child = command
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("the server binary starts");
-        let stdin = child.stdin.take().unwrap();
-        let stdout = BufReader::new(child.stdout.take().unwrap());
-        Server {
-            child,
-            stdin,
-            stdout,
-            next_id: 0,
-        }
-    }
-
-    /// Sends one request and waits for the reply with its id.
-    fn request(&mut self, method: &str, params: Value) -> Value {
-        self.next_id += 1;
-        let id = self.next_id;
-        let line = json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params});
-        let mut text = serde_json::to_string(&line).unwrap();
-        text.push('\n');
-        self.stdin.write_all(text.as_bytes()).unwrap();
-        self.stdin.flush().unwrap();
-        let mut reply = String::new();
-        loop {
-            reply.clear();
-            let read = self.stdout.read_line(&mut reply).unwrap();
-            assert!(
-                read > 0,
-                "the server closed stdout while {method} {id} was pending"
-            );
-            let message: Value =
-                serde_json::from_str(&reply).expect("the server writes JSON lines");
-            if message.get("id") == Some(&json!(id)) {
-                return message;
-            }
-        }
-    }
-
-    fn call(&mut self, tool: &str, arguments: Value) -> Value {
-        let reply = self.request(
-            "tools/call",
-            json!({"name": tool, "arguments": arguments, "_meta": meta()}),
-        );
-        let result = reply
-            .get("result")
-            .unwrap_or_else(|| panic!("{tool} failed: {reply}"));
-        assert_ne!(result["isError"], json!(true), "{tool} failed: {reply}");
-        result.clone()
-    }
-
-    /// A `/proc/<pid>/status` field of the server process in KiB (`VmHWM`: peak resident set).
-    fn status_kib(&self, field: &str) -> u64 {
-        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id()))
-            .expect("/proc is readable (Linux)");
-        status
-            .lines()
-            .find_map(|line| line.strip_prefix(field)?.strip_prefix(':'))
-            .and_then(|rest| rest.trim().trim_end_matches("kB").trim().parse().ok())
-            .unwrap_or_else(|| panic!("{field} is present"))
-    }
-
-    /// Resident set now and at its peak, and the thread count: where the memory goes by stage.
-    fn memory(&self, stage: &str) -> String {
-        let threads = std::fs::read_to_string(format!("/proc/{}/status", self.child.id()))
-            .ok()
-            .and_then(|s| {
-                s.lines()
-                    .find_map(|l| l.strip_prefix("Threads:"))
-                    .map(|t| t.trim().to_owned())
-            })
-            .unwrap_or_default();
-        format!(
-            "memory {stage:<15} VmRSS {:>6} KiB (anon {:>6}, file {:>6})  VmHWM {:>6} KiB  threads {threads}",
-            self.status_kib("VmRSS"),
-            self.status_kib("RssAnon"),
-            self.status_kib("RssFile"),
-            self.status_kib("VmHWM"),
-        )
-    }
-
-    fn close(mut self) {
-        drop(self.stdin);
-        let status = self.child.wait().unwrap();
-        assert!(status.success(), "the server exited with {status}");
-    }
+/// Resident set now and at its peak, and the thread count: where the memory goes by stage.
+fn memory_at(server: &Peer, stage: &str) -> String {
+    let threads = std::fs::read_to_string(format!("/proc/{}/status", server.pid()))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("Threads:"))
+                .map(|t| t.trim().to_owned())
+        })
+        .unwrap_or_default();
+    format!(
+        "memory {stage:<15} VmRSS {:>6} KiB (anon {:>6}, file {:>6})  VmHWM {:>6} KiB  threads {threads}",
+        status_kib(server, "VmRSS"),
+        status_kib(server, "RssAnon"),
+        status_kib(server, "RssFile"),
+        status_kib(server, "VmHWM"),
+    )
 }
 
 fn args(i: usize) -> Value {
@@ -170,17 +101,12 @@ fn main() {
         .map(|n| n.parse().expect("STDIO_BENCH_NOTES is a number"))
         .unwrap_or(NOTES);
     let ledger = tempfile::tempdir().unwrap();
-    let mut server = Server::spawn(ledger.path());
-
-    let discover = server.request("server/discover", json!({"_meta": meta()}));
-    assert!(
-        discover.get("result").is_some(),
-        "discover failed: {discover}"
-    );
+    let mut server = spawn(ledger.path());
+    server.discover();
 
     let name = std::env::var("STDIO_BENCH_SERVER").unwrap_or_else(|_| "toolgate-server".into());
     println!("{name} over stdio, one request in flight, 2026-07-28 flow");
-    let mut memory = vec![server.memory("after discover")];
+    let mut memory = vec![memory_at(&server, "after discover")];
     println!(
         "| {:<24} | {:>6} | {:>10} | {:>10} |",
         "operation", "calls", "calls/s", "mean us"
@@ -193,7 +119,7 @@ fn main() {
         assert_eq!(result["structuredContent"]["status"], "committed");
     }
     row("write_note (committed)", notes, start.elapsed());
-    memory.push(server.memory("after writes"));
+    memory.push(memory_at(&server, "after writes"));
 
     let start = Instant::now();
     for i in 0..notes {
@@ -201,7 +127,7 @@ fn main() {
         assert_eq!(result["structuredContent"]["status"], "replay");
     }
     row("write_note (replay)", notes, start.elapsed());
-    memory.push(server.memory("after replays"));
+    memory.push(memory_at(&server, "after replays"));
 
     let start = Instant::now();
     for _ in 0..READS {
@@ -219,11 +145,11 @@ fn main() {
         start.elapsed(),
     );
 
-    memory.push(server.memory("after reads"));
+    memory.push(memory_at(&server, "after reads"));
     for line in &memory {
         println!("{line}");
     }
-    let peak = server.status_kib("VmHWM");
+    let peak = status_kib(&server, "VmHWM");
     println!(
         "server peak RSS (VmHWM): {peak} KiB ({:.1} MiB)",
         peak as f64 / 1024.0
