@@ -5,7 +5,7 @@
 #
 #   scripts/bench.sh            all benches
 #   scripts/bench.sh gate stdio only the named ones (audit commit canon policy scan gate calls stdio pipeline
-#                               replicas)
+#                               replicas proxy)
 #   scripts/bench.sh http        the HTTP load bench (crates/toolgate-server/benches/http_load.sh
 #                               --decompose; needs wrk), only when named
 #   REFERENCE_SERVER="/venv/bin/python /path/server.py" scripts/bench.sh reference
@@ -22,7 +22,7 @@ mkdir -p "$target/bench"
 log="$target/bench/bench-$(date -u +%Y%m%dT%H%M%SZ).log"
 read -r -a extra <<<"${BENCH_ARGS:-}"
 
-all=(audit commit canon policy scan gate calls stdio pipeline replicas)
+all=(audit commit canon policy scan gate calls stdio pipeline replicas proxy)
 selected=("$@")
 [ ${#selected[@]} -eq 0 ] && selected=("${all[@]}")
 
@@ -63,6 +63,7 @@ bench() {
             stdio) run stdio bench -p toolgate-server --bench stdio ;;
             pipeline) run pipeline bench -p toolgate-server --bench pipeline ;;
             replicas) run replicas bench -p toolgate-server --bench replicas ;;
+            proxy) run proxy bench -p toolgate-server --bench proxy ;;
             http) run http crates/toolgate-server/benches/http_load.sh --decompose ;;
             reference)
                 if [ -z "${REFERENCE_SERVER:-}" ]; then
