@@ -436,7 +436,7 @@ pub const MAX_BACKOFF: Duration = Duration::from_secs(30);
 pub const RESTART_WINDOW: Duration = Duration::from_secs(60);
 
 /// How long a stopped upstream may take to exit by itself before it is killed.
-const EXIT_GRACE: Duration = Duration::from_millis(500);
+pub const EXIT_GRACE: Duration = Duration::from_millis(500);
 
 /// One started upstream process and the MCP client session with it.
 #[derive(Debug)]
@@ -452,7 +452,8 @@ impl Connection {
         self.client.peer()
     }
 
-    /// Stops the session and the process (see [`Connection::stop`]).
+    /// Stops the session and the process: its stdin is closed, and it is killed unless it exits
+    /// within half a second.
     pub async fn close(self) {
         self.end
             .end("the proxy closed the connection to the upstream");
