@@ -5,7 +5,8 @@ official MCP Python SDK's own stdio client.
 Usage: python_proxy_client.py SERVER_BINARY FS_SERVER_INDEX_JS DENY_POLICY_JSON WRITE_POLICY_JSON
 
 Runs the scenario twice, over the 2025-11-25 `initialize` handshake and over the 2026-07-28
-`server/discover` flow (host side; the proxy speaks `initialize` to the upstream), each time in a
+`server/discover` flow (host side; towards the upstream the proxy tries `server/discover`, which
+the filesystem server answers as a 2025-11-25 server does, and then speaks `initialize`), each time in a
 fresh temporary directory with the filesystem server's one allowed directory, `data/`:
 
   1. `toolgate-server --policy P --ledger L proxy lock --lock F -- node INDEX_JS DATA` pins the
