@@ -289,7 +289,7 @@ const SCRIPTED: &str = concat!(
 /// Every tool of the scripted upstream allowed; `store` exactly once per key, unsafe.
 const SCRIPTED_POLICY: &str = r#"{
   "version": 1,
-  "allow": ["echo", "echo_v2", "store", "progress", "rug_pull", "fault"],
+  "allow": ["echo", "echo_v2", "store", "progress", "rug_pull", "slow", "fault"],
   "idempotency": {"store": {"key_argument": "key", "effect": "unsafe"}},
   "effects": {"store": "write"}
 }"#;
@@ -330,7 +330,7 @@ impl Scripted {
         });
         assert!(output.status.success(), "{}", output_text(&output));
         assert!(
-            output_text(&output).contains("pinned 5 tools of scripted-upstream 1.0.0"),
+            output_text(&output).contains("pinned 6 tools of scripted-upstream 1.0.0"),
             "{}",
             output_text(&output)
         );
@@ -529,6 +529,57 @@ fn a_rug_pull_after_start_is_caught_at_the_upstreams_list_changed() {
             drift[0]
         );
         assert!(scripted.proxy.audit_verify().status.success());
+    }
+}
+
+/// Waits until the upstream's state file `name` exists.
+fn wait_for_state(scripted: &Scripted, server: &mut Server, name: &str) {
+    server.wait_for_file(&scripted.state.join(name));
+}
+
+#[test]
+fn what_the_gate_does_not_decide_is_forwarded_and_a_cancellation_reaches_the_upstream() {
+    for modern in [false, true] {
+        let scripted = Scripted::speaking(modern);
+        let mut proxy = scripted.start(&[]);
+        let listed = proxy.request("resources/list", json!({}));
+        assert_eq!(
+            listed["result"]["resources"][0]["uri"],
+            json!("scripted://a"),
+            "{listed}"
+        );
+        let read = proxy.request("resources/read", json!({"uri": "scripted://a"}));
+        assert_eq!(
+            read["result"]["contents"][0]["text"],
+            json!("content of a"),
+            "{read}"
+        );
+        let prompts = proxy.request("prompts/list", json!({}));
+        assert_eq!(
+            prompts["result"]["prompts"][0]["name"],
+            json!("greet"),
+            "{prompts}"
+        );
+        let prompt = proxy.request("prompts/get", json!({"name": "greet"}));
+        assert_eq!(
+            prompt["result"]["messages"][0]["content"]["text"],
+            json!("hello"),
+            "{prompt}"
+        );
+
+        // The host cancels a call the upstream is working on: the upstream is told.
+        let id = proxy.send_call("slow", json!({}));
+        wait_for_state(&scripted, &mut proxy, "slow");
+        proxy.send(&json!({
+            "jsonrpc": "2.0",
+            "method": "notifications/cancelled",
+            "params": {"requestId": id, "reason": "the user changed their mind"},
+        }));
+        wait_for_state(&scripted, &mut proxy, "cancelled");
+        // The proxy still serves.
+        let echoed = proxy.call("echo", json!({"text": "still here"}));
+        assert_eq!(common::first_text(&echoed), "still here", "{echoed}");
+        assert!(proxy.close().success());
     }
 }
 
