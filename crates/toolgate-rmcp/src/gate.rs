@@ -516,6 +516,21 @@ impl<H: ServerHandler> GatedBuilder<H> {
         self
     }
 
+    /// A contract given as digests, for a server whose tools are not described by a
+    /// `toolgate.lock` (the proxy's upstream pin): `integrity` is published as
+    /// [`contract`](Self::contract)'s integrity digest is, and `tools[name]` is recorded in that
+    /// tool's audit lines.
+    pub fn contract_digests(
+        mut self,
+        integrity: Sha256Digest,
+        tools: BTreeMap<String, Sha256Digest>,
+    ) -> Self {
+        self.locked = None;
+        self.contract_digest = Some(integrity);
+        self.tool_contract_digests = tools;
+        self
+    }
+
     fn set_contract(&mut self, live: &toolgate_contract::lockfile::Lockfile) {
         self.contract_digest = Some(live.integrity_digest());
         self.tool_contract_digests = live

@@ -368,11 +368,22 @@ pub fn load_policy(path: &Path) -> anyhow::Result<Policy> {
 /// Checks the live contract against the expected digest and the attestation, if given. Runs
 /// before the ledger is opened, so a server that refuses to start writes nothing.
 fn check_contract(options: &ServerOptions, live: &Lockfile) -> anyhow::Result<()> {
-    let digest = live.integrity_digest();
+    check_contract_digest(
+        options,
+        live.integrity_digest(),
+        "the live tool contract is not the expected one; refusing to start (run `toolgate-server contract digest` to see the live digest)",
+    )
+}
+
+/// Checks `digest` (a server's contract digest: the live lockfile's, or a proxy's upstream pin's)
+/// against `--expect-digest` and `--attestation`; `mismatch` says what differs and how to see it.
+fn check_contract_digest(
+    options: &ServerOptions,
+    digest: toolgate::canon::Sha256Digest,
+    mismatch: &'static str,
+) -> anyhow::Result<()> {
     if let Some(expected) = &options.expect_digest {
-        check_expected_digest(expected, digest).context(
-            "the live tool contract is not the expected one; refusing to start (run `toolgate-server contract digest` to see the live digest)",
-        )?;
+        check_expected_digest(expected, digest).context(mismatch)?;
     }
     match (&options.attestation, &options.attestation_key_file) {
         (Some(text), Some(key_file)) => {
@@ -667,6 +678,19 @@ pub async fn build_proxy(
     }
     let policy = load_policy(&options.policy)?;
     let pin = proxy::read_pin(&config.lock)?;
+    // The pin is the proxy's contract: `--expect-digest` and `--attestation` are checked against
+    // its digest (the pin file's `integrityDigest`) before the upstream is even started.
+    check_contract_digest(
+        options,
+        pin.digest(),
+        "the upstream pin is not the expected one; refusing to start (its digest is the pin file's upstream.integrityDigest)",
+    )?;
+    let pinned_digests: std::collections::BTreeMap<String, toolgate::canon::Sha256Digest> = pin
+        .tools()
+        .iter()
+        .map(|(name, tool)| (name.clone(), tool.digest()))
+        .collect();
+    let pin_digest = pin.digest();
     let host = Arc::new(proxy::Host::default());
     let connection = proxy::connect(&config.upstream, &host).await?;
     let (live, tools) = match proxy::live_pin(&connection).await {
@@ -703,7 +727,8 @@ pub async fn build_proxy(
     let upstream = proxy::Upstream::new(Arc::clone(&link), Arc::clone(&drift));
     let mut server = finish_gate(
         Gated::builder(upstream)
-            .unavailable_tools(Arc::clone(&drift) as Arc<dyn toolgate::UnavailableTools>),
+            .unavailable_tools(Arc::clone(&drift) as Arc<dyn toolgate::UnavailableTools>)
+            .contract_digests(pin_digest, pinned_digests),
         policy,
         stores,
         options,

@@ -165,6 +165,56 @@ fn the_proxy_gates_an_upstream_and_answers_replays_itself() {
     );
     assert!(setup.proxy.audit_verify().status.success());
     assert!(setup.upstream.audit_verify().status.success());
+
+    // The pin is the proxy's contract: each call's record carries its pinned tool's digest.
+    let pin = UpstreamPin::parse(&std::fs::read_to_string(&setup.pin).unwrap()).unwrap();
+    let write_note = pin.tools()["write_note"].digest().to_hex();
+    let records = setup.proxy.audit_records();
+    let committed = records
+        .iter()
+        .find(|r| r["name"] == "write_note" && r["outcome"] == "committed")
+        .unwrap();
+    assert_eq!(
+        committed["contract_digest"],
+        json!(write_note),
+        "{committed}"
+    );
+}
+
+#[test]
+fn the_pin_is_the_proxys_contract_for_expect_digest_and_the_host() {
+    let setup = Setup::new();
+    setup.lock();
+    let pin = UpstreamPin::parse(&std::fs::read_to_string(&setup.pin).unwrap()).unwrap();
+    let digest = format!("sha256:{}", pin.digest().to_hex());
+
+    // Another digest: refused before the upstream starts or the ledger is touched.
+    let other = format!("sha256:{}", "0".repeat(64));
+    let output = common::run_to_end(setup.proxy_command(&["--expect-digest", &other]));
+    assert_eq!(output.status.code(), Some(2), "{}", output_text(&output));
+    assert!(
+        output_text(&output).contains("the upstream pin is not the expected one"),
+        "{}",
+        output_text(&output)
+    );
+    assert!(!setup.proxy.ledger.exists(), "nothing written");
+    assert!(
+        setup.upstream.audit_records().is_empty(),
+        "the upstream was not started"
+    );
+
+    // The pin's digest: served, and published to the host as the contract digest.
+    let mut proxy = Server::spawn(
+        setup.proxy_command(&["--expect-digest", &digest]),
+        &setup.proxy.path("proxy.stderr"),
+    );
+    let discovered = proxy.discover();
+    assert_eq!(
+        discovered["_meta"]["io.toolgate/contractDigest"],
+        json!(digest),
+        "{discovered}"
+    );
+    assert!(proxy.close().success());
 }
 
 #[test]
