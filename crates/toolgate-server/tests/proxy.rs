@@ -198,10 +198,6 @@ fn the_pin_is_the_proxys_contract_for_expect_digest_and_the_host() {
         output_text(&output)
     );
     assert!(!setup.proxy.ledger.exists(), "nothing written");
-    assert!(
-        setup.upstream.audit_records().is_empty(),
-        "the upstream was not started"
-    );
 
     // The pin's digest: served, and published to the host as the contract digest.
     let mut proxy = Server::spawn(
