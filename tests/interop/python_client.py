@@ -26,23 +26,17 @@ from pathlib import Path
 from typing import Any
 
 from mcp import ClientSession, MCPError, StdioServerParameters
-from mcp.types import PaginatedRequestParams
 
-from sdk_harness import EXPECTED_SDK_VERSION, INVALID_PARAMS, CheckFailed, check, handshake, run_client, with_session
-
-
-async def list_tool_names(session: ClientSession) -> list[str]:
-    names: list[str] = []
-    cursor: str | None = None
-    while True:
-        if cursor is None:
-            result = await session.list_tools()
-        else:
-            result = await session.list_tools(params=PaginatedRequestParams(cursor=cursor))
-        names.extend(tool.name for tool in result.tools)
-        cursor = result.next_cursor
-        if cursor is None:
-            return names
+from sdk_harness import (
+    EXPECTED_SDK_VERSION,
+    INVALID_PARAMS,
+    CheckFailed,
+    check,
+    handshake,
+    list_tool_names,
+    run_client,
+    with_session,
+)
 
 
 async def call_write_note(session: ClientSession, request_id: str, text: str) -> dict[str, Any]:

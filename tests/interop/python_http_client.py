@@ -49,7 +49,7 @@ from pathlib import Path
 from typing import Any
 
 from mcp import ClientSession, MCPError
-from mcp.types import CallToolResult, PaginatedRequestParams
+from mcp.types import CallToolResult
 
 from sdk_harness import (
     EXPECTED_SDK_VERSION,
@@ -60,6 +60,7 @@ from sdk_harness import (
     create_token,
     handshake,
     http_server,
+    list_tool_names,
     operator,
     run_client,
     with_http_session,
@@ -67,20 +68,6 @@ from sdk_harness import (
 
 REPLAYED = "io.toolgate/replayed"
 UNKNOWN_TOKEN = "tgt_" + "0" * 64
-
-
-async def list_tool_names(session: ClientSession) -> list[str]:
-    names: list[str] = []
-    cursor: str | None = None
-    while True:
-        if cursor is None:
-            result = await session.list_tools()
-        else:
-            result = await session.list_tools(params=PaginatedRequestParams(cursor=cursor))
-        names.extend(tool.name for tool in result.tools)
-        cursor = result.next_cursor
-        if cursor is None:
-            return names
 
 
 def text_of(result: CallToolResult) -> str:

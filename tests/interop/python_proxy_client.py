@@ -40,9 +40,17 @@ from pathlib import Path
 from typing import Any
 
 from mcp import ClientSession, MCPError, StdioServerParameters
-from mcp.types import PaginatedRequestParams
 
-from sdk_harness import INVALID_PARAMS, CheckFailed, check, handshake, operator, run_client, with_session
+from sdk_harness import (
+    INVALID_PARAMS,
+    CheckFailed,
+    check,
+    handshake,
+    list_tool_names,
+    operator,
+    run_client,
+    with_session,
+)
 
 REPLAYED = "io.toolgate/replayed"
 IDEMPOTENCY_KEY = "io.toolgate/idempotencyKey"
@@ -78,20 +86,6 @@ def verify_audit(server: str, ledger: Path) -> None:
     report = json.loads(operator(server, ledger, "audit", "verify", "--format", "json"))
     check(report.get("status") == "intact", f"audit verify of {ledger}: {report}")
     print(f"  audit verify: intact, {report.get('records')} records")
-
-
-async def list_tool_names(session: ClientSession) -> list[str]:
-    names: list[str] = []
-    cursor: str | None = None
-    while True:
-        if cursor is None:
-            result = await session.list_tools()
-        else:
-            result = await session.list_tools(params=PaginatedRequestParams(cursor=cursor))
-        names.extend(tool.name for tool in result.tools)
-        cursor = result.next_cursor
-        if cursor is None:
-            return names
 
 
 async def expect_refused(session: ClientSession, tool: str, arguments: dict[str, Any]) -> None:

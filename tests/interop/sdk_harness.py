@@ -18,6 +18,7 @@ import anyio
 import httpx2
 from mcp import ClientSession, StdioServerParameters, stdio_client
 from mcp.client.streamable_http import streamable_http_client
+from mcp.types import PaginatedRequestParams
 
 EXPECTED_SDK_VERSION = "2.1.1"
 INVALID_PARAMS = -32602
@@ -31,6 +32,21 @@ MODES = ("initialize", "discover")
 
 class CheckFailed(Exception):
     pass
+
+
+async def list_tool_names(session: ClientSession) -> list[str]:
+    """Every tool name the server lists, following its pages."""
+    names: list[str] = []
+    cursor: str | None = None
+    while True:
+        if cursor is None:
+            result = await session.list_tools()
+        else:
+            result = await session.list_tools(params=PaginatedRequestParams(cursor=cursor))
+        names.extend(tool.name for tool in result.tools)
+        cursor = result.next_cursor
+        if cursor is None:
+            return names
 
 
 def check(condition: bool, message: str) -> None:

@@ -1438,13 +1438,7 @@ impl EffectStore {
     /// returns for an unsafe effect.
     pub fn abandon(&self, ticket: Ticket) -> Result<(), EffectError> {
         let record = ticket.abandoned();
-        self.submit(Job::Finish {
-            name: ticket.name,
-            owner: ticket.owner,
-            record,
-            kind: ticket.kind,
-        })?;
-        Ok(())
+        self.replace_held(&ticket, record)
     }
 
     /// Removes finished records (completed and failed, retryable or not) whose `finished_ns` is
@@ -1526,12 +1520,7 @@ impl EffectStore {
         // On an error the ticket is dropped: its record then has a dead owner, unless the outcome
         // line reached the journal (a failed fdatasync), in which case a retry replays it after
         // the next successful fdatasync.
-        self.submit(Job::Finish {
-            name: ticket.name,
-            owner: ticket.owner,
-            record,
-            kind: ticket.kind,
-        })?;
+        self.replace_held(&ticket, record)?;
         if is_failure {
             self.count(&ticket.scope.tool, |c| c.failed += 1);
         } else {
@@ -1540,6 +1529,18 @@ impl EffectStore {
         drop(ticket);
         #[cfg(feature = "fault-injection")]
         self.fault("effect.after_complete");
+        Ok(())
+    }
+
+    /// Writes `record` over the one `ticket` holds (durable first for an unsafe effect), unless
+    /// another owner took the key over meanwhile (`LostOwnership`).
+    fn replace_held(&self, ticket: &Ticket, record: Record) -> Result<(), EffectError> {
+        self.submit(Job::Finish {
+            name: ticket.name,
+            owner: ticket.owner,
+            record,
+            kind: ticket.kind,
+        })?;
         Ok(())
     }
 

@@ -23,15 +23,17 @@
 // Set-up failures in a bench should stop it loudly with the cause.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod common;
+
 use std::collections::BTreeMap;
 use std::fs::OpenOptions;
-use std::io::{BufRead, BufReader, Write};
 use std::os::unix::fs::FileExt as _;
 use std::path::Path;
-use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
-use serde_json::{Value, json};
+use common::{Peer, meta};
+use serde_json::json;
 
 const POLICY: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../fixtures/policy.json");
 /// The server binary measured: `CALLS_BENCH_SERVER`, else this package's release build.
@@ -48,115 +50,48 @@ fn env_usize(name: &str, default: usize) -> usize {
         .unwrap_or(default)
 }
 
-fn meta() -> Value {
-    json!({
-        "io.modelcontextprotocol/protocolVersion": "2026-07-28",
-        "io.modelcontextprotocol/clientCapabilities": {}
-    })
+/// A server on `ledger` (under `strace` writing to `wrap` when given), past `server/discover`.
+fn server(ledger: &Path, wrap: Option<&Path>) -> Peer {
+    let mut command = match wrap {
+        Some(trace) => {
+            let mut command = Command::new("strace");
+            command
+                .args(["-f", "-qq", "-e", "trace=fsync,fdatasync,flock", "-o"])
+                .arg(trace)
+                .arg(server_binary());
+            command
+        }
+        None => Command::new(server_binary()),
+    };
+    command
+        .arg("--policy")
+        .arg(POLICY)
+        .arg("--ledger")
+        .arg(ledger);
+    let mut peer = Peer::spawn(command);
+    peer.discover();
+    peer
 }
 
-/// A child speaking JSON lines on stdin/stdout.
-struct Peer {
-    child: Child,
-    stdin: ChildStdin,
-    stdout: BufReader<ChildStdout>,
-    next_id: u64,
+fn write_note(server: &mut Peer, request_id: &str) -> u64 {
+    server.send(
+        "tools/call",
+        json!({"name": "write_note", "arguments": {"request_id": request_id, "text": "a note of the calls bench"}, "_meta": meta()}),
+    )
 }
 
-impl Peer {
-    fn spawn(mut command: Command) -> Self {
-        let mut child = command
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("the child starts");
-        let stdin = child.stdin.take().unwrap();
-        let stdout = BufReader::new(child.stdout.take().unwrap());
-        Peer {
-            child,
-            stdin,
-            stdout,
-            next_id: 0,
+/// One write_note (or replay), waited for; checks its status.
+fn call(server: &mut Peer, request_id: &str, status: &str) {
+    let id = write_note(server, request_id);
+    loop {
+        let message = server.read();
+        if message.get("id") == Some(&json!(id)) {
+            assert_eq!(
+                message["result"]["structuredContent"]["status"], status,
+                "{message}"
+            );
+            return;
         }
-    }
-
-    fn server(ledger: &Path, wrap: Option<&Path>) -> Self {
-        let mut command = match wrap {
-            Some(trace) => {
-                let mut command = Command::new("strace");
-                command
-                    .args(["-f", "-qq", "-e", "trace=fsync,fdatasync,flock", "-o"])
-                    .arg(trace)
-                    .arg(server_binary());
-                command
-            }
-            None => Command::new(server_binary()),
-        };
-        command
-            .arg("--policy")
-            .arg(POLICY)
-            .arg("--ledger")
-            .arg(ledger);
-        let mut peer = Peer::spawn(command);
-        let reply = peer.request("server/discover", json!({"_meta": meta()}));
-        assert!(reply.get("result").is_some(), "discover failed: {reply}");
-        peer
-    }
-
-    fn send(&mut self, method: &str, params: Value) -> u64 {
-        self.next_id += 1;
-        let id = self.next_id;
-        let line = json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params});
-        let mut text = serde_json::to_string(&line).unwrap();
-        text.push('\n');
-        self.stdin.write_all(text.as_bytes()).unwrap();
-        self.stdin.flush().unwrap();
-        id
-    }
-
-    fn read(&mut self) -> Value {
-        let mut line = String::new();
-        let read = self.stdout.read_line(&mut line).unwrap();
-        assert!(read > 0, "the child closed stdout");
-        serde_json::from_str(&line).expect("JSON lines")
-    }
-
-    fn request(&mut self, method: &str, params: Value) -> Value {
-        let id = self.send(method, params);
-        loop {
-            let message = self.read();
-            if message.get("id") == Some(&json!(id)) {
-                return message;
-            }
-        }
-    }
-
-    fn write_note(&mut self, request_id: &str) -> u64 {
-        self.send(
-            "tools/call",
-            json!({"name": "write_note", "arguments": {"request_id": request_id, "text": "a note of the calls bench"}, "_meta": meta()}),
-        )
-    }
-
-    /// One write_note (or replay), waited for; checks its status.
-    fn call(&mut self, request_id: &str, status: &str) {
-        let id = self.write_note(request_id);
-        loop {
-            let message = self.read();
-            if message.get("id") == Some(&json!(id)) {
-                assert_eq!(
-                    message["result"]["structuredContent"]["status"], status,
-                    "{message}"
-                );
-                return;
-            }
-        }
-    }
-
-    fn close(mut self) {
-        drop(self.stdin);
-        let _ = self.child.wait();
     }
 }
 
@@ -181,10 +116,7 @@ fn limit(dir: &Path, echo: &mut Peer, n: usize) -> Duration {
         file.write_all_at(b"\n", offset + 299).unwrap();
         offset += 300;
         file.sync_data().unwrap();
-        echo.stdin.write_all(text.as_bytes()).unwrap();
-        echo.stdin.flush().unwrap();
-        let mut back = String::new();
-        echo.stdout.read_line(&mut back).unwrap();
+        echo.round_trip(&text);
     }
     start.elapsed() / u32::try_from(n).unwrap()
 }
@@ -198,7 +130,7 @@ fn median(mut values: Vec<f64>) -> f64 {
 fn traced(calls: impl FnOnce(&mut Peer)) -> BTreeMap<String, u64> {
     let dir = tempfile::tempdir().unwrap();
     let trace = dir.path().join("trace");
-    let mut server = Peer::server(&dir.path().join("ledger"), Some(&trace));
+    let mut server = server(&dir.path().join("ledger"), Some(&trace));
     calls(&mut server);
     server.close();
     let text = std::fs::read_to_string(&trace).expect("strace wrote its trace");
@@ -234,10 +166,11 @@ fn main() {
     // Counts first: deterministic.
     let n = per_round;
     let none = traced(|_| {});
-    let writes = traced(|s| (0..n).for_each(|i| s.call(&format!("req-trace-{i:05}"), "committed")));
+    let writes =
+        traced(|s| (0..n).for_each(|i| call(s, &format!("req-trace-{i:05}"), "committed")));
     let both = traced(|s| {
-        (0..n).for_each(|i| s.call(&format!("req-trace-{i:05}"), "committed"));
-        (0..n).for_each(|i| s.call(&format!("req-trace-{i:05}"), "replay"));
+        (0..n).for_each(|i| call(s, &format!("req-trace-{i:05}"), "committed"));
+        (0..n).for_each(|i| call(s, &format!("req-trace-{i:05}"), "replay"));
     });
     let syncs = |a: &BTreeMap<String, u64>, b: &BTreeMap<String, u64>| {
         per_call(a, b, "fsync", n) + per_call(a, b, "fdatasync", n)
@@ -257,7 +190,7 @@ fn main() {
     // Rates, alternated with the limit.
     let dir = tempfile::tempdir_in(std::env::current_dir().unwrap()).unwrap();
     let mut echo = Peer::spawn(Command::new("cat"));
-    let mut server = Peer::server(&dir.path().join("ledger"), None);
+    let mut server = server(&dir.path().join("ledger"), None);
     let (mut write_ratio, mut replay_ratio, mut limits) = (Vec::new(), Vec::new(), Vec::new());
     let (mut seq_rates, mut conc_rates) = (Vec::new(), Vec::new());
     let mut next = 0usize;
@@ -266,13 +199,13 @@ fn main() {
         let first = next;
         let start = Instant::now();
         for _ in 0..per_round {
-            server.call(&format!("req-rate-{next:06}"), "committed");
+            call(&mut server, &format!("req-rate-{next:06}"), "committed");
             next += 1;
         }
         let write = start.elapsed() / u32::try_from(per_round).unwrap();
         let start = Instant::now();
         for i in first..next {
-            server.call(&format!("req-rate-{i:06}"), "replay");
+            call(&mut server, &format!("req-rate-{i:06}"), "replay");
         }
         let replay = start.elapsed() / u32::try_from(per_round).unwrap();
         // 16 in flight: send 16, then one more for every reply.
@@ -282,7 +215,7 @@ fn main() {
         let mut done = 0;
         while done < total {
             while sent < total && sent - done < CONCURRENCY {
-                server.write_note(&format!("req-conc-{round}-{sent:06}"));
+                write_note(&mut server, &format!("req-conc-{round}-{sent:06}"));
                 sent += 1;
             }
             let message = server.read();
@@ -309,8 +242,7 @@ fn main() {
         );
     }
     server.close();
-    drop(echo.stdin);
-    let _ = echo.child.wait();
+    echo.close();
     let speedups: Vec<f64> = conc_rates
         .iter()
         .zip(&seq_rates)

@@ -72,17 +72,8 @@ impl Setup {
     }
 
     fn lock(&self) {
-        let output = common::run_to_end({
-            let mut command = self.proxy.command();
-            command
-                .args(["proxy", "lock", "--lock"])
-                .arg(&self.pin)
-                .arg("--")
-                .args(self.upstream_command());
-            command
-        });
-        assert!(output.status.success(), "{}", output_text(&output));
-        assert!(output_text(&output).contains("pinned 2 tools of toolgate-server"));
+        let said = pin_upstream(&self.proxy, &self.pin, &self.upstream_command());
+        assert!(said.contains("pinned 2 tools of toolgate-server"), "{said}");
     }
 
     fn start(&self) -> Server {
@@ -99,6 +90,21 @@ impl Setup {
             .filter(|r| r["method"] == "tools/call" && r["name"] == tool)
             .collect()
     }
+}
+
+/// `proxy lock --lock PIN -- UPSTREAM` in `env`, which must succeed; returns what it said.
+fn pin_upstream(env: &TestEnv, pin: &Path, upstream: &[String]) -> String {
+    let output = common::run_to_end({
+        let mut command = env.command();
+        command
+            .args(["proxy", "lock", "--lock"])
+            .arg(pin)
+            .arg("--")
+            .args(upstream);
+        command
+    });
+    assert!(output.status.success(), "{}", output_text(&output));
+    output_text(&output)
 }
 
 fn edit_pin(path: &Path, edit: impl FnOnce(&mut Value)) {
@@ -365,20 +371,10 @@ impl Scripted {
             pin,
             modern,
         };
-        let output = common::run_to_end({
-            let mut command = scripted.proxy.command();
-            command
-                .args(["proxy", "lock", "--lock"])
-                .arg(&scripted.pin)
-                .arg("--")
-                .args(scripted.upstream_command());
-            command
-        });
-        assert!(output.status.success(), "{}", output_text(&output));
+        let said = pin_upstream(&scripted.proxy, &scripted.pin, &scripted.upstream_command());
         assert!(
-            output_text(&output).contains("pinned 6 tools of scripted-upstream 1.0.0"),
-            "{}",
-            output_text(&output)
+            said.contains("pinned 6 tools of scripted-upstream 1.0.0"),
+            "{said}"
         );
         scripted
     }

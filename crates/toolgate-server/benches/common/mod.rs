@@ -1,8 +1,12 @@
-//! What the benches that drive a server over stdio share (`stdio.rs`, `proxy.rs`): a child process
+//! What the benches that drive a server over stdio share (`stdio.rs`, `proxy.rs`, `calls.rs`): a
+//! child process
 //! spoken to in raw JSON-RPC lines on its stdin and stdout, one request in flight, the 2026-07-28
 //! flow (`server/discover`, then requests with per-request `_meta`).
 //!
-//! It lives in a directory so that cargo does not take it for a bench of its own.
+//! It lives in a directory so that cargo does not take it for a bench of its own. Each bench uses
+//! a part of it.
+
+#![allow(dead_code)]
 
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
@@ -48,8 +52,8 @@ impl Peer {
         self.child.id()
     }
 
-    /// Sends one request and waits for the reply with its id.
-    pub(crate) fn request(&mut self, method: &str, params: Value) -> Value {
+    /// Sends one request without waiting; returns its id.
+    pub(crate) fn send(&mut self, method: &str, params: Value) -> u64 {
         self.next_id += 1;
         let id = self.next_id;
         let line = json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params});
@@ -57,16 +61,31 @@ impl Peer {
         text.push('\n');
         self.stdin.write_all(text.as_bytes()).unwrap();
         self.stdin.flush().unwrap();
-        let mut reply = String::new();
+        id
+    }
+
+    /// The next message the child writes.
+    pub(crate) fn read(&mut self) -> Value {
+        let mut line = String::new();
+        let read = self.stdout.read_line(&mut line).unwrap();
+        assert!(read > 0, "the child closed stdout");
+        serde_json::from_str(&line).expect("the child writes JSON lines")
+    }
+
+    /// Writes `line` (with its `\n`) and reads one line back, as it is (for a `cat` child).
+    pub(crate) fn round_trip(&mut self, line: &str) -> String {
+        self.stdin.write_all(line.as_bytes()).unwrap();
+        self.stdin.flush().unwrap();
+        let mut back = String::new();
+        self.stdout.read_line(&mut back).unwrap();
+        back
+    }
+
+    /// Sends one request and waits for the reply with its id.
+    pub(crate) fn request(&mut self, method: &str, params: Value) -> Value {
+        let id = self.send(method, params);
         loop {
-            reply.clear();
-            let read = self.stdout.read_line(&mut reply).unwrap();
-            assert!(
-                read > 0,
-                "the server closed stdout while {method} {id} was pending"
-            );
-            let message: Value =
-                serde_json::from_str(&reply).expect("the server writes JSON lines");
+            let message = self.read();
             if message.get("id") == Some(&json!(id)) {
                 return message;
             }
