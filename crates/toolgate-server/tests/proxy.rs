@@ -60,15 +60,7 @@ impl Setup {
     }
 
     fn proxy_command(&self, extra: &[&str]) -> std::process::Command {
-        let mut command = self.proxy.command();
-        command
-            .arg("proxy")
-            .arg("--lock")
-            .arg(&self.pin)
-            .args(extra)
-            .arg("--")
-            .args(self.upstream_command());
-        command
+        proxy_command(&self.proxy, &self.pin, extra, &self.upstream_command())
     }
 
     fn lock(&self) {
@@ -90,6 +82,33 @@ impl Setup {
             .filter(|r| r["method"] == "tools/call" && r["name"] == tool)
             .collect()
     }
+}
+
+/// `proxy --lock PIN EXTRA… -- UPSTREAM` in `env`.
+fn proxy_command(
+    env: &TestEnv,
+    pin: &Path,
+    extra: &[&str],
+    upstream: &[String],
+) -> std::process::Command {
+    let mut command = env.command();
+    command
+        .arg("proxy")
+        .arg("--lock")
+        .arg(pin)
+        .args(extra)
+        .arg("--")
+        .args(upstream);
+    command
+}
+
+/// The lines of a file the scripted upstream appends to (none while it does not exist).
+fn lines_of(path: &Path) -> Vec<String> {
+    std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .map(str::to_owned)
+        .collect()
 }
 
 /// `proxy lock --lock PIN -- UPSTREAM` in `env`, which must succeed; returns what it said.
@@ -393,22 +412,11 @@ impl Scripted {
 
     /// The handshake requests the upstream received, in order.
     fn handshakes(&self) -> Vec<String> {
-        std::fs::read_to_string(self.state.join("handshakes"))
-            .unwrap_or_default()
-            .lines()
-            .map(str::to_owned)
-            .collect()
+        lines_of(&self.state.join("handshakes"))
     }
 
     fn start(&self, extra: &[&str]) -> Server {
-        let mut command = self.proxy.command();
-        command
-            .arg("proxy")
-            .arg("--lock")
-            .arg(&self.pin)
-            .args(extra)
-            .arg("--")
-            .args(self.upstream_command());
+        let command = proxy_command(&self.proxy, &self.pin, extra, &self.upstream_command());
         let mut server = Server::spawn(command, &self.proxy.path("proxy.stderr"));
         server.discover();
         server
@@ -416,19 +424,12 @@ impl Scripted {
 
     /// How many times the upstream was started.
     fn starts(&self) -> usize {
-        std::fs::read_to_string(self.state.join("starts"))
-            .unwrap_or_default()
-            .lines()
-            .count()
+        lines_of(&self.state.join("starts")).len()
     }
 
     /// The values `store` ran with (one line per execution upstream).
     fn stored(&self) -> Vec<String> {
-        std::fs::read_to_string(self.state.join("stored"))
-            .unwrap_or_default()
-            .lines()
-            .map(str::to_owned)
-            .collect()
+        lines_of(&self.state.join("stored"))
     }
 
     /// The proxy's audit records of `method`.
