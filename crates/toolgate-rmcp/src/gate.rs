@@ -874,7 +874,8 @@ impl<H: ServerHandler> Gated<H> {
         context: RequestContext<RoleServer>,
     ) -> Result<ListToolsResult, McpError> {
         let caller = self.caller_of(&context)?;
-        let mut result = self.inner.list_tools(request, context).await?;
+        let mut result =
+            crate::unwind::answered("tools/list", self.inner.list_tools(request, context)).await?;
         let state = self.state.snapshot();
         // Listed exactly when callable: the inner handler resolves it and every check shows it
         // to this caller.
@@ -993,7 +994,7 @@ impl<H: ServerHandler> ServerHandler for Gated<H> {
         &self,
         context: RequestContext<RoleServer>,
     ) -> impl Future<Output = Result<(), McpError>> + MaybeSendFuture + '_ {
-        self.inner.ping(context)
+        crate::unwind::answered("ping", self.inner.ping(context))
     }
 
     async fn initialize(
@@ -1001,7 +1002,8 @@ impl<H: ServerHandler> ServerHandler for Gated<H> {
         request: InitializeRequestParams,
         context: RequestContext<RoleServer>,
     ) -> Result<InitializeResult, McpError> {
-        let mut result = self.inner.initialize(request, context).await?;
+        let mut result =
+            crate::unwind::answered("initialize", self.inner.initialize(request, context)).await?;
         add_contract_meta(&mut result.meta, self.contract_digest());
         Ok(result)
     }
@@ -1023,7 +1025,8 @@ impl<H: ServerHandler> ServerHandler for Gated<H> {
         &self,
         context: RequestContext<RoleServer>,
     ) -> Result<DiscoverResult, McpError> {
-        let mut result = self.inner.discover(context).await?;
+        let mut result =
+            crate::unwind::answered("server/discover", self.inner.discover(context)).await?;
         add_contract_meta(&mut result.meta, self.contract_digest());
         Ok(result)
     }
@@ -1033,7 +1036,7 @@ impl<H: ServerHandler> ServerHandler for Gated<H> {
         request: CompleteRequestParams,
         context: RequestContext<RoleServer>,
     ) -> impl Future<Output = Result<CompleteResult, McpError>> + MaybeSendFuture + '_ {
-        self.inner.complete(request, context)
+        crate::unwind::answered("completion/complete", self.inner.complete(request, context))
     }
 
     #[allow(deprecated)] // Forwarded as long as rmcp has it, deprecated or not.
@@ -1042,7 +1045,7 @@ impl<H: ServerHandler> ServerHandler for Gated<H> {
         request: SetLevelRequestParams,
         context: RequestContext<RoleServer>,
     ) -> impl Future<Output = Result<(), McpError>> + MaybeSendFuture + '_ {
-        self.inner.set_level(request, context)
+        crate::unwind::answered("logging/setLevel", self.inner.set_level(request, context))
     }
 
     fn get_prompt(
@@ -1050,7 +1053,7 @@ impl<H: ServerHandler> ServerHandler for Gated<H> {
         request: GetPromptRequestParams,
         context: RequestContext<RoleServer>,
     ) -> impl Future<Output = Result<GetPromptResponse, McpError>> + MaybeSendFuture + '_ {
-        self.inner.get_prompt(request, context)
+        crate::unwind::answered("prompts/get", self.inner.get_prompt(request, context))
     }
 
     fn list_prompts(
@@ -1058,7 +1061,7 @@ impl<H: ServerHandler> ServerHandler for Gated<H> {
         request: Option<PaginatedRequestParams>,
         context: RequestContext<RoleServer>,
     ) -> impl Future<Output = Result<ListPromptsResult, McpError>> + MaybeSendFuture + '_ {
-        self.inner.list_prompts(request, context)
+        crate::unwind::answered("prompts/list", self.inner.list_prompts(request, context))
     }
 
     fn list_resources(
@@ -1066,7 +1069,10 @@ impl<H: ServerHandler> ServerHandler for Gated<H> {
         request: Option<PaginatedRequestParams>,
         context: RequestContext<RoleServer>,
     ) -> impl Future<Output = Result<ListResourcesResult, McpError>> + MaybeSendFuture + '_ {
-        self.inner.list_resources(request, context)
+        crate::unwind::answered(
+            "resources/list",
+            self.inner.list_resources(request, context),
+        )
     }
 
     fn list_resource_templates(
@@ -1075,7 +1081,10 @@ impl<H: ServerHandler> ServerHandler for Gated<H> {
         context: RequestContext<RoleServer>,
     ) -> impl Future<Output = Result<ListResourceTemplatesResult, McpError>> + MaybeSendFuture + '_
     {
-        self.inner.list_resource_templates(request, context)
+        crate::unwind::answered(
+            "resources/templates/list",
+            self.inner.list_resource_templates(request, context),
+        )
     }
 
     fn read_resource(
@@ -1083,7 +1092,7 @@ impl<H: ServerHandler> ServerHandler for Gated<H> {
         request: ReadResourceRequestParams,
         context: RequestContext<RoleServer>,
     ) -> impl Future<Output = Result<ReadResourceResponse, McpError>> + MaybeSendFuture + '_ {
-        self.inner.read_resource(request, context)
+        crate::unwind::answered("resources/read", self.inner.read_resource(request, context))
     }
 
     fn accepted_subscription_filter(
@@ -1097,7 +1106,7 @@ impl<H: ServerHandler> ServerHandler for Gated<H> {
         &self,
         context: SubscriptionContext,
     ) -> impl Future<Output = Result<(), McpError>> + MaybeSendFuture + '_ {
-        self.inner.listen(context)
+        crate::unwind::answered("subscriptions/listen", self.inner.listen(context))
     }
 
     #[allow(deprecated)]
@@ -1106,7 +1115,10 @@ impl<H: ServerHandler> ServerHandler for Gated<H> {
         request: SubscribeRequestParams,
         context: RequestContext<RoleServer>,
     ) -> impl Future<Output = Result<(), McpError>> + MaybeSendFuture + '_ {
-        self.inner.subscribe(request, context)
+        crate::unwind::answered(
+            "resources/subscribe",
+            self.inner.subscribe(request, context),
+        )
     }
 
     #[allow(deprecated)]
@@ -1115,7 +1127,10 @@ impl<H: ServerHandler> ServerHandler for Gated<H> {
         request: UnsubscribeRequestParams,
         context: RequestContext<RoleServer>,
     ) -> impl Future<Output = Result<(), McpError>> + MaybeSendFuture + '_ {
-        self.inner.unsubscribe(request, context)
+        crate::unwind::answered(
+            "resources/unsubscribe",
+            self.inner.unsubscribe(request, context),
+        )
     }
 
     fn call_tool(
@@ -1196,7 +1211,10 @@ impl<H: ServerHandler> ServerHandler for Gated<H> {
         request: CustomRequest,
         context: RequestContext<RoleServer>,
     ) -> impl Future<Output = Result<CustomResult, McpError>> + MaybeSendFuture + '_ {
-        self.inner.on_custom_request(request, context)
+        crate::unwind::answered(
+            "a custom request",
+            self.inner.on_custom_request(request, context),
+        )
     }
 
     fn on_cancelled(
@@ -1204,7 +1222,10 @@ impl<H: ServerHandler> ServerHandler for Gated<H> {
         notification: CancelledNotificationParam,
         context: NotificationContext<RoleServer>,
     ) -> impl Future<Output = ()> + MaybeSendFuture + '_ {
-        self.inner.on_cancelled(notification, context)
+        crate::unwind::notified(
+            "notifications/cancelled",
+            self.inner.on_cancelled(notification, context),
+        )
     }
 
     fn on_progress(
@@ -1212,21 +1233,30 @@ impl<H: ServerHandler> ServerHandler for Gated<H> {
         notification: ProgressNotificationParam,
         context: NotificationContext<RoleServer>,
     ) -> impl Future<Output = ()> + MaybeSendFuture + '_ {
-        self.inner.on_progress(notification, context)
+        crate::unwind::notified(
+            "notifications/progress",
+            self.inner.on_progress(notification, context),
+        )
     }
 
     fn on_initialized(
         &self,
         context: NotificationContext<RoleServer>,
     ) -> impl Future<Output = ()> + MaybeSendFuture + '_ {
-        self.inner.on_initialized(context)
+        crate::unwind::notified(
+            "notifications/initialized",
+            self.inner.on_initialized(context),
+        )
     }
 
     fn on_roots_list_changed(
         &self,
         context: NotificationContext<RoleServer>,
     ) -> impl Future<Output = ()> + MaybeSendFuture + '_ {
-        self.inner.on_roots_list_changed(context)
+        crate::unwind::notified(
+            "notifications/roots/list_changed",
+            self.inner.on_roots_list_changed(context),
+        )
     }
 
     fn on_custom_notification(
@@ -1234,7 +1264,10 @@ impl<H: ServerHandler> ServerHandler for Gated<H> {
         notification: CustomNotification,
         context: NotificationContext<RoleServer>,
     ) -> impl Future<Output = ()> + MaybeSendFuture + '_ {
-        self.inner.on_custom_notification(notification, context)
+        crate::unwind::notified(
+            "a custom notification",
+            self.inner.on_custom_notification(notification, context),
+        )
     }
 
     fn get_info(&self) -> ServerConfig {
@@ -1248,7 +1281,7 @@ impl<H: ServerHandler> ServerHandler for Gated<H> {
         request: GetTaskParams,
         context: RequestContext<RoleServer>,
     ) -> impl Future<Output = Result<GetTaskResult, McpError>> + MaybeSendFuture + '_ {
-        self.inner.get_task(request, context)
+        crate::unwind::answered("tasks/get", self.inner.get_task(request, context))
     }
 
     fn update_task(
@@ -1256,7 +1289,7 @@ impl<H: ServerHandler> ServerHandler for Gated<H> {
         request: UpdateTaskParams,
         context: RequestContext<RoleServer>,
     ) -> impl Future<Output = Result<(), McpError>> + MaybeSendFuture + '_ {
-        self.inner.update_task(request, context)
+        crate::unwind::answered("tasks/update", self.inner.update_task(request, context))
     }
 
     fn cancel_task(
@@ -1264,7 +1297,7 @@ impl<H: ServerHandler> ServerHandler for Gated<H> {
         request: CancelTaskParams,
         context: RequestContext<RoleServer>,
     ) -> impl Future<Output = Result<(), McpError>> + MaybeSendFuture + '_ {
-        self.inner.cancel_task(request, context)
+        crate::unwind::answered("tasks/cancel", self.inner.cancel_task(request, context))
     }
 
     fn list_skills(
@@ -1272,7 +1305,7 @@ impl<H: ServerHandler> ServerHandler for Gated<H> {
         request: Option<PaginatedRequestParams>,
         context: RequestContext<RoleServer>,
     ) -> impl Future<Output = Result<ListSkillsResult, McpError>> + MaybeSendFuture + '_ {
-        self.inner.list_skills(request, context)
+        crate::unwind::answered("skills/list", self.inner.list_skills(request, context))
     }
 
     fn get_skill(
@@ -1280,7 +1313,7 @@ impl<H: ServerHandler> ServerHandler for Gated<H> {
         request: GetSkillRequestParams,
         context: RequestContext<RoleServer>,
     ) -> impl Future<Output = Result<GetSkillResult, McpError>> + MaybeSendFuture + '_ {
-        self.inner.get_skill(request, context)
+        crate::unwind::answered("skills/get", self.inner.get_skill(request, context))
     }
 
     fn read_resource_directory(
@@ -1289,6 +1322,9 @@ impl<H: ServerHandler> ServerHandler for Gated<H> {
         context: RequestContext<RoleServer>,
     ) -> impl Future<Output = Result<ReadResourceDirectoryResult, McpError>> + MaybeSendFuture + '_
     {
-        self.inner.read_resource_directory(request, context)
+        crate::unwind::answered(
+            "a resource directory read",
+            self.inner.read_resource_directory(request, context),
+        )
     }
 }

@@ -30,6 +30,7 @@ mod state;
 pub mod stdio;
 #[cfg(feature = "otel")]
 mod telemetry;
+mod unwind;
 pub mod upstream;
 
 pub use blocking::{Cancelled, run as run_blocking};

@@ -50,9 +50,11 @@
 //! read meanwhile. The OS pipe then fills and the client's writes block. Notifications and
 //! responses never take a slot.
 //!
-//! Long-lived requests (`subscriptions/listen`) hold their slot while they are open. A request
-//! whose handler panics is never answered by rmcp, so its slot stays taken until the connection
-//! ends. A cancelled request's handler may still be running when its slot is reused.
+//! Long-lived requests (`subscriptions/listen`) hold their slot while they are open. rmcp never
+//! answers a request whose handler panicked, so its slot would stay taken until the connection
+//! ends; under [`crate::Gated`] a panic of the inner handler is answered -32603 (and a call's
+//! record says `error`, or `indeterminate` with an exactly-once ticket), which frees the slot. A
+//! cancelled request's handler may still be running when its slot is reused.
 
 use std::collections::HashMap;
 use std::num::NonZeroUsize;

@@ -438,7 +438,17 @@ impl<H: ServerHandler> Gated<H> {
             audit: Some(Arc::clone(&self.audit)),
             entry: with_outcome(allow.clone(), Outcome::Cancelled),
         };
-        let response = self.inner.call_tool(request, context.clone()).await;
+        // A handler that panics is answered -32603 like any failure (crate::unwind), instead of
+        // leaving its request unanswered and its in-flight slot taken.
+        let (response, panicked) = match crate::unwind::contained(
+            "tools/call",
+            self.inner.call_tool(request, context.clone()),
+        )
+        .await
+        {
+            Ok(response) => (response, false),
+            Err(panicked) => (Err(panicked.into()), true),
+        };
         guard.audit = None;
         let recorded = permit.close();
         // rmcp answers arguments its `Parameters<T>` cannot deserialize with -32602 and serde's
@@ -475,6 +485,10 @@ impl<H: ServerHandler> Gated<H> {
             Outcome::Committed
         };
         let outcome = match &response {
+            // Whatever the handler recorded before it panicked, nobody can tell how far its
+            // effect got: an exactly-once ticket is abandoned (indeterminate), not failed.
+            _ if panicked && ticket.is_some() => Outcome::Indeterminate,
+            _ if panicked => Outcome::Error,
             Ok(CallToolResponse::Complete(_)) if invalid_arguments => Outcome::InvalidArguments,
             Ok(CallToolResponse::Complete(result)) if result.is_error == Some(true) => {
                 recorded.unwrap_or(Outcome::Failed)
