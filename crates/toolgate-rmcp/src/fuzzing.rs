@@ -73,9 +73,15 @@ impl ArgumentChecker {
             tool_contract_digests: Default::default(),
         };
         let meta = rmcp::model::RequestMetaObject::default();
+        let caller = crate::gate::Caller {
+            principal: std::sync::Arc::from(principal),
+            credential: None,
+            client: None,
+        };
         let call = Call {
             state: &state,
             principal,
+            caller: &caller,
             tenant: None,
             name: tool,
             tool: &tool_definition,

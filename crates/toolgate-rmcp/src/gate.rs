@@ -60,6 +60,10 @@ pub const HALTED: i32 = -32001;
 /// call's business key. Every method runs on the blocking pool and must not perform the tool's
 /// effect. The checks that need a method the server does not implement fail closed: their calls
 /// are refused, naming what the server cannot do.
+///
+/// Each method is asked for the [`Caller`] of the call being decided, and what it returns reaches
+/// that caller before the handler runs: answer for objects this caller may see (as the handler
+/// would), and treat another's object as absent or refuse, never describe it.
 pub trait Preflight: Send + Sync + 'static {
     /// Describes what `tool` with `arguments` would do, without doing it: a summary written by
     /// the server that names the concrete operation (target, scope, count), and a hash of the
@@ -67,14 +71,20 @@ pub trait Preflight: Send + Sync + 'static {
     /// has the same hash. `Err` is a one-line reason (no secrets).
     fn prepare(
         &self,
+        caller: &Caller,
         tool: &str,
         arguments: &rmcp::model::JsonObject,
     ) -> Result<Preparation, String>;
 
     /// The ids of the items `filter` matches now, for a batch tool called with a filter. The
     /// default refuses filters, so batch tools must then be called with explicit ids.
-    fn batch_matches(&self, tool: &str, filter: &Value) -> Result<Vec<Value>, String> {
-        let _ = (tool, filter);
+    fn batch_matches(
+        &self,
+        caller: &Caller,
+        tool: &str,
+        filter: &Value,
+    ) -> Result<Vec<Value>, String> {
+        let _ = (caller, tool, filter);
         Err("this server does not evaluate batch filters; pass explicit ids".to_owned())
     }
 
@@ -86,10 +96,11 @@ pub trait Preflight: Send + Sync + 'static {
     /// of a tool under `versions` is refused.
     fn current_version(
         &self,
+        caller: &Caller,
         tool: &str,
         arguments: &rmcp::model::JsonObject,
     ) -> Result<Option<Current>, String> {
-        let _ = (tool, arguments);
+        let _ = (caller, tool, arguments);
         Err("this server does not read the current version of its objects".to_owned())
     }
 
@@ -102,10 +113,11 @@ pub trait Preflight: Send + Sync + 'static {
     /// `separate: true` with a `reason`.
     fn find_existing(
         &self,
+        caller: &Caller,
         tool: &str,
         key: &rmcp::model::JsonObject,
     ) -> Result<Option<String>, String> {
-        let _ = (tool, key);
+        let _ = (caller, tool, key);
         Err("this server does not look up existing objects by their business key".to_owned())
     }
 }
@@ -197,14 +209,42 @@ fn missing_fix(parts: &[&'static str]) -> String {
 
 /// Who makes one request: the principal, the credential it came with (tenant, scopes, channel;
 /// none over stdio) and what the client declared of itself (name, version).
+///
+/// Every [`Preflight`] question is asked for a caller: what a preflight returns reaches that
+/// caller before the handler runs (a conflict's current state, a duplicate's id, a preview's
+/// summary, the items a batch filter matches), so the server must limit it to what this caller
+/// may see, as its handler would.
 #[derive(Debug, Clone)]
-pub(crate) struct Caller {
+pub struct Caller {
     pub(crate) principal: Arc<str>,
     pub(crate) credential: Option<crate::VerifiedPrincipal>,
     pub(crate) client: Option<(String, String)>,
 }
 
 impl Caller {
+    /// The principal the gate decided for (the configured one over stdio, the verified
+    /// credential's over HTTP).
+    pub fn principal(&self) -> &str {
+        &self.principal
+    }
+
+    /// The verified credential of the request, when a transport authenticated it (`None` over
+    /// stdio).
+    pub fn credential(&self) -> Option<&crate::VerifiedPrincipal> {
+        self.credential.as_ref()
+    }
+
+    /// The credential's tenant, if it names one.
+    pub fn tenant(&self) -> Option<&str> {
+        self.credential.as_ref().and_then(|c| c.tenant())
+    }
+
+    /// The name and version the client declared of itself, if it did. Not verified: for
+    /// display and audit only.
+    pub fn client(&self) -> Option<(&str, &str)> {
+        self.client.as_ref().map(|(n, v)| (n.as_str(), v.as_str()))
+    }
+
     /// Whether the caller's credential reaches `tool` under the policy's `scopes`.
     pub(crate) fn grants(&self, policy: &Policy, tool: &str) -> bool {
         self.credential

@@ -36,9 +36,10 @@ pub mod upstream;
 pub use blocking::{Cancelled, run as run_blocking};
 pub use checks::exactly_once::{IDEMPOTENCY_KEY_META, MAX_IDEMPOTENCY_KEY_BYTES, REPLAYED_META};
 pub use gate::{
-    CONFIRM_ACTION, CONTRACT_DIGEST_META_KEY, Current, EffectProbe, GateError, Gated, GatedBuilder,
-    HALTED, LEDGER_AUDIT_FILE, LEDGER_EFFECTS_DIR, LEDGER_WAIT_IN_PROGRESS, Preflight, Preparation,
-    ProbeAnswer, REJECT_ACTION, TOOL_NOT_FOUND, UnavailableTools, ledger_effect_config,
+    CONFIRM_ACTION, CONTRACT_DIGEST_META_KEY, Caller, Current, EffectProbe, GateError, Gated,
+    GatedBuilder, HALTED, LEDGER_AUDIT_FILE, LEDGER_EFFECTS_DIR, LEDGER_WAIT_IN_PROGRESS,
+    Preflight, Preparation, ProbeAnswer, REJECT_ACTION, TOOL_NOT_FOUND, UnavailableTools,
+    ledger_effect_config,
 };
 pub use permit::{Permit, PermitError};
 pub use principal::{

@@ -19,7 +19,7 @@ use serde_json::{Value, json};
 use toolgate_audit::FileAuditLog;
 use toolgate_canon::Sha256Digest;
 use toolgate_policy::Policy;
-use toolgate_rmcp::{Gated, Permit, Preflight, Preparation};
+use toolgate_rmcp::{Caller, Gated, Permit, Preflight, Preparation};
 
 const POLICY: &str = r#"{
     "version": 1,
@@ -118,6 +118,7 @@ struct Checks(Arc<World>);
 impl Preflight for Checks {
     fn prepare(
         &self,
+        _caller: &Caller,
         tool: &str,
         arguments: &rmcp::model::JsonObject,
     ) -> Result<Preparation, String> {
@@ -129,7 +130,12 @@ impl Preflight for Checks {
         })
     }
 
-    fn batch_matches(&self, _tool: &str, filter: &Value) -> Result<Vec<Value>, String> {
+    fn batch_matches(
+        &self,
+        _caller: &Caller,
+        _tool: &str,
+        filter: &Value,
+    ) -> Result<Vec<Value>, String> {
         Ok(matches(filter))
     }
 }

@@ -26,7 +26,7 @@ use toolgate_audit::FileAuditLog;
 use toolgate_canon::Sha256Digest;
 use toolgate_commit::effect::MemoryEffects;
 use toolgate_policy::Policy;
-use toolgate_rmcp::{Current, Gated, Preflight, Preparation, REPLAYED_META};
+use toolgate_rmcp::{Caller, Current, Gated, Preflight, Preparation, REPLAYED_META};
 
 /// Put in every row's `secret`; must never leave the gate.
 const CANARY: &str = "CANARY-secret-7f3a91";
@@ -63,6 +63,8 @@ struct Row {
     status: String,
     note: String,
     secret: String,
+    /// The principal whose booking it is.
+    owner: String,
 }
 
 impl Row {
@@ -110,6 +112,8 @@ impl Store {
             status: "active".to_owned(),
             note: note.to_owned(),
             secret: format!("{CANARY}-{n}"),
+            // The gate's default principal over stdio.
+            owner: "local".to_owned(),
         };
         self.rows
             .lock()
@@ -120,6 +124,16 @@ impl Store {
 
     fn row(&self, id: &str) -> Option<Row> {
         self.rows.lock().unwrap().get(id).cloned()
+    }
+
+    /// The row, if it is `caller`'s: the ownership check a preflight makes, as its handler would.
+    fn visible_row(&self, caller: &Caller, id: &str) -> Result<Option<Row>, String> {
+        match self.row(id) {
+            Some(row) if row.owner != caller.principal() => {
+                Err(format!("booking {id} is not one of yours"))
+            }
+            found => Ok(found),
+        }
     }
 
     /// A change made elsewhere (a colleague, another agent).
@@ -263,9 +277,14 @@ impl ServerHandler for Bookings {
 struct Objects(Arc<Store>);
 
 impl Preflight for Objects {
-    fn prepare(&self, tool: &str, arguments: &JsonObject) -> Result<Preparation, String> {
+    fn prepare(
+        &self,
+        caller: &Caller,
+        tool: &str,
+        arguments: &JsonObject,
+    ) -> Result<Preparation, String> {
         let id = arguments["id"].as_str().unwrap_or_default();
-        let row = self.0.row(id).ok_or("no such booking")?;
+        let row = self.0.visible_row(caller, id)?.ok_or("no such booking")?;
         Ok(Preparation {
             summary: format!("{tool}: booking {id} of {} on {}", row.guest, row.date),
             content_hash: Sha256Digest::of(row.version().as_bytes()),
@@ -274,17 +293,25 @@ impl Preflight for Objects {
 
     fn current_version(
         &self,
+        caller: &Caller,
         _tool: &str,
         arguments: &JsonObject,
     ) -> Result<Option<Current>, String> {
+        // Another principal's booking is as absent as one that does not exist: its state must
+        // not reach this caller in a conflict.
         let id = arguments["id"].as_str().unwrap_or_default();
-        Ok(self.0.row(id).map(|row| Current {
+        Ok(self.0.visible_row(caller, id)?.map(|row| Current {
             version: row.version(),
             state: row.shown(),
         }))
     }
 
-    fn find_existing(&self, tool: &str, key: &JsonObject) -> Result<Option<String>, String> {
+    fn find_existing(
+        &self,
+        _caller: &Caller,
+        tool: &str,
+        key: &JsonObject,
+    ) -> Result<Option<String>, String> {
         match tool {
             "create_booking" => Ok(self
                 .0
@@ -312,7 +339,12 @@ impl Preflight for Objects {
 struct Blind;
 
 impl Preflight for Blind {
-    fn prepare(&self, tool: &str, _arguments: &JsonObject) -> Result<Preparation, String> {
+    fn prepare(
+        &self,
+        _caller: &Caller,
+        tool: &str,
+        _arguments: &JsonObject,
+    ) -> Result<Preparation, String> {
         Ok(Preparation {
             summary: tool.to_owned(),
             content_hash: Sha256Digest::of(b""),
@@ -385,6 +417,14 @@ impl Setup {
 }
 
 async fn start_with(preflight: Option<Arc<dyn Preflight>>, store: Arc<Store>) -> Setup {
+    start_as("local", preflight, store).await
+}
+
+async fn start_as(
+    principal: &str,
+    preflight: Option<Arc<dyn Preflight>>,
+    store: Arc<Store>,
+) -> Setup {
     logs();
     let ledger = tempfile::tempdir().unwrap();
     let tools = Bookings {
@@ -392,6 +432,7 @@ async fn start_with(preflight: Option<Arc<dyn Preflight>>, store: Arc<Store>) ->
         tool_router: Bookings::tool_router(),
     };
     let mut builder = Gated::builder(tools)
+        .principal(principal)
         .policy(Policy::from_json(POLICY).unwrap())
         .audit(FileAuditLog::open(ledger.path().join("audit.jsonl")).unwrap())
         .effect_store(Arc::new(MemoryEffects::new()));
@@ -507,6 +548,58 @@ async fn a_stale_version_is_a_conflict_with_the_current_state_and_the_row_is_unc
     );
     assert_eq!(setup.calls(), calls + 1);
     setup.client.cancel().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_preflight_answers_for_its_caller_and_another_principals_object_never_leaks() {
+    // alice (the default principal) owns a booking; bob, allowed to call update_booking too,
+    // sends its id with a wrong version on a gate of his own over the same store.
+    let store = Arc::new(Store::default());
+    let row = store.insert("ana", "2026-05-01", "window seat");
+    let bob = start_as(
+        "bob",
+        Some(Arc::new(Objects(Arc::clone(&store)))),
+        Arc::clone(&store),
+    )
+    .await;
+    let calls = bob.calls();
+    let refused = call(
+        &bob,
+        "update_booking",
+        json!({"request_id": "u-b1", "id": row.id, "version": "guessed", "note": "mine now"}),
+    )
+    .await;
+    assert_eq!(refused.is_error, Some(true));
+    let text = text_of(&refused);
+    assert!(text.contains("not one of yours"), "{text}");
+    for secret in [
+        &row.guest,
+        &row.date,
+        &row.note,
+        &row.version(),
+        &row.secret,
+    ] {
+        assert!(!text.contains(secret.as_str()), "{secret} leaked: {text}");
+    }
+    assert!(
+        refused
+            .structured_content
+            .as_ref()
+            .is_none_or(|s| s.get("current").is_none()),
+        "{refused:?}"
+    );
+    // The preview of a confirmation is asked for bob too: cancel_booking needs one.
+    let preview = call(
+        &bob,
+        "cancel_booking",
+        json!({"id": row.id, "version": row.version()}),
+    )
+    .await;
+    let text = text_of(&preview);
+    assert!(!text.contains(&row.guest), "{text}");
+    assert_eq!(bob.calls(), calls, "no handler ran");
+    assert_eq!(store.row(&row.id).unwrap(), row, "the row is unchanged");
+    bob.client.cancel().await.unwrap();
 }
 
 #[tokio::test]

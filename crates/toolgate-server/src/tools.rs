@@ -194,8 +194,11 @@ pub struct NotesPreflight;
 const MAX_PREVIEW_ENTRIES: usize = 10_000;
 
 impl toolgate::Preflight for NotesPreflight {
+    // Every caller may preview any path: the summary describes the path the caller named, and
+    // the decoy never deletes it.
     fn prepare(
         &self,
+        _caller: &toolgate::Caller,
         tool: &str,
         arguments: &rmcp::model::JsonObject,
     ) -> Result<toolgate::Preparation, String> {

@@ -88,8 +88,8 @@ pub mod prelude {
     pub use crate::guard::{KillSwitch, RightsFile};
     pub use crate::policy::Policy;
     pub use crate::{
-        Current, FixedPrincipal, FromExtensions, GateError, Gated, GatedBuilder, Permit, Preflight,
-        Preparation, PrincipalSource, StdioConfig, StdioTransport, VerifiedPrincipal,
+        Caller, Current, FixedPrincipal, FromExtensions, GateError, Gated, GatedBuilder, Permit,
+        Preflight, Preparation, PrincipalSource, StdioConfig, StdioTransport, VerifiedPrincipal,
     };
 }
 

@@ -58,9 +58,11 @@ impl Check for BatchGuard {
             });
         };
         Verdict::Later(Box::pin(async move {
-            let tool = name.to_owned();
-            let matched =
-                tokio::task::spawn_blocking(move || preflight.batch_matches(&tool, &filter)).await;
+            let (tool, caller) = (name.to_owned(), call.caller.clone());
+            let matched = tokio::task::spawn_blocking(move || {
+                preflight.batch_matches(&caller, &tool, &filter)
+            })
+            .await;
             match matched {
                 Ok(Ok(matches)) => count_verdict(name, rule, matches, expected_count),
                 failed => {

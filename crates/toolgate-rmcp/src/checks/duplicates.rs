@@ -84,9 +84,11 @@ impl Check for DuplicateCheck {
         };
         let earlier = EarlierAnswer::of(self.effects.as_ref(), call);
         Verdict::Later(Box::pin(async move {
-            let tool = name.to_owned();
-            let found =
-                unless_answered(earlier, move || preflight.find_existing(&tool, &key)).await;
+            let (tool, caller) = (name.to_owned(), call.caller.clone());
+            let found = unless_answered(earlier, move || {
+                preflight.find_existing(&caller, &tool, &key)
+            })
+            .await;
             match found {
                 Lookup::Answered | Lookup::Found(Ok(None)) => Verdict::Pass,
                 Lookup::Found(Ok(Some(existing))) => {

@@ -86,6 +86,8 @@ pub(crate) struct Call<'a> {
     /// The policy (and contract digests) in force for this whole call.
     pub(crate) state: &'a GateState,
     pub(crate) principal: &'a str,
+    /// Who calls: what every [`crate::Preflight`] question is asked for.
+    pub(crate) caller: &'a crate::gate::Caller,
     /// The caller's tenant, when its credential names one (the per-tenant kill switch).
     pub(crate) tenant: Option<&'a str>,
     pub(crate) name: &'a str,

@@ -70,9 +70,9 @@ impl Check for VersionCheck {
         let earlier = EarlierAnswer::of(self.effects.as_ref(), call);
         let arguments = call.arguments.cloned().unwrap_or_default();
         Verdict::Later(Box::pin(async move {
-            let tool = name.to_owned();
+            let (tool, caller) = (name.to_owned(), call.caller.clone());
             let found = unless_answered(earlier, move || {
-                preflight.current_version(&tool, &arguments)
+                preflight.current_version(&caller, &tool, &arguments)
             })
             .await;
             match found {

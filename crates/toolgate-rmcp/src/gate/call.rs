@@ -148,6 +148,7 @@ impl<H: ServerHandler> Gated<H> {
         let call = Call {
             state: &state,
             principal: &principal,
+            caller,
             tenant: caller.credential.as_ref().and_then(|c| c.tenant()),
             name: &name,
             tool: &tool,

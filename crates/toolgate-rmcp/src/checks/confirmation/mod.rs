@@ -57,6 +57,7 @@ impl Check for Confirmation {
             let arguments = call.sent.cloned().unwrap_or_default();
             let prepared = self
                 .prepare(
+                    call.caller,
                     call.name,
                     call.arguments.cloned().unwrap_or_default(),
                     &arguments,
@@ -107,6 +108,7 @@ impl Confirmation {
     /// or describes it generically with the arguments as `sent`.
     async fn prepare(
         &self,
+        caller: &crate::gate::Caller,
         name: &str,
         arguments: JsonObject,
         sent: &JsonObject,
@@ -126,8 +128,8 @@ impl Confirmation {
                 content_hash: args_digest,
             });
         };
-        let tool = name.to_owned();
-        tokio::task::spawn_blocking(move || preflight.prepare(&tool, &arguments))
+        let (tool, caller) = (name.to_owned(), caller.clone());
+        tokio::task::spawn_blocking(move || preflight.prepare(&caller, &tool, &arguments))
             .await
             .map_err(|_| "the preparation task failed".to_owned())?
     }
