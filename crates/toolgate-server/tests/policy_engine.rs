@@ -208,6 +208,58 @@ fn confirm(server: &mut Server, preview: &Value, summary: &str) -> Value {
 }
 
 #[test]
+fn a_confirmed_call_runs_under_the_idempotency_key_of_its_preview() {
+    let env = TestEnv::new();
+    write_policy(
+        &env,
+        r#"{"version":1,"allow":["write_note","read_ledger"],
+            "idempotency":{"write_note":{"effect":"idempotent"}},
+            "effects":{"write_note":"notify"}}"#,
+    );
+    let mut server = env.start();
+    let args = json!({"request_id": "note-key-0001", "text": "held"});
+    // Previewed under the caller's key; the confirmer sends another key of its choosing.
+    let preview = preview_of(&server.call_with_key("write_note", args.clone(), "k-preview"));
+    let summary = preview["confirm_summary"].as_str().unwrap().to_owned();
+    let id = server.next_id();
+    let mut message = request(
+        id,
+        "tools/call",
+        json!({"name": "confirm_action", "arguments":
+               {"confirm_token": preview["confirm_token"], "confirm_summary": summary}}),
+    );
+    message["params"]["_meta"]["io.toolgate/idempotencyKey"] = json!("k-confirmer");
+    server.send(&message);
+    let done = server.response(id);
+    assert_eq!(note_status(&done), "committed", "{done}");
+
+    // The same call retried under the preview's key and confirmed again (without a key of its
+    // own) is the stored answer of the first: replayed by the gate, the handler not run again.
+    let again = server.call_with_key("write_note", args, "k-preview");
+    let replay = if first_text(&again).contains("confirm_token") {
+        let preview = preview_of(&again);
+        let summary = preview["confirm_summary"].as_str().unwrap().to_owned();
+        confirm(&mut server, &preview, &summary)
+    } else {
+        again
+    };
+    assert_eq!(
+        result_of(&replay)["_meta"]["io.toolgate/replayed"],
+        true,
+        "a replay from the effect store, not a second execution: {replay}"
+    );
+    let records = audit_records(&env.audit_path());
+    let executed = records
+        .iter()
+        .filter(|r| r["name"] == "write_note" && r["decision"] == "allow")
+        .filter(|r| r["outcome"] == "committed")
+        .count();
+    assert_eq!(executed, 1, "{records:?}");
+    server.close();
+    assert_verifies(&env.ledger);
+}
+
+#[test]
 fn a_delete_is_previewed_first_and_executes_once_on_the_exact_confirmation() {
     let env = TestEnv::new();
     write_policy(

@@ -366,6 +366,19 @@ impl Server {
         self.send_request("tools/call", json!({"name": name, "arguments": arguments}))
     }
 
+    /// `tools/call` with the idempotency key `key` in its `_meta`; returns the whole reply.
+    pub fn call_with_key(&mut self, name: &str, arguments: Value, key: &str) -> Value {
+        let id = self.next_id();
+        let mut message = request(
+            id,
+            "tools/call",
+            json!({"name": name, "arguments": arguments}),
+        );
+        message["params"]["_meta"]["io.toolgate/idempotencyKey"] = json!(key);
+        self.send(&message);
+        self.response(id)
+    }
+
     /// `tools/call`; returns the whole reply (`result` or `error`).
     pub fn call(&mut self, name: &str, arguments: Value) -> Value {
         let id = self.send_call(name, arguments);

@@ -150,6 +150,13 @@ impl Confirmation {
             args_digest: call.args_digest,
             content_hash: preparation.content_hash,
             summary: preparation.summary.clone(),
+            idempotency_key: call
+                .meta
+                .0
+                .0
+                .get(crate::IDEMPOTENCY_KEY_META)
+                .and_then(Value::as_str)
+                .map(str::to_owned),
         };
         let issued = match self.pending.prepare(action, SystemTime::now()) {
             Ok(issued) => issued,

@@ -167,6 +167,10 @@ pub struct PendingAction {
     pub content_hash: Sha256Digest,
     /// The summary shown by the preview; a confirmation must repeat it byte for byte.
     pub summary: String,
+    /// The `_meta` idempotency key the previewed call carried: the confirmed call runs under it,
+    /// whatever the `confirm_action` call's own `_meta` says, so that a preview retried with its
+    /// key and then confirmed still executes at most once.
+    pub idempotency_key: Option<String>,
 }
 
 impl fmt::Debug for PendingAction {
@@ -182,6 +186,10 @@ impl fmt::Debug for PendingAction {
             .field("args_digest", &self.args_digest)
             .field("content_hash", &self.content_hash)
             .field("summary", &format_args!("<{} bytes>", self.summary.len()))
+            .field(
+                "idempotency_key",
+                &self.idempotency_key.as_ref().map(|_| "<set>"),
+            )
             .finish()
     }
 }
@@ -619,6 +627,7 @@ mod tests {
             arguments,
             content_hash: Sha256Digest::of(b"content"),
             summary: "delete note a.txt (12 bytes)".to_owned(),
+            idempotency_key: Some("preview-key-1".to_owned()),
         }
     }
 

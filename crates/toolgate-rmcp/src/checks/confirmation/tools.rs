@@ -138,6 +138,17 @@ impl<H: ServerHandler> Gated<H> {
         };
         let mut call = CallToolRequestParams::new(Cow::Owned(action.tool.clone()));
         call.arguments = Some(action.arguments.clone());
+        // The confirmed call runs under the idempotency key its preview was asked with, not
+        // under one the confirmer picks: a key in confirm_action's own `_meta` is dropped.
+        let mut context = context;
+        let meta = &mut context.meta.0.0;
+        meta.remove(crate::IDEMPOTENCY_KEY_META);
+        if let Some(key) = &action.idempotency_key {
+            meta.insert(
+                crate::IDEMPOTENCY_KEY_META.to_owned(),
+                Value::String(key.clone()),
+            );
+        }
         self.decide(state, &caller, tool, call, context, Some(&action))
             .await
     }

@@ -17,7 +17,8 @@ use super::{
 };
 
 /// The component's migrations (`toolgate_schema`, component `confirmations`).
-const MIGRATIONS: &[&str] = &["CREATE TABLE toolgate_pending (
+const MIGRATIONS: &[&str] = &[
+    "CREATE TABLE toolgate_pending (
          token_hash bytea PRIMARY KEY,
          principal text NOT NULL,
          tool text NOT NULL,
@@ -31,7 +32,10 @@ const MIGRATIONS: &[&str] = &["CREATE TABLE toolgate_pending (
          wrong_summaries integer NOT NULL DEFAULT 0
      );
      CREATE INDEX toolgate_pending_live ON toolgate_pending (principal) WHERE state = 'live';
-     CREATE INDEX toolgate_pending_forget ON toolgate_pending (forget_ns)"];
+     CREATE INDEX toolgate_pending_forget ON toolgate_pending (forget_ns)",
+    // The previewed call's `_meta` idempotency key, under which the confirmed call runs.
+    "ALTER TABLE toolgate_pending ADD COLUMN idempotency_key text",
+];
 
 /// Creates or migrates the pending actions' table.
 pub(super) fn migrate(store: &PgStore) -> Result<(), PgError> {
@@ -136,8 +140,9 @@ pub(super) fn prepare(
                 let inserted = tx
                     .execute(
                         "INSERT INTO toolgate_pending (token_hash, principal, tool, arguments,
-                             args_digest, content_hash, summary, expires_ns, forget_ns, state)
-                         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, 'live')
+                             args_digest, content_hash, summary, expires_ns, forget_ns, state,
+                             idempotency_key)
+                         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, 'live', $10)
                          ON CONFLICT (token_hash) DO NOTHING",
                         &[
                             &hash.as_bytes().as_slice(),
@@ -149,6 +154,7 @@ pub(super) fn prepare(
                             &action.summary,
                             &ns(expires_at),
                             &ns(forget_at),
+                            &action.idempotency_key,
                         ],
                     )
                     .await
@@ -193,7 +199,7 @@ pub(super) fn decide(
             let row = tx
                 .query_opt(
                     "SELECT principal, state, wrong_summaries, expires_ns, tool, arguments,
-                         args_digest, content_hash, summary
+                         args_digest, content_hash, summary, idempotency_key
                      FROM toolgate_pending WHERE token_hash = $1 AND forget_ns > $2 FOR UPDATE",
                     &[&hash.as_bytes().as_slice(), &ns(now)],
                 )
@@ -258,6 +264,7 @@ pub(super) fn decide(
                 args_digest: digest(row.get(6)).ok_or(ConfirmError::Unknown)?,
                 content_hash: digest(row.get(7)).ok_or(ConfirmError::Unknown)?,
                 summary: row.get::<_, Option<String>>(8).unwrap_or_default(),
+                idempotency_key: row.get(9),
             })
         })
         .map_err(unavailable)?
