@@ -36,6 +36,7 @@ use toolgate_contract::diff::Change;
 use toolgate_policy::Policy;
 
 mod call;
+mod tasks;
 use crate::checks::arguments::InputShape;
 use crate::checks::{Checks, KillSwitch, PendingActions, RightsFile};
 use crate::permit::Permit;
@@ -281,6 +282,8 @@ pub struct Gated<H> {
     pub(crate) checks: Arc<Checks>,
     /// Why tools the inner handler does not resolve are unavailable, when it knows.
     pub(crate) unavailable: Option<Arc<dyn UnavailableTools>>,
+    /// The tasks gated calls created, with their tool and caller.
+    pub(crate) tasks: tasks::Tasks,
 }
 
 /// What a probe found out about an effect whose caller died mid-call.
@@ -765,6 +768,7 @@ impl<H: ServerHandler> GatedBuilder<H> {
             contract_changes: self.contract_changes,
             principals,
             checks: Arc::new(checks),
+            tasks: tasks::Tasks::default(),
             unavailable: self.unavailable,
         })
     }
@@ -1316,28 +1320,38 @@ impl<H: ServerHandler> ServerHandler for Gated<H> {
         info
     }
 
-    fn get_task(
+    async fn get_task(
         &self,
         request: GetTaskParams,
         context: RequestContext<RoleServer>,
-    ) -> impl Future<Output = Result<GetTaskResult, McpError>> + MaybeSendFuture + '_ {
-        crate::unwind::answered("tasks/get", self.inner.get_task(request, context))
+    ) -> Result<GetTaskResult, McpError> {
+        let caller = self.caller_of(&context)?;
+        let tool = self.tasks.tool_of(&request.task_id, &caller)?;
+        let mut result =
+            crate::unwind::answered("tasks/get", self.inner.get_task(request, context)).await?;
+        let state = self.state.snapshot();
+        tasks::present(&self.checks, &state, &tool, &mut result.task.payload);
+        Ok(result)
     }
 
-    fn update_task(
+    async fn update_task(
         &self,
         request: UpdateTaskParams,
         context: RequestContext<RoleServer>,
-    ) -> impl Future<Output = Result<(), McpError>> + MaybeSendFuture + '_ {
-        crate::unwind::answered("tasks/update", self.inner.update_task(request, context))
+    ) -> Result<(), McpError> {
+        let caller = self.caller_of(&context)?;
+        self.tasks.tool_of(&request.task_id, &caller)?;
+        crate::unwind::answered("tasks/update", self.inner.update_task(request, context)).await
     }
 
-    fn cancel_task(
+    async fn cancel_task(
         &self,
         request: CancelTaskParams,
         context: RequestContext<RoleServer>,
-    ) -> impl Future<Output = Result<(), McpError>> + MaybeSendFuture + '_ {
-        crate::unwind::answered("tasks/cancel", self.inner.cancel_task(request, context))
+    ) -> Result<(), McpError> {
+        let caller = self.caller_of(&context)?;
+        self.tasks.tool_of(&request.task_id, &caller)?;
+        crate::unwind::answered("tasks/cancel", self.inner.cancel_task(request, context)).await
     }
 
     fn list_skills(

@@ -270,7 +270,13 @@ impl<H: ServerHandler> Gated<H> {
             allow,
             input,
         };
-        self.execute(admitted, request, context).await
+        let tool = admitted.name.clone();
+        let response = self.execute(admitted, request, context).await;
+        // A task's result comes later through tasks/get, presented there for this caller only.
+        if let Ok(CallToolResponse::Task(created)) = &response {
+            self.tasks.created(&created.task.task_id, &tool, caller);
+        }
+        response
     }
 
     /// Takes the arguments some check owns for `name` out of `arguments` (unless the tool's own
