@@ -24,7 +24,7 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 use toolgate_audit::FileAuditLog;
 use toolgate_canon::Sha256Digest;
-use toolgate_commit::effect::MemoryEffects;
+use toolgate_commit::effect::{EffectConfig, EffectStore};
 use toolgate_policy::Policy;
 use toolgate_rmcp::{Caller, Current, Gated, Preflight, Preparation, REPLAYED_META};
 
@@ -435,7 +435,10 @@ async fn start_as(
         .principal(principal)
         .policy(Policy::from_json(POLICY).unwrap())
         .audit(FileAuditLog::open(ledger.path().join("audit.jsonl")).unwrap())
-        .effect_store(Arc::new(MemoryEffects::new()));
+        // The file store, so that the test can read what it keeps at rest.
+        .effect_store(Arc::new(
+            EffectStore::open(EffectConfig::new(ledger.path().join("effects"))).unwrap(),
+        ));
     if let Some(preflight) = preflight {
         builder = builder.preflight(preflight);
     }
@@ -946,9 +949,20 @@ async fn a_canary_in_the_secret_field_never_leaves_the_gate() {
         .filter(|r| r["name"] == "create_booking" && r["decision"] == "allow")
         .collect();
     assert_eq!(create_records.len(), 2);
-    for record in &create_records {
-        assert_eq!(record["dropped_fields"], 2, "{record}");
+    // The first call's record counts the two fields withheld; the effect store kept the result
+    // without them, so its replay drops nothing more.
+    assert_eq!(create_records[0]["dropped_fields"], 2, "{records:?}");
+    assert_eq!(create_records[1]["dropped_fields"], 0, "{records:?}");
+    // Nothing the allow-list withholds is at rest in the effect store.
+    let mut at_rest = Vec::new();
+    for entry in walk(&setup.ledger.path().join("effects")) {
+        at_rest.extend(std::fs::read(entry).unwrap());
     }
+    assert!(!at_rest.is_empty());
+    assert!(
+        !String::from_utf8_lossy(&at_rest).contains(CANARY),
+        "the effect store keeps a withheld field"
+    );
     assert_eq!(create_records[1]["outcome"], "replay");
     seen.push(created);
     seen.push(replay);
@@ -1037,4 +1051,21 @@ async fn a_server_that_cannot_read_versions_or_look_up_duplicates_fails_closed()
         assert_eq!(setup.calls(), 1);
         setup.client.cancel().await.unwrap();
     }
+}
+
+/// Every file under `dir`.
+fn walk(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let mut files = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(dir) = stack.pop() {
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                stack.push(path);
+            } else {
+                files.push(path);
+            }
+        }
+    }
+    files
 }

@@ -234,10 +234,20 @@ pub(crate) fn kind(settings: &Idempotency) -> EffectKind {
     }
 }
 
-/// What is stored for a completed call: the result exactly as the handler first returned it,
-/// before any check presented it (a replay is presented again, under the policy in force).
-pub(crate) fn stored(result: &CallToolResult) -> Value {
-    serde_json::to_value(result).unwrap_or(Value::Null)
+/// What is stored for a completed call of `tool`: the result as the handler first returned it,
+/// less what the policy's result allow-list withholds (a secret the caller never sees does not sit
+/// in the store either). The untrusted-output wrapping is not stored: a replay is presented again
+/// by every check, under the policy in force, and the allow-list filter presents a filtered result
+/// unchanged.
+pub(crate) fn stored(state: &GateState, tool: &str, result: &CallToolResult) -> Value {
+    match state.policy.results(tool) {
+        Some(fields) => {
+            let mut kept = result.clone();
+            super::results::filter(fields, tool, &mut kept);
+            serde_json::to_value(&kept).unwrap_or(Value::Null)
+        }
+        None => serde_json::to_value(result).unwrap_or(Value::Null),
+    }
 }
 
 /// The `_meta` key every replayed result carries (`true`), so a client can tell a replay from a
@@ -523,7 +533,9 @@ pub(crate) async fn begin_effect(
         let task = Arc::clone(&answering);
         let resolved = crate::blocking::run(move || {
             let resolution = match probe(arguments.as_ref()) {
-                ProbeAnswer::Happened(result) => Resolution::Completed(stored(&result)),
+                ProbeAnswer::Happened(result) => {
+                    Resolution::Completed(stored(&task.state, &task.tool, &result))
+                }
                 ProbeAnswer::NotHappened => Resolution::Forget,
                 ProbeAnswer::Unknown => return Some(task.settle(Err(indeterminate))),
             };
@@ -663,7 +675,7 @@ mod tests {
         let marker: ReplayMarker =
             serde_json::from_value(json!({"pointer": "/status", "value": "replay"}))
                 .expect("valid");
-        let replay = replayed(stored(&first), Some(&marker));
+        let replay = replayed(serde_json::to_value(&first).unwrap(), Some(&marker));
         assert_eq!(
             replay.structured_content,
             Some(json!({"request_id": "r", "status": "replay"}))
@@ -681,7 +693,7 @@ mod tests {
             replay.meta.as_ref().and_then(|m| m.0.get(REPLAYED_META)),
             Some(&json!(true))
         );
-        let mut unmarked = replayed(stored(&first), None);
+        let mut unmarked = replayed(serde_json::to_value(&first).unwrap(), None);
         assert_eq!(
             unmarked.meta.take().map(|m| m.0),
             Some(
@@ -691,13 +703,13 @@ mod tests {
             )
         );
         assert_eq!(
-            stored(&unmarked),
-            stored(&first),
+            serde_json::to_value(&unmarked).unwrap(),
+            serde_json::to_value(&first).unwrap(),
             "without a policy marker, byte-identical apart from `_meta`"
         );
         // A marker whose member is absent is inserted.
         let bare = CallToolResult::structured(json!({"booking": "b-1"}));
-        let replay = replayed(stored(&bare), Some(&marker));
+        let replay = replayed(serde_json::to_value(&bare).unwrap(), Some(&marker));
         assert_eq!(
             replay.structured_content,
             Some(json!({"booking": "b-1", "status": "replay"}))

@@ -10,9 +10,18 @@
 //! audio, resources). Withheld blocks are replaced by one notice; when nothing checked remains the
 //! result becomes an error. Each withheld block counts as one dropped field.
 //!
-//! The filter runs on the handler's result, first run or replay (the effect store keeps the
-//! unfiltered result, so a replay is filtered under the policy in force when it is answered); the
-//! gate's own answers (refusals, previews, conflicts) are not filtered.
+//! The filter runs on the handler's result, first run or replay; the effect store keeps the result
+//! already filtered (`exactly_once::stored`), so a withheld field is not at rest either, and a
+//! replay is filtered again under the policy in force when it is answered. Filtering a filtered
+//! result changes nothing (the withheld notice is recognised and kept), so a replay under the same
+//! policy is what the first call got. The gate's own answers (refusals, previews, conflicts) are
+//! not filtered.
+//!
+//! A tool's own error text is no exception: prose (not JSON) is withheld like any other text, so
+//! the caller sees that the result was withheld and that it was an error, not the text. An error
+//! message may quote the very values the allow-list keeps back (a row's secret in "no such row
+//! …"); a server that wants its errors shown returns them as JSON whose fields the allow-list
+//! names (an `error` field, say).
 
 use rmcp::model::{CallToolResult, ContentBlock, Tool};
 use serde_json::Value;
@@ -54,8 +63,44 @@ impl Check for ResultFilter {
     }
 }
 
-/// Filters `result` in place; returns how many fields (and withheld blocks) it dropped.
-fn filter(fields: &ResultFields, name: &str, result: &mut CallToolResult) -> u64 {
+/// The notice that replaces `withheld` blocks of a `name` result.
+fn withheld_notice(withheld: u64, name: &str) -> String {
+    format!(
+        "[withheld: {withheld} content block(s) of this `{name}` result could not be checked against the server's field allow-list (not JSON)]"
+    )
+}
+
+/// The error that replaces a `name` result of which nothing could be checked.
+fn withheld_error(name: &str) -> String {
+    format!(
+        "Error: the result of `{name}` could not be checked against the server's field allow-list (it is not JSON), so it was withheld"
+    )
+}
+
+/// Whether `result` is this filter's own [`withheld_error`] for `name`.
+fn is_withheld_error(result: &CallToolResult, name: &str) -> bool {
+    result.is_error == Some(true)
+        && result.structured_content.is_none()
+        && matches!(result.content.as_slice(), [ContentBlock::Text(text)] if text.text == withheld_error(name))
+}
+
+/// How many blocks `text` says were withheld, when it is this filter's own notice for `name`.
+fn notice_count(text: &str, name: &str) -> Option<u64> {
+    let count: u64 = text
+        .strip_prefix("[withheld: ")?
+        .split_once(' ')?
+        .0
+        .parse()
+        .ok()?;
+    (withheld_notice(count, name) == text).then_some(count)
+}
+
+/// Filters `result` in place; returns how many fields (and withheld blocks) it dropped. A result
+/// this filter already filtered under the same fields comes out unchanged, dropping nothing.
+pub(crate) fn filter(fields: &ResultFields, name: &str, result: &mut CallToolResult) -> u64 {
+    if is_withheld_error(result, name) {
+        return 0;
+    }
     let mut dropped = 0u64;
     // The structured content as the handler returned it, to recognise text blocks repeating it.
     let mut raw_structured = None;
@@ -75,6 +120,8 @@ fn filter(fields: &ResultFields, name: &str, result: &mut CallToolResult) -> u64
         .as_ref()
         .map(|structured| serde_json::to_string(structured).unwrap_or_default());
     let mut withheld = 0u64;
+    // Blocks an earlier filtering withheld (its notice): still withheld, not dropped again.
+    let mut withheld_before = 0u64;
     let mut checked_text = false;
     let mut content = Vec::with_capacity(result.content.len());
     for block in std::mem::take(&mut result.content) {
@@ -82,6 +129,10 @@ fn filter(fields: &ResultFields, name: &str, result: &mut CallToolResult) -> u64
             withheld += 1;
             continue;
         };
+        if let Some(count) = notice_count(&text.text, name) {
+            withheld_before = withheld_before.saturating_add(count);
+            continue;
+        }
         let Ok(mut value) = serde_json::from_str::<Value>(&text.text) else {
             withheld += 1;
             continue;
@@ -106,15 +157,12 @@ fn filter(fields: &ResultFields, name: &str, result: &mut CallToolResult) -> u64
         checked_text = true;
         content.push(ContentBlock::Text(text));
     }
-    if withheld > 0 {
-        content.push(ContentBlock::text(format!(
-            "[withheld: {withheld} content block(s) of this `{name}` result could not be checked against the server's field allow-list (not JSON)]"
-        )));
-        if !checked_text && result.structured_content.is_none() {
+    let notice = withheld.saturating_add(withheld_before);
+    if notice > 0 {
+        content.push(ContentBlock::text(withheld_notice(notice, name)));
+        if withheld > 0 && !checked_text && result.structured_content.is_none() {
             result.is_error = Some(true);
-            content = vec![ContentBlock::text(format!(
-                "Error: the result of `{name}` could not be checked against the server's field allow-list (it is not JSON), so it was withheld"
-            ))];
+            content = vec![ContentBlock::text(withheld_error(name))];
         }
     }
     result.content = content;
@@ -179,5 +227,29 @@ mod tests {
         let shown = texts(&prose);
         assert_eq!(shown.len(), 1);
         assert!(shown[0].starts_with("Error:") && !shown[0].contains("secret"));
+    }
+
+    #[test]
+    fn a_filtered_result_filters_to_itself() {
+        let allow = fields(json!(["id"]));
+        let cases = [
+            CallToolResult::success(vec![
+                ContentBlock::text(json!({"id": 1, "secret": "x"}).to_string()),
+                ContentBlock::text("secret in prose"),
+            ]),
+            CallToolResult::success(vec![ContentBlock::text("only prose")]),
+            CallToolResult::structured(json!({"id": 2, "secret": "y"})),
+            CallToolResult::error(vec![ContentBlock::text("no row with secret z")]),
+        ];
+        for mut result in cases {
+            filter(&allow, "t", &mut result);
+            let once = result.clone();
+            assert_eq!(filter(&allow, "t", &mut result), 0, "{once:?}");
+            assert_eq!(result, once);
+            // Another tool's notice is not this tool's: withheld like any prose.
+            let mut other =
+                CallToolResult::success(vec![ContentBlock::text(withheld_notice(1, "u"))]);
+            assert_eq!(filter(&allow, "t", &mut other), 1);
+        }
     }
 }

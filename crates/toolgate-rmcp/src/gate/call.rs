@@ -517,12 +517,12 @@ impl<H: ServerHandler> Gated<H> {
                 None,
             ))
         };
-        // What the effect store keeps is the handler's result as it is, so that a replay is
-        // presented again under the policy in force then.
+        // What the effect store keeps is the handler's result less what the result allow-list
+        // withholds; a replay is presented again under the policy in force then.
         let settle = ticket.map(|ticket| {
             let settle = match &response {
                 Ok(CallToolResponse::Complete(result)) if result.is_error != Some(true) => {
-                    Ok(exactly_once::stored(result))
+                    Ok(exactly_once::stored(state, &name, result))
                 }
                 _ => Err(outcome),
             };
