@@ -958,13 +958,13 @@ fn every_broken_jwks_is_refused_as_jwks_unavailable_naming_the_issuer() {
     let server = start_oauth(
         &env,
         &jwks,
-        &["--oauth-jwks-timeout", "2", "--oauth-jwks-cooldown", "0"],
+        &["--oauth-jwks-timeout", "5", "--oauth-jwks-cooldown", "0"],
     );
     let audience = format!("http://127.0.0.1:{}/mcp", server.port);
     let token = k1.sign(&claims(&audience, "alice", ""));
     let cases = [
-        (Behaviour::Hang, "no complete answer within 2 s"),
-        (Behaviour::Trickle, "no complete answer within 2 s"),
+        (Behaviour::Hang, "no complete answer within 5 s"),
+        (Behaviour::Trickle, "no complete answer within 5 s"),
         (Behaviour::Huge, "larger than 1048576 bytes"),
         (Behaviour::NotJson, "not a JSON Web Key Set"),
         (

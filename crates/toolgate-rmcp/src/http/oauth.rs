@@ -361,7 +361,7 @@ impl JwtVerifier {
                 refusal: Refusal::KeysUnavailable,
                 detail: Some(match set.failure {
                     Some(failure) => format!(
-                        "the key set of issuer {} could not be fetched ({failure}); no key is known yet, and the next fetch waits {} s",
+                        "the key set of issuer {} could not be fetched ({failure}); no key is known yet, and no fetch starts within {} s of the last",
                         options.issuer,
                         options.refetch_cooldown.as_secs()
                     ),
