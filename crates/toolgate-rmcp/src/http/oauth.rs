@@ -757,6 +757,60 @@ mod tests {
             .unwrap_or_else(|e| panic!("{e}"))
     }
 
+    #[tokio::test]
+    async fn requests_waiting_for_a_hanging_fetch_take_its_outcome() {
+        use base64::Engine as _;
+        use std::sync::atomic::{AtomicUsize, Ordering};
+
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap_or_else(|e| panic!("{e}"));
+        let url = format!(
+            "http://{}/jwks",
+            listener.local_addr().unwrap_or_else(|e| panic!("{e}"))
+        );
+        let accepted = Arc::new(AtomicUsize::new(0));
+        let counter = Arc::clone(&accepted);
+        std::thread::spawn(move || {
+            // Connections are held, never answered.
+            let mut held = Vec::new();
+            for stream in listener.incoming() {
+                counter.fetch_add(1, Ordering::SeqCst);
+                held.push(stream);
+            }
+        });
+        let mut options = OAuthOptions::new("https://i.example", url, "aud");
+        options.fetch_timeout = Duration::from_secs(1);
+        // No cooldown at all: only the one-fetch-at-a-time rule keeps the waiters from fetching.
+        options.refetch_cooldown = Duration::ZERO;
+        let verifier = JwtVerifier::new(options).unwrap_or_else(|e| panic!("{e}"));
+        let token = format!(
+            "{}.e30.c2ln",
+            base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(r#"{"alg":"EdDSA","kid":"k"}"#)
+        );
+        // The test's runtime has one thread: all ten requests reach the key set (one fetching,
+        // nine waiting) before the runtime looks at the network or the clock again.
+        let waiting: Vec<_> = (0..10)
+            .map(|_| {
+                let (verifier, token) = (verifier.clone(), token.clone());
+                tokio::spawn(async move { verifier.verify(&token).await })
+            })
+            .collect();
+        for request in waiting {
+            let answer = request.await.unwrap_or_else(|e| panic!("{e}"));
+            let rejection = answer.err().unwrap_or_else(|| panic!("no key is known"));
+            assert_eq!(rejection.refusal, Refusal::KeysUnavailable);
+            assert!(
+                rejection.reason().contains("no complete answer within 1 s"),
+                "{}",
+                rejection.reason()
+            );
+        }
+        assert_eq!(
+            accepted.load(Ordering::SeqCst),
+            1,
+            "one fetch for ten requests"
+        );
+    }
+
     #[test]
     fn only_signature_keys_of_the_set_are_kept() {
         let big = fixture(2048);
