@@ -342,7 +342,13 @@ impl JwtVerifier {
             return self.answer(&current, kid);
         }
         let seen = current.generation;
-        let _one_fetch = self.inner.fetching.lock().await;
+        let _one_fetch = match self.inner.fetching.try_lock() {
+            Ok(guard) => guard,
+            // A fetch is under way: a key already known serves meanwhile (the set is only
+            // stale); a request for a key not known waits for that fetch's outcome.
+            Err(_) if current.keys.contains_key(kid) => return self.answer(&current, kid),
+            Err(_) => self.inner.fetching.lock().await,
+        };
         let current = self.snapshot();
         // A fetch ended while this request waited: its outcome is this request's too.
         if current.generation != seen || cooling(&current) {
@@ -809,6 +815,91 @@ mod tests {
             1,
             "one fetch for ten requests"
         );
+    }
+
+    #[tokio::test]
+    async fn known_keys_serve_while_a_refresh_hangs() {
+        use base64::Engine as _;
+        use ring::signature::KeyPair as _;
+        use std::io::{BufRead as _, Write as _};
+
+        let pkcs8 =
+            ring::signature::Ed25519KeyPair::generate_pkcs8(&ring::rand::SystemRandom::new())
+                .unwrap_or_else(|e| panic!("{e}"));
+        let pair = ring::signature::Ed25519KeyPair::from_pkcs8(pkcs8.as_ref())
+            .unwrap_or_else(|e| panic!("{e}"));
+        let b64 = base64::engine::general_purpose::URL_SAFE_NO_PAD;
+        let set = serde_json::json!({"keys": [{"kty": "OKP", "crv": "Ed25519", "kid": "k",
+            "x": b64.encode(pair.public_key().as_ref())}]})
+        .to_string();
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap_or_else(|e| panic!("{e}"));
+        let url = format!(
+            "http://{}/jwks",
+            listener.local_addr().unwrap_or_else(|e| panic!("{e}"))
+        );
+        std::thread::spawn(move || {
+            // The first fetch gets the set; every later one hangs.
+            let mut held = Vec::new();
+            for (n, stream) in listener.incoming().enumerate() {
+                let Ok(mut stream) = stream else { continue };
+                if n == 0 {
+                    let mut reader = std::io::BufReader::new(&stream);
+                    let mut line = String::new();
+                    while reader.read_line(&mut line).is_ok_and(|n| n > 2) {
+                        line.clear();
+                    }
+                    let _ = write!(
+                        stream,
+                        "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{set}",
+                        set.len()
+                    );
+                } else {
+                    held.push(stream);
+                }
+            }
+        });
+        let mut options = OAuthOptions::new("https://i.example", url, "aud");
+        // Every request finds the set stale and would refresh it; the refresh hangs "forever".
+        options.refresh_after = Duration::ZERO;
+        options.refetch_cooldown = Duration::ZERO;
+        options.fetch_timeout = Duration::from_secs(3600);
+        let verifier = JwtVerifier::new(options).unwrap_or_else(|e| panic!("{e}"));
+        let mut header = jsonwebtoken::Header::new(Algorithm::EdDSA);
+        header.kid = Some("k".to_owned());
+        let exp = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_secs() + 300)
+            .unwrap_or_default();
+        let token = jsonwebtoken::encode(
+            &header,
+            &serde_json::json!({"iss": "https://i.example", "aud": "aud", "sub": "alice", "exp": exp}),
+            &jsonwebtoken::EncodingKey::from_ed_der(pkcs8.as_ref()),
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        // The first request fetches the set.
+        let first = verifier.verify(&token).await.map(|p| p.key().to_owned());
+        assert_eq!(first, Ok("https://i.example#alice".to_owned()));
+        // The next one refreshes it and hangs; the others are served with the key known.
+        let refreshing = {
+            let (verifier, token) = (verifier.clone(), token.clone());
+            tokio::spawn(async move { verifier.verify(&token).await })
+        };
+        tokio::task::yield_now().await;
+        let served: Vec<_> = (0..5)
+            .map(|_| {
+                let (verifier, token) = (verifier.clone(), token.clone());
+                tokio::spawn(async move { verifier.verify(&token).await })
+            })
+            .collect();
+        for request in served {
+            let answer = tokio::time::timeout(Duration::from_secs(120), request)
+                .await
+                .unwrap_or_else(|_| panic!("a known key waited for the hanging refresh"))
+                .unwrap_or_else(|e| panic!("{e}"));
+            assert!(answer.is_ok(), "{answer:?}");
+        }
+        assert!(!refreshing.is_finished(), "the refresh still hangs");
+        refreshing.abort();
     }
 
     #[test]
