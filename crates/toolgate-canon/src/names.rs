@@ -40,6 +40,66 @@ pub fn is_scope(s: &str) -> bool {
             .all(|b| b == 0x21 || (0x23..=0x5b).contains(&b) || (0x5d..=0x7e).contains(&b))
 }
 
+/// The longest authority (an OAuth issuer identifier) an identity may name, in bytes.
+pub const MAX_AUTHORITY_BYTES: usize = 256;
+
+/// The identity grammar in words, for error messages.
+pub const IDENTITY_GRAMMAR: &str = "[AUTHORITY#][TENANT/]NAME, where NAME and TENANT are 1 to 128 \
+     characters from A-Z, a-z, 0-9, '_', '.', '@', ':' and '-', and AUTHORITY (an OAuth issuer) is \
+     1 to 256 printable ASCII characters without '#'";
+
+/// Whether `s` is an authority: an OAuth issuer identifier as an identity names it, 1 to
+/// [`MAX_AUTHORITY_BYTES`] printable ASCII characters without `#` (issuer identifiers have no
+/// fragment, RFC 8414).
+pub fn is_authority(s: &str) -> bool {
+    (1..=MAX_AUTHORITY_BYTES).contains(&s.len())
+        && s.bytes().all(|b| (0x21..=0x7e).contains(&b) && b != b'#')
+}
+
+/// The identity key of a caller: the one string every per-principal store (the policy's
+/// `principals` and `rate_limits.principals` sections, the rights file, rate buckets,
+/// exactly-once records, pending confirmations) and the audit line's `principal` use.
+///
+/// - `name` for a principal of this server's own credentials (stdio's configured principal, an
+///   API token of the ledger) without a tenant: unchanged from before tenants and issuers;
+/// - `TENANT/name` for one in a tenant;
+/// - `AUTHORITY#name` or `AUTHORITY#TENANT/name` for a principal an OAuth issuer vouches for,
+///   the authority being the issuer identifier (`https://idp.example#alice`).
+///
+/// Names and tenants cannot contain `/` or `#`, and authorities cannot contain `#`, so two
+/// different identities never have the same key: an issuer's `alice` is not the ledger's
+/// `alice`, and `alice` of tenant `acme` is not `alice` of tenant `globex`.
+pub fn identity_key(authority: Option<&str>, tenant: Option<&str>, name: &str) -> String {
+    let mut key = String::with_capacity(
+        authority.map_or(0, |a| a.len() + 1) + tenant.map_or(0, |t| t.len() + 1) + name.len(),
+    );
+    if let Some(authority) = authority {
+        key.push_str(authority);
+        key.push('#');
+    }
+    if let Some(tenant) = tenant {
+        key.push_str(tenant);
+        key.push('/');
+    }
+    key.push_str(name);
+    key
+}
+
+/// Whether `s` is an identity key ([`IDENTITY_GRAMMAR`]), as [`identity_key`] makes them.
+pub fn is_identity_key(s: &str) -> bool {
+    let (authority, rest) = match s.split_once('#') {
+        Some((authority, rest)) => (Some(authority), rest),
+        None => (None, s),
+    };
+    let (tenant, name) = match rest.split_once('/') {
+        Some((tenant, name)) => (Some(tenant), name),
+        None => (None, rest),
+    };
+    authority.is_none_or(is_authority)
+        && tenant.is_none_or(is_principal_name)
+        && is_principal_name(name)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -71,6 +131,34 @@ mod tests {
         }
         for bad in ["", "a b", "é", "a/b", &"p".repeat(129)] {
             assert!(!is_principal_name(bad), "{bad}");
+        }
+        for (authority, tenant, name) in [
+            (None, None, "alice"),
+            (None, Some("acme"), "alice"),
+            (Some("https://idp.example/realm"), None, "alice"),
+            (Some("https://idp.example"), Some("acme"), "svc:bot"),
+        ] {
+            let key = identity_key(authority, tenant, name);
+            assert!(is_identity_key(&key), "{key}");
+        }
+        assert_eq!(identity_key(None, None, "alice"), "alice");
+        assert_eq!(identity_key(None, Some("acme"), "alice"), "acme/alice");
+        assert_eq!(
+            identity_key(Some("https://i.example"), Some("acme"), "alice"),
+            "https://i.example#acme/alice"
+        );
+        for bad in [
+            "",
+            "a/b/c",
+            "#alice",
+            "i#",
+            "i#a#b",
+            "/alice",
+            "acme/",
+            "i x#alice",
+            &format!("{}#a", "i".repeat(257)),
+        ] {
+            assert!(!is_identity_key(bad), "{bad}");
         }
         for ok in ["write_note", "x.y", "rm-rf", &"t".repeat(128)] {
             assert!(is_tool_name(ok), "{ok}");

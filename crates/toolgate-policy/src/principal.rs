@@ -6,21 +6,23 @@ use std::fmt;
 use crate::PolicyError;
 use crate::rules::ArgRule;
 
-/// A principal (the authenticated caller) as the policy names it: 1 to 128 characters from
-/// `A-Z a-z 0-9 _ . @ : -`.
+/// A principal (the authenticated caller) as the policy names it: its identity key
+/// (`toolgate_canon::names::identity_key`): a name of 1 to 128 characters from
+/// `A-Z a-z 0-9 _ . @ : -`, preceded by `TENANT/` for a principal in a tenant and by
+/// `ISSUER#` for one an OAuth issuer vouches for.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct Principal(String);
 
 impl Principal {
     /// Checks `name` against the principal grammar.
     pub fn new(name: &str) -> Result<Self, PolicyError> {
-        if toolgate_canon::names::is_principal_name(name) {
+        if toolgate_canon::names::is_identity_key(name) {
             Ok(Principal(name.to_owned()))
         } else {
             Err(PolicyError::Invalid {
                 reason: format!(
                     "{name:?} is not a valid principal name; use {}",
-                    toolgate_canon::names::PRINCIPAL_GRAMMAR
+                    toolgate_canon::names::IDENTITY_GRAMMAR
                 ),
             })
         }

@@ -479,8 +479,8 @@ fn principal_sections() {
         &["\"\"", "not a valid principal name"],
     );
     rejects(
-        json!({"version": 1, "principals": {"a/b": {}}}),
-        &["\"a/b\"", "principal name"],
+        json!({"version": 1, "principals": {"a/b/c": {}}}),
+        &["\"a/b/c\"", "principal name"],
     );
     let long = "p".repeat(129);
     rejects(

@@ -202,10 +202,19 @@ fn path_rules_of_a_principal() {
 
 #[test]
 fn principal_names_follow_the_grammar() {
-    for ok in ["a", "alice@example.com", "svc:x-1_2.3", &"p".repeat(128)] {
+    // Identity keys: a name, in a tenant, of an issuer (docs/http.md, "Identities").
+    for ok in [
+        "a",
+        "alice@example.com",
+        "svc:x-1_2.3",
+        &"p".repeat(128),
+        "acme/alice",
+        "https://idp.example#alice",
+        "https://idp.example/realm#acme/alice",
+    ] {
         assert_eq!(Principal::new(ok).expect("valid").as_str(), ok);
     }
-    for bad in ["", "a b", "a/b", "é", &"p".repeat(129)] {
+    for bad in ["", "a b", "a/b/c", "#a", "i#a#b", "é", &"p".repeat(129)] {
         let e = Principal::new(bad).expect_err("invalid").to_string();
         assert!(e.contains("1 to 128 characters"), "{e}");
     }

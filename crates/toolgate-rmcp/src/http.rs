@@ -82,6 +82,9 @@ pub enum Refusal {
     Algorithm,
     /// The subject (or the configured tenant claim) is missing or not a valid name.
     InvalidSubject,
+    /// The JWT's `typ` says it is not an access token (RFC 9068), or is not `at+jwt` where the
+    /// server requires it.
+    TokenType,
     /// The token store cannot be read (fail closed: 503).
     Unavailable,
     /// The issuer's key set could not be fetched and no key is known (503).
@@ -102,6 +105,7 @@ impl Refusal {
             Refusal::UnknownKey => "unknown_key",
             Refusal::Algorithm => "algorithm_not_accepted",
             Refusal::InvalidSubject => "invalid_subject",
+            Refusal::TokenType => "wrong_token_type",
             Refusal::Unavailable => "token_store_unavailable",
             Refusal::KeysUnavailable => "jwks_unavailable",
         }
@@ -140,21 +144,25 @@ impl Authentication {
     }
 
     /// The principal `token` proves (and an API token's id), or why not.
-    async fn verify(&self, token: &str) -> Result<(VerifiedPrincipal, Option<String>), Refusal> {
+    async fn verify(
+        &self,
+        token: &str,
+    ) -> Result<(VerifiedPrincipal, Option<String>), oauth::Rejection> {
         if token.starts_with(tokens::TOKEN_PREFIX) {
             let Some(tokens) = &self.tokens else {
-                return Err(Refusal::Invalid);
+                return Err(Refusal::Invalid.into());
             };
             // One `stat` of the token file per request (and a read when it changed: a revocation
             // applies to the next request), on the async thread: the ledger is a local
             // filesystem (docs/storage.md), where both take microseconds.
             return tokens
                 .verify(token, SystemTime::now())
-                .map(|(principal, id)| (principal, Some(id)));
+                .map(|(principal, id)| (principal, Some(id)))
+                .map_err(oauth::Rejection::from);
         }
         match &self.oauth {
             Some(oauth) => oauth.verify(token).await.map(|principal| (principal, None)),
-            None => Err(Refusal::Invalid),
+            None => Err(Refusal::Invalid.into()),
         }
     }
 }
@@ -325,7 +333,7 @@ const SESSION_HEADER: &str = "mcp-session-id";
 
 async fn authenticate(State(door): State<Arc<Door>>, request: Request, next: Next) -> Response {
     let verified = match bearer(request.headers()) {
-        None => Err(Refusal::Missing),
+        None => Err(Refusal::Missing.into()),
         Some(token) => door.auth.verify(token).await,
     };
     let principal = match verified {
@@ -512,7 +520,7 @@ async fn record(
         args_digest(body),
     )
     .with_reason(reason)
-    .with_principal(principal.name())
+    .with_principal(principal.key())
     .with_policy_digest(door.gate.policy().digest());
     entry.channel = principal.channel().map(str::to_owned);
     entry.tenant = principal.tenant().map(str::to_owned);
@@ -535,8 +543,9 @@ async fn append(door: &Door, entry: AuditEntry) {
 }
 
 /// 401 (503 when the server cannot judge) with the challenge, after auditing the refusal (its
-/// code, never the token).
-async fn refuse(door: &Door, refusal: Refusal) -> Response {
+/// code and the server's detail, never the token).
+async fn refuse(door: &Door, rejection: oauth::Rejection) -> Response {
+    let refusal = rejection.refusal;
     let mut entry = AuditEntry::tool_call(
         "http",
         "mcp",
@@ -544,7 +553,7 @@ async fn refuse(door: &Door, refusal: Refusal) -> Response {
         Outcome::NotExecuted,
         Sha256Digest::of(b""),
     )
-    .with_reason(refusal.code())
+    .with_reason(rejection.reason())
     .with_channel("http");
     entry.method = "http/authenticate".to_owned();
     append(door, entry).await;

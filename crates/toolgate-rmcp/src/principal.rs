@@ -5,7 +5,11 @@
 //!
 //! The principal decides the policy section, the rights, the rate-limit bucket, the scope of
 //! exactly-once keys and of pending confirmations, and is recorded in every audit line. It never
-//! comes from a tool's arguments.
+//! comes from a tool's arguments. What the gate receives is the caller's whole identity as one
+//! string, its identity key ([`VerifiedPrincipal::key`], defined by
+//! `toolgate_canon::names::identity_key`): the authority that vouches for it (an OAuth issuer, or
+//! none for this server's own credentials), its tenant and its name, so every store keeps two
+//! identities apart that share a name.
 
 use std::collections::BTreeSet;
 use std::fmt;
@@ -84,6 +88,10 @@ impl PrincipalSource for FixedPrincipal {
 pub struct VerifiedPrincipal {
     name: Arc<str>,
     tenant: Option<Arc<str>>,
+    /// Who vouches for the name: an OAuth issuer; `None` for this server's own credentials.
+    authority: Option<Arc<str>>,
+    /// The identity key of (authority, tenant, name), kept with them.
+    key: Arc<str>,
     scopes: Option<Arc<BTreeSet<String>>>,
     channel: Option<&'static str>,
 }
@@ -91,19 +99,44 @@ pub struct VerifiedPrincipal {
 impl VerifiedPrincipal {
     /// The verified identity `name`, if it is a valid principal name.
     pub fn new(name: &str) -> Result<Self, InvalidPrincipal> {
+        let name = checked(name)?;
         Ok(VerifiedPrincipal {
-            name: checked(name)?,
+            key: Arc::clone(&name),
+            name,
             tenant: None,
+            authority: None,
             scopes: None,
             channel: None,
         })
     }
 
-    /// The same identity in `tenant` (a name with the principal names' rules), recorded in the
-    /// audit log and consulted by the per-tenant kill switch.
+    /// The same name in `tenant` (a name with the principal names' rules): another identity,
+    /// recorded in the audit log and consulted by the per-tenant kill switch.
     pub fn with_tenant(mut self, tenant: &str) -> Result<Self, InvalidPrincipal> {
         self.tenant = Some(checked(tenant)?);
+        self.key = self.identity_key();
         Ok(self)
+    }
+
+    /// The same name as vouched for by `authority` (an OAuth issuer identifier: 1 to 256
+    /// printable ASCII characters without `#`): another identity than the name of this server's
+    /// own credentials, or of another issuer.
+    pub fn with_authority(mut self, authority: &str) -> Result<Self, InvalidPrincipal> {
+        if !toolgate_canon::names::is_authority(authority) {
+            return Err(InvalidPrincipal);
+        }
+        self.authority = Some(Arc::from(authority));
+        self.key = self.identity_key();
+        Ok(self)
+    }
+
+    fn identity_key(&self) -> Arc<str> {
+        toolgate_canon::names::identity_key(
+            self.authority.as_deref(),
+            self.tenant.as_deref(),
+            &self.name,
+        )
+        .into()
     }
 
     /// The same identity limited to `scopes`: a tool the policy puts under scopes (`scopes` in
@@ -120,9 +153,22 @@ impl VerifiedPrincipal {
         self
     }
 
-    /// The name.
+    /// The name (within its authority and tenant).
     pub fn name(&self) -> &str {
         &self.name
+    }
+
+    /// The identity key: the one string naming this identity in every store, in the policy's
+    /// `principals` sections, the rights file, and the audit line's `principal`
+    /// (`toolgate_canon::names::identity_key`: `name`, `TENANT/name`, `ISSUER#name` or
+    /// `ISSUER#TENANT/name`).
+    pub fn key(&self) -> &str {
+        &self.key
+    }
+
+    /// The authority (OAuth issuer) that vouches for the name; `None` for this server's own.
+    pub fn authority(&self) -> Option<&str> {
+        self.authority.as_deref()
     }
 
     /// The tenant, if the credential names one.
@@ -171,7 +217,7 @@ pub struct FromExtensions;
 
 impl PrincipalSource for FromExtensions {
     fn principal(&self, extensions: &Extensions) -> Option<Arc<str>> {
-        verified(extensions).map(|verified| Arc::clone(&verified.name))
+        verified(extensions).map(|verified| Arc::clone(&verified.key))
     }
 
     fn credential(&self, extensions: &Extensions) -> Option<VerifiedPrincipal> {
@@ -214,5 +260,13 @@ mod tests {
         assert!(writer.clone().with_tenant("bad tenant").is_err());
         let acme = writer.with_tenant("acme").unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(acme.tenant(), Some("acme"));
+        assert_eq!(acme.key(), "acme/a");
+        let issued = acme
+            .clone()
+            .with_authority("https://idp.example")
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(issued.key(), "https://idp.example#acme/a");
+        assert_ne!(issued, acme);
+        assert!(acme.with_authority("a#b").is_err());
     }
 }

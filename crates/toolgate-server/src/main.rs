@@ -267,9 +267,26 @@ struct HttpArgs {
     /// The claim naming the tenant; tokens without it are refused.
     #[arg(long, env = "TOOLGATE_OAUTH_TENANT_CLAIM", requires = "oauth_issuer")]
     oauth_tenant_claim: Option<String>,
-    /// The shortest time between two fetches of the key set, in seconds (default 10).
+    /// Seconds from the end of one fetch of the key set (successful or not) to the start of the
+    /// next (default 10); meanwhile tokens are judged at once with the keys known.
     #[arg(long, env = "TOOLGATE_OAUTH_JWKS_COOLDOWN", requires = "oauth_issuer")]
     oauth_jwks_cooldown: Option<u64>,
+    /// Seconds one fetch of the key set may take, connection to last byte (default 10); the
+    /// requests waiting for it are answered 503 `jwks_unavailable` when it fails and no key is known.
+    #[arg(long, env = "TOOLGATE_OAUTH_JWKS_TIMEOUT", requires = "oauth_issuer", value_parser = clap::value_parser!(u64).range(1..))]
+    oauth_jwks_timeout: Option<u64>,
+    /// Accept only tokens whose header says `typ: at+jwt` (RFC 9068), for issuers that set it.
+    #[arg(long, requires = "oauth_issuer")]
+    oauth_require_at_jwt: bool,
+    /// `SUBJECT=PRINCIPAL`: the issuer's subject SUBJECT is this server's principal PRINCIPAL
+    /// (its policy section, rights, limits and exactly-once records); repeat for several. Every
+    /// other subject is the issuer's own principal, `ISSUER#SUBJECT`.
+    #[arg(
+        long = "oauth-local-principal",
+        value_name = "SUBJECT=PRINCIPAL",
+        requires = "oauth_issuer"
+    )]
+    oauth_local_principals: Vec<String>,
     /// An `Origin` browsers may send (`scheme://host:port`, `:*` for any port); repeat for
     /// several. Replaces the default, loopback origins only. A request with another Origin is 403.
     #[arg(long = "allowed-origin", value_name = "ORIGIN", requires = "http")]
@@ -481,6 +498,18 @@ fn serve_http(paths: &ServerOptions, addr: std::net::SocketAddr, web: HttpArgs) 
             oauth.principal_claim = claim;
         }
         oauth.tenant_claim = web.oauth_tenant_claim;
+        if let Some(secs) = web.oauth_jwks_timeout {
+            oauth.fetch_timeout = std::time::Duration::from_secs(secs);
+        }
+        oauth.require_at_jwt = web.oauth_require_at_jwt;
+        for mapping in &web.oauth_local_principals {
+            // A mapping without `=` names the empty principal, which JwtVerifier::new refuses
+            // with a message naming the mapping.
+            let (subject, principal) = mapping.split_once('=').unwrap_or((mapping, ""));
+            oauth
+                .local_principals
+                .insert(subject.to_owned(), principal.to_owned());
+        }
         if let Some(secs) = web.oauth_jwks_cooldown {
             oauth.refetch_cooldown = std::time::Duration::from_secs(secs);
         }

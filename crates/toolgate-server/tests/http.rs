@@ -426,8 +426,8 @@ mod issuer {
     //! A local authorization server's half that matters here: keys it generates, a JWKS it
     //! serves on loopback (counting fetches, swappable for a rotation), tokens it signs.
 
-    use std::io::{BufRead, BufReader, Write};
-    use std::net::TcpListener;
+    use std::io::{BufRead, BufReader, Read, Write};
+    use std::net::{TcpListener, TcpStream};
     use std::sync::atomic::{AtomicUsize, Ordering};
     use std::sync::{Arc, Mutex};
     use std::time::{SystemTime, UNIX_EPOCH};
@@ -482,12 +482,48 @@ mod issuer {
             }
         }
 
+        /// The test-only RSA 2048-bit key of `fixtures/oauth/` under `kid`, signing with `alg`;
+        /// its JWK declares `declared` as its `alg` when given (or no `alg`).
+        pub(super) fn rsa(kid: &str, alg: Algorithm, declared: Option<&str>) -> Key {
+            let fixture = rsa_fixture(2048);
+            let der = base64::engine::general_purpose::STANDARD
+                .decode(fixture["pkcs1_der_b64"].as_str().unwrap())
+                .unwrap();
+            let mut jwk = json!({"kty": "RSA", "n": fixture["n"], "e": fixture["e"], "kid": kid});
+            if let Some(declared) = declared {
+                jwk["alg"] = json!(declared);
+            }
+            Key {
+                kid: kid.to_owned(),
+                alg,
+                encoding: EncodingKey::from_rsa_der(&der),
+                jwk,
+                public: Vec::new(),
+            }
+        }
+
         /// `claims` signed with this key.
         pub(super) fn sign(&self, claims: &Value) -> String {
+            self.sign_typed(claims, Some("JWT"))
+        }
+
+        /// `claims` signed with this key, the header's `typ` being `typ`.
+        pub(super) fn sign_typed(&self, claims: &Value, typ: Option<&str>) -> String {
             let mut header = Header::new(self.alg);
             header.kid = Some(self.kid.clone());
+            header.typ = typ.map(str::to_owned);
             jsonwebtoken::encode(&header, claims, &self.encoding).unwrap()
         }
+    }
+
+    /// `fixtures/oauth/TEST-ONLY-rsa-BITS.json`: a test-only RSA key's `n` and `e` (and its
+    /// private key, or for the 1024-bit key, which no signer here accepts, a token it signed).
+    pub(super) fn rsa_fixture(bits: u32) -> Value {
+        let path = format!(
+            "{}/../../fixtures/oauth/TEST-ONLY-rsa-{bits}.json",
+            env!("CARGO_MANIFEST_DIR")
+        );
+        serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
     }
 
     pub(super) fn now() -> u64 {
@@ -518,11 +554,31 @@ mod issuer {
         format!("{message}.{signature}")
     }
 
-    /// The JWKS endpoint: serves the current key set, counts fetches.
+    /// How the JWKS endpoint answers a fetch.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    pub(super) enum Behaviour {
+        /// The published key set.
+        Keys,
+        /// Reads the request and never answers (until the client gives up).
+        Hang,
+        /// Headers, then the body one byte a second.
+        Trickle,
+        /// This status, with an empty body.
+        Status(u16),
+        /// A redirect to the key set itself.
+        Redirect,
+        /// A 200 that is not JSON.
+        NotJson,
+        /// A 200 of 5 MB of JSON.
+        Huge,
+    }
+
+    /// The JWKS endpoint: serves the current key set (or misbehaves as told), counts fetches.
     pub(super) struct Jwks {
         pub(super) url: String,
         pub(super) fetches: Arc<AtomicUsize>,
         keys: Arc<Mutex<Value>>,
+        behaviour: Arc<Mutex<Behaviour>>,
     }
 
     impl Jwks {
@@ -531,30 +587,25 @@ mod issuer {
             let url = format!("http://{}/jwks", listener.local_addr().unwrap());
             let fetches = Arc::new(AtomicUsize::new(0));
             let set = Arc::new(Mutex::new(Value::Null));
+            let behaviour = Arc::new(Mutex::new(Behaviour::Keys));
             let jwks = Jwks {
-                url,
+                url: url.clone(),
                 fetches: Arc::clone(&fetches),
                 keys: Arc::clone(&set),
+                behaviour: Arc::clone(&behaviour),
             };
             jwks.publish(keys);
             std::thread::spawn(move || {
                 for stream in listener.incoming() {
-                    let Ok(mut stream) = stream else { continue };
-                    let mut reader = BufReader::new(stream.try_clone().unwrap());
-                    let mut line = String::new();
-                    while reader.read_line(&mut line).is_ok_and(|n| n > 0) {
-                        if line == "\r\n" {
-                            break;
-                        }
-                        line.clear();
-                    }
-                    fetches.fetch_add(1, Ordering::SeqCst);
-                    let body = set.lock().unwrap().to_string();
-                    let _ = write!(
-                        stream,
-                        "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-                        body.len()
+                    let Ok(stream) = stream else { continue };
+                    let (fetches, set, behaviour, url) = (
+                        Arc::clone(&fetches),
+                        Arc::clone(&set),
+                        Arc::clone(&behaviour),
+                        url.clone(),
                     );
+                    // One thread per connection: a hanging answer holds up no other fetch.
+                    std::thread::spawn(move || answer(stream, &fetches, &set, &behaviour, &url));
                 }
             });
             jwks
@@ -562,12 +613,78 @@ mod issuer {
 
         /// Replaces the published keys (a rotation).
         pub(super) fn publish(&self, keys: &[&Key]) {
-            *self.keys.lock().unwrap() =
-                json!({"keys": keys.iter().map(|k| k.jwk.clone()).collect::<Vec<_>>()});
+            self.publish_raw(
+                json!({"keys": keys.iter().map(|k| k.jwk.clone()).collect::<Vec<_>>()}),
+            );
+        }
+
+        /// Publishes `set` as it is.
+        pub(super) fn publish_raw(&self, set: Value) {
+            *self.keys.lock().unwrap() = set;
+        }
+
+        /// How the next fetches are answered.
+        pub(super) fn behave(&self, behaviour: Behaviour) {
+            *self.behaviour.lock().unwrap() = behaviour;
         }
 
         pub(super) fn fetched(&self) -> usize {
             self.fetches.load(Ordering::SeqCst)
+        }
+    }
+
+    fn answer(
+        mut stream: TcpStream,
+        fetches: &AtomicUsize,
+        set: &Mutex<Value>,
+        behaviour: &Mutex<Behaviour>,
+        url: &str,
+    ) {
+        let mut reader = BufReader::new(stream.try_clone().unwrap());
+        let mut line = String::new();
+        while reader.read_line(&mut line).is_ok_and(|n| n > 0) {
+            if line == "\r\n" {
+                break;
+            }
+            line.clear();
+        }
+        fetches.fetch_add(1, Ordering::SeqCst);
+        let behaviour = *behaviour.lock().unwrap();
+        let respond = |stream: &mut TcpStream, status: &str, extra: &str, body: &str| {
+            let _ = write!(
+                stream,
+                "HTTP/1.1 {status}\r\nContent-Type: application/json\r\n{extra}Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                body.len()
+            );
+        };
+        match behaviour {
+            Behaviour::Keys => respond(&mut stream, "200 OK", "", &set.lock().unwrap().to_string()),
+            Behaviour::Hang => {
+                // Until the client closes the connection.
+                let mut rest = Vec::new();
+                let _ = reader.read_to_end(&mut rest);
+            }
+            Behaviour::Trickle => {
+                let _ = write!(
+                    stream,
+                    "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 100000\r\n\r\n"
+                );
+                while stream.write_all(b" ").is_ok() {
+                    std::thread::sleep(std::time::Duration::from_secs(1));
+                }
+            }
+            Behaviour::Status(code) => respond(&mut stream, &format!("{code} Oops"), "", ""),
+            Behaviour::Redirect => respond(
+                &mut stream,
+                "302 Found",
+                &format!("Location: {url}\r\n"),
+                "",
+            ),
+            Behaviour::NotJson => respond(&mut stream, "200 OK", "", "<html>keys</html>"),
+            Behaviour::Huge => {
+                let body = format!("{{\"keys\":[],\"pad\":\"{}\"}}", "x".repeat(5 << 20));
+                respond(&mut stream, "200 OK", "", &body);
+            }
         }
     }
 }
@@ -743,9 +860,428 @@ fn oauth_access_tokens_are_checked_as_a_resource_server() {
         .unwrap_or_else(|| panic!("the 403 is audited"));
     assert_eq!(
         (&scoped["principal"], &scoped["channel"], &scoped["outcome"]),
-        (&json!("bob"), &json!("http"), &json!("not_executed"))
+        (
+            &json!(format!("{}#bob", issuer::ISSUER)),
+            &json!("http"),
+            &json!("not_executed")
+        )
     );
     assert!(env.audit_verify().status.success());
+}
+
+/// The front door's refusal reasons in the audit log (`http/authenticate` records), in order.
+fn authentication_reasons(env: &TestEnv) -> Vec<String> {
+    env.audit_records()
+        .iter()
+        .filter(|r| r["method"] == "http/authenticate")
+        .map(|r| r["reason"].as_str().unwrap().to_owned())
+        .collect()
+}
+
+/// The server with OAuth tokens of [`issuer::ISSUER`] whose keys `jwks` serves, and `extra`.
+fn start_oauth(env: &TestEnv, jwks: &issuer::Jwks, extra: &[&str]) -> HttpServer {
+    let mut args = vec![
+        "--oauth-issuer",
+        issuer::ISSUER,
+        "--oauth-jwks-url",
+        &jwks.url,
+    ];
+    args.extend_from_slice(extra);
+    HttpServer::start_with(env, &args)
+}
+
+#[test]
+fn a_hanging_jwks_is_fetched_once_and_every_waiting_request_is_answered() {
+    use issuer::{Behaviour, Jwks, Key, claims};
+
+    let env = TestEnv::new();
+    let k1 = Key::ed25519("k1");
+    let jwks = Jwks::serve(&[&k1]);
+    jwks.behave(Behaviour::Hang);
+    let server = start_oauth(
+        &env,
+        &jwks,
+        &["--oauth-jwks-timeout", "3", "--oauth-jwks-cooldown", "3600"],
+    );
+    let audience = format!("http://127.0.0.1:{}/mcp", server.port);
+    // Any token naming a `kid` needs the key set, whoever signed it.
+    let tokens: Vec<String> = (0..10)
+        .map(|i| k1.sign(&claims(&audience, &format!("user{i}"), "")))
+        .collect();
+    let answers: Vec<(u16, Value)> = std::thread::scope(|scope| {
+        let calls: Vec<_> = tokens
+            .iter()
+            .zip(1u64..)
+            .map(|(token, id)| {
+                let server = &server;
+                scope.spawn(move || server.call(token, id, "tools/list", json!({})))
+            })
+            .collect();
+        calls.into_iter().map(|call| call.join().unwrap()).collect()
+    });
+    // Ten answers, and the issuer saw one fetch: every request waited for that one, none
+    // started another after it failed.
+    assert_eq!(jwks.fetched(), 1, "one fetch for ten concurrent requests");
+    for (status, reply) in &answers {
+        assert_eq!(*status, 503, "{reply}");
+        assert_eq!(reply["error"], json!("jwks_unavailable"), "{reply}");
+    }
+    // The issuer is back, but the cooldown after the failure holds: answered at once from
+    // what is known (nothing), without asking the issuer again.
+    jwks.behave(Behaviour::Keys);
+    let (status, reply) = server.call(&tokens[0], 20, "tools/list", json!({}));
+    assert_eq!(status, 503, "{reply}");
+    assert_eq!(jwks.fetched(), 1, "no fetch during the cooldown");
+    drop(server);
+
+    let reasons = authentication_reasons(&env);
+    assert_eq!(reasons.len(), 11, "{reasons:?}");
+    for reason in &reasons {
+        assert!(
+            reason.starts_with(&format!(
+                "jwks_unavailable: the key set of issuer {} could not be fetched (no complete answer within 3 s)",
+                issuer::ISSUER
+            )),
+            "{reason}"
+        );
+    }
+    assert!(env.audit_verify().status.success());
+}
+
+#[test]
+fn every_broken_jwks_is_refused_as_jwks_unavailable_naming_the_issuer() {
+    use issuer::{Behaviour, Jwks, Key, claims};
+
+    let env = TestEnv::new();
+    let k1 = Key::ed25519("k1");
+    let jwks = Jwks::serve(&[&k1]);
+    let server = start_oauth(
+        &env,
+        &jwks,
+        &["--oauth-jwks-timeout", "5", "--oauth-jwks-cooldown", "0"],
+    );
+    let audience = format!("http://127.0.0.1:{}/mcp", server.port);
+    let token = k1.sign(&claims(&audience, "alice", ""));
+    let cases = [
+        (Behaviour::Hang, "no complete answer within 5 s"),
+        (Behaviour::Trickle, "no complete answer within 5 s"),
+        (Behaviour::Huge, "larger than 1048576 bytes"),
+        (Behaviour::NotJson, "not a JSON Web Key Set"),
+        (
+            Behaviour::Redirect,
+            "a redirect (HTTP 302), which is not followed",
+        ),
+        (Behaviour::Status(500), "HTTP 500"),
+    ];
+    for ((behaviour, _), id) in cases.iter().zip(1u64..) {
+        jwks.behave(*behaviour);
+        let (status, reply) = server.call(&token, id, "tools/list", json!({}));
+        assert_eq!(status, 503, "{behaviour:?}: {reply}");
+        assert_eq!(reply["error"], json!("jwks_unavailable"), "{reply}");
+    }
+    // One fetch each (the redirect is not followed); a working set serves the token again.
+    assert_eq!(jwks.fetched(), cases.len());
+    jwks.behave(Behaviour::Keys);
+    let (status, reply) = server.call(&token, 10, "tools/list", json!({}));
+    assert_eq!(status, 200, "{reply}");
+    drop(server);
+
+    let reasons = authentication_reasons(&env);
+    assert_eq!(reasons.len(), cases.len(), "{reasons:?}");
+    for (reason, (behaviour, failure)) in reasons.iter().zip(&cases) {
+        let expected = format!(
+            "jwks_unavailable: the key set of issuer {} could not be fetched ({failure})",
+            issuer::ISSUER
+        );
+        assert!(reason.starts_with(&expected), "{behaviour:?}: {reason}");
+    }
+}
+
+#[test]
+fn keys_that_are_not_signing_keys_are_dropped_and_token_types_are_checked() {
+    use issuer::{Jwks, Key, claims, rsa_fixture};
+    use jsonwebtoken::Algorithm;
+
+    let env = TestEnv::new();
+    let audience = "https://toolgate.test/mcp";
+    let k1 = Key::ed25519("k1");
+    let rs256 = Key::rsa("rsa", Algorithm::RS256, None);
+    let ps256 = Key::rsa("rsa", Algorithm::PS256, None);
+    // The same 2048-bit key published for encryption only.
+    let oaep = Key::rsa("enc1", Algorithm::RS256, Some("RSA-OAEP"));
+    let small = rsa_fixture(1024);
+    let jwks = Jwks::serve(&[]);
+    jwks.publish_raw(json!({"keys": [
+        k1.jwk, rs256.jwk, oaep.jwk,
+        {"kty": "RSA", "n": small["n"], "e": small["e"], "kid": "small"},
+        // A key this server cannot read costs only itself.
+        {"kty": "XYZ", "kid": "odd", "alg": "XYZ-1"},
+    ]}));
+    let server = start_oauth(
+        &env,
+        &jwks,
+        &["--oauth-audience", audience, "--oauth-jwks-cooldown", "0"],
+    );
+    let good = claims(audience, "alice", "");
+    let cases: Vec<(String, u16, &str)> = vec![
+        (rs256.sign(&good), 200, ""),
+        (ps256.sign(&good), 200, ""),
+        (oaep.sign(&good), 401, "unknown_key"),
+        (
+            small["token"].as_str().unwrap().to_owned(),
+            401,
+            "unknown_key",
+        ),
+        (k1.sign_typed(&good, None), 200, ""),
+        (k1.sign_typed(&good, Some("at+jwt")), 200, ""),
+        (k1.sign_typed(&good, Some("application/at+jwt")), 200, ""),
+        (
+            k1.sign_typed(&good, Some("dpop+jwt")),
+            401,
+            "wrong_token_type",
+        ),
+        (
+            k1.sign_typed(&good, Some("logout+jwt")),
+            401,
+            "wrong_token_type",
+        ),
+    ];
+    for ((token, status, code), id) in cases.iter().zip(1u64..) {
+        let (got, reply) = server.call(token, id, "tools/list", json!({}));
+        assert_eq!(got, *status, "case {id}: {reply}");
+        if *status != 200 {
+            assert_eq!(reply["error"], json!(code), "case {id}: {reply}");
+        }
+    }
+    drop(server);
+
+    // For an issuer that types its access tokens: `at+jwt` only.
+    let server = start_oauth(
+        &env,
+        &jwks,
+        &["--oauth-audience", audience, "--oauth-require-at-jwt"],
+    );
+    for (typ, status) in [(Some("at+jwt"), 200), (Some("JWT"), 401), (None, 401)] {
+        let (got, reply) = server.call(&k1.sign_typed(&good, typ), 30, "tools/list", json!({}));
+        assert_eq!(got, status, "{typ:?}: {reply}");
+        if status == 401 {
+            assert_eq!(reply["error"], json!("wrong_token_type"), "{reply}");
+        }
+    }
+}
+
+#[test]
+fn identities_of_two_authorities_or_two_tenants_never_share_exactly_once_records() {
+    use issuer::{Jwks, Key, claims};
+
+    let env = TestEnv::new();
+    let k1 = Key::ed25519("k1");
+    let jwks = Jwks::serve(&[&k1]);
+    let api = create_token(&env, "alice", &[]);
+    let api_acme = create_token(&env, "alice", &["--tenant", "acme"]);
+    let api_globex = create_token(&env, "alice", &["--tenant", "globex"]);
+    let note = env.note_path("req-ident-0001");
+    // Each identity in turn writes the same note under the same key, and the note is removed
+    // after each: an identity that shared an earlier one's record would get that record's
+    // replay, and the note would stay gone.
+    let write_each = |server: &HttpServer, tokens: &[&str]| {
+        for (token, id) in tokens.iter().zip(1u64..) {
+            let (_, reply) = server.call(token, id, "tools/call", note_call("req-ident-0001"));
+            assert_eq!(status_of(&reply), "committed", "identity {id}: {reply}");
+            assert!(note.exists(), "identity {id}: the effect ran");
+            std::fs::remove_file(&note).unwrap();
+        }
+    };
+    let token_of = |server: &HttpServer, org: Option<&str>| {
+        let mut claims = claims(
+            &format!("http://127.0.0.1:{}/mcp", server.port),
+            "alice",
+            "",
+        );
+        if let Some(org) = org {
+            claims["org"] = json!(org);
+        }
+        k1.sign(&claims)
+    };
+
+    // The ledger's alice, alice of two tenants, and the issuer's alice.
+    let server = start_oauth(&env, &jwks, &[]);
+    let oauth = token_of(&server, None);
+    write_each(&server, &[&api, &api_acme, &api_globex, &oauth]);
+    drop(server);
+
+    // One user of the issuer in two organisations.
+    let orgs = ["--oauth-tenant-claim", "org"];
+    let server = start_oauth(&env, &jwks, &orgs);
+    let (oauth_acme, oauth_globex) = (
+        token_of(&server, Some("acme")),
+        token_of(&server, Some("globex")),
+    );
+    write_each(&server, &[&oauth_acme, &oauth_globex]);
+    // Within one identity the record answers: a replay, and the effect does not run again.
+    let (_, reply) = server.call(&oauth_globex, 9, "tools/call", note_call("req-ident-0001"));
+    assert_eq!(status_of(&reply), "replay");
+    assert!(!note.exists());
+    drop(server);
+
+    // Mapped explicitly, the issuer's alice is the ledger's: in org acme, the identity of the
+    // API token of alice in tenant acme, whose record answers.
+    let server = start_oauth(
+        &env,
+        &jwks,
+        &[orgs[0], orgs[1], "--oauth-local-principal", "alice=alice"],
+    );
+    let mapped = token_of(&server, Some("acme"));
+    let (_, reply) = server.call(&mapped, 10, "tools/call", note_call("req-ident-0001"));
+    assert_eq!(status_of(&reply), "replay");
+    assert!(!note.exists());
+    drop(server);
+
+    let records = env.audit_records();
+    let writes: Vec<(&str, &str)> = records
+        .iter()
+        .filter(|r| r["name"] == "write_note")
+        .map(|r| {
+            (
+                r["principal"].as_str().unwrap(),
+                r["outcome"].as_str().unwrap(),
+            )
+        })
+        .collect();
+    let issued = |key: &str| format!("{}#{key}", issuer::ISSUER);
+    assert_eq!(
+        writes,
+        [
+            ("alice", "committed"),
+            ("acme/alice", "committed"),
+            ("globex/alice", "committed"),
+            (issued("alice").as_str(), "committed"),
+            (issued("acme/alice").as_str(), "committed"),
+            (issued("globex/alice").as_str(), "committed"),
+            (issued("globex/alice").as_str(), "replay"),
+            ("acme/alice", "replay"),
+        ]
+    );
+    assert!(env.audit_verify().status.success());
+}
+
+/// The preview of a call that needs confirmation.
+fn preview_of(reply: &Value) -> Value {
+    let text = reply["result"]["content"][0]["text"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{reply}"));
+    let preview: Value = serde_json::from_str(text).unwrap_or_else(|_| panic!("{reply}"));
+    assert!(preview["confirm_token"].is_string(), "{reply}");
+    preview
+}
+
+#[test]
+fn a_confirmation_token_belongs_to_the_whole_identity_that_got_it() {
+    let env = TestEnv::new();
+    std::fs::copy(
+        format!(
+            "{}/../../fixtures/policy-http-confirm.json",
+            env!("CARGO_MANIFEST_DIR")
+        ),
+        &env.policy,
+    )
+    .unwrap();
+    let acme = create_token(&env, "alice", &["--tenant", "acme"]);
+    let globex = create_token(&env, "alice", &["--tenant", "globex"]);
+    let server = HttpServer::start(&env);
+    let (_, reply) = server.call(&acme, 1, "tools/call", note_call("req-confirm-0001"));
+    let preview = preview_of(&reply);
+    let confirm = json!({"name": "confirm_action", "arguments": {
+        "confirm_token": preview["confirm_token"],
+        "confirm_summary": preview["confirm_summary"]}});
+    // Alice of another tenant cannot confirm it: nothing runs, the token is not spent.
+    let (status, reply) = server.call(&globex, 2, "tools/call", confirm.clone());
+    assert_eq!(status, 200, "{reply}");
+    assert_eq!(reply["result"]["isError"], json!(true), "{reply}");
+    assert_eq!(
+        reply["result"]["structuredContent"]["error"],
+        json!("token_foreign"),
+        "{reply}"
+    );
+    assert!(!env.note_path("req-confirm-0001").exists());
+    let (_, reply) = server.call(&acme, 3, "tools/call", confirm);
+    assert_eq!(status_of(&reply), "committed");
+    assert!(env.note_path("req-confirm-0001").exists());
+}
+
+#[test]
+fn rate_buckets_belong_to_whole_identities() {
+    let env = TestEnv::new();
+    let mut policy: Value =
+        serde_json::from_str(&std::fs::read_to_string(&env.policy).unwrap()).unwrap();
+    let one = json!({"burst": 1, "per_minute": 1});
+    policy["rate_limits"] = json!({"principals": {"acme/alice": one, "globex/alice": one}});
+    std::fs::write(&env.policy, policy.to_string()).unwrap();
+    let acme = create_token(&env, "alice", &["--tenant", "acme"]);
+    let globex = create_token(&env, "alice", &["--tenant", "globex"]);
+    let server = HttpServer::start(&env);
+    let (_, reply) = server.call(&acme, 1, "tools/call", note_call("req-rate-0001"));
+    assert_eq!(status_of(&reply), "committed");
+    let (_, reply) = server.call(&acme, 2, "tools/call", note_call("req-rate-0002"));
+    assert_eq!(reply["result"]["isError"], json!(true), "{reply}");
+    assert!(
+        reply
+            .to_string()
+            .contains("rate_limits.principals.acme/alice"),
+        "{reply}"
+    );
+    assert!(!env.note_path("req-rate-0002").exists());
+    // Alice of globex has her own bucket, still full.
+    let (_, reply) = server.call(&globex, 3, "tools/call", note_call("req-rate-0003"));
+    assert_eq!(status_of(&reply), "committed");
+}
+
+#[test]
+fn rights_belong_to_whole_identities() {
+    use issuer::{Jwks, Key, claims};
+
+    let env = TestEnv::new();
+    let rights = env.path("rights.json");
+    std::fs::write(
+        &rights,
+        json!({"version": 1, "principals": {
+            "acme/alice": {"tools": ["write_note", "read_ledger"]},
+            "globex/alice": {"tools": ["read_ledger"]},
+            format!("{}#alice", issuer::ISSUER): {"tools": ["read_ledger"]},
+        }})
+        .to_string(),
+    )
+    .unwrap();
+    let acme = create_token(&env, "alice", &["--tenant", "acme"]);
+    let globex = create_token(&env, "alice", &["--tenant", "globex"]);
+    let local = create_token(&env, "alice", &[]);
+    let k1 = Key::ed25519("k1");
+    let jwks = Jwks::serve(&[&k1]);
+    let rights_arg = rights.to_str().unwrap();
+    let server = start_oauth(&env, &jwks, &["--rights", rights_arg]);
+    let oauth = k1.sign(&claims(
+        &format!("http://127.0.0.1:{}/mcp", server.port),
+        "alice",
+        "",
+    ));
+    let (_, listed) = server.call(&acme, 1, "tools/list", json!({}));
+    assert!(listed_names(&listed).contains(&"write_note".to_owned()));
+    for (token, id) in [(&globex, 2), (&oauth, 3)] {
+        let (_, listed) = server.call(token, id, "tools/list", json!({}));
+        let names = listed_names(&listed);
+        assert!(
+            !names.contains(&"write_note".to_owned()) && names.contains(&"read_ledger".to_owned()),
+            "{id}: {names:?}"
+        );
+        let (_, refused) = server.call(token, id + 10, "tools/call", note_call("req-rights-0009"));
+        assert_eq!(refused["error"]["code"], json!(-32602), "{refused}");
+    }
+    // The ledger's alice without a tenant is in no entry: no rights at all.
+    let (_, listed) = server.call(&local, 4, "tools/list", json!({}));
+    assert_eq!(listed_names(&listed), Vec::<String>::new());
+    assert!(!env.note_path("req-rights-0009").exists());
+    let (_, reply) = server.call(&acme, 5, "tools/call", note_call("req-rights-0009"));
+    assert_eq!(status_of(&reply), "committed");
 }
 
 #[test]
@@ -806,7 +1342,7 @@ fn tenants_scopes_and_clients_of_api_tokens_reach_the_audit_log() {
             &write["client_version"]
         ),
         (
-            &json!("alice"),
+            &json!("acme/alice"),
             &json!("acme"),
             &json!("http"),
             &json!("probe"),
@@ -820,7 +1356,7 @@ fn tenants_scopes_and_clients_of_api_tokens_reach_the_audit_log() {
         .unwrap();
     assert_eq!(
         (&denied["principal"], &denied["tenant"]),
-        (&json!("bob"), &json!("globex"))
+        (&json!("globex/bob"), &json!("globex"))
     );
     assert!(env.audit_verify().status.success());
 }

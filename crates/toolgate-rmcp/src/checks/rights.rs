@@ -8,7 +8,9 @@
 //! ```
 //!
 //! Unknown keys and duplicate keys are rejected (naming the allowed keys), `version` must be 1,
-//! principal names are 1..=128 characters of `[A-Za-z0-9_.@:-]`, tool names 1..=128 characters of
+//! principals are named by their identity key (`toolgate_canon::names::identity_key`: a name of
+//! 1..=128 characters of `[A-Za-z0-9_.@:-]`, with `TENANT/` before it for a principal in a tenant
+//! and `ISSUER#` for one an OAuth issuer vouches for), tool names 1..=128 characters of
 //! `[A-Za-z0-9_.-]` or exactly `*` (every tool). A principal absent from the file has no rights.
 //!
 //! # Caching
@@ -406,10 +408,11 @@ fn parse(bytes: &[u8], digest: Sha256Digest) -> Result<Grants, String> {
     }
     let mut principals = HashMap::with_capacity(raw.principals.0.len());
     for (name, entry) in raw.principals.0 {
-        if !is_principal_name(&name) {
+        if !is_identity_key(&name) {
             return Err(format!(
-                "principal name {} is not 1 to {MAX_NAME_CHARS} characters of A-Z a-z 0-9 _ . @ : -",
-                quote_short(&name)
+                "principal name {} is not of the form {}",
+                quote_short(&name),
+                toolgate_canon::names::IDENTITY_GRAMMAR
             ));
         }
         let mut tools = BTreeSet::new();
@@ -480,7 +483,7 @@ fn read_document(path: &Path) -> Result<Vec<u8>, GuardError> {
     Ok(bytes)
 }
 
-use toolgate_canon::names::{is_principal_name, is_tool_name};
+use toolgate_canon::names::{is_identity_key, is_tool_name};
 
 /// `s` quoted for an error message, cut after 40 characters.
 fn quote_short(s: &str) -> String {
@@ -820,7 +823,14 @@ mod tests {
 
     #[test]
     fn name_grammar_is_enforced() {
-        for bad in ["", "al ice", "alice/x", "é", &"a".repeat(129)] {
+        for bad in [
+            "",
+            "al ice",
+            "acme/alice/x",
+            "#alice",
+            "é",
+            &"a".repeat(129),
+        ] {
             let content =
                 serde_json::json!({"version":1,"principals":{bad:{"tools":[]}}}).to_string();
             assert!(
