@@ -276,7 +276,7 @@ pub struct Gated<H> {
     audit: Arc<dyn AuditSink>,
     request_id_field: String,
     contract_changes: BTreeMap<String, Vec<Change>>,
-    principals: Arc<dyn PrincipalSource>,
+    pub(crate) principals: Arc<dyn PrincipalSource>,
     /// Every governance check, with its state, in the order of [`Checks::sequence`] (shared with
     /// the blocking tasks that answer replays, which present them).
     pub(crate) checks: Arc<Checks>,

@@ -14,17 +14,25 @@
 //!   leaves such tools out.
 //! - **Kill switch**: while it is on, a `tools/call` of a tool it stops gets 503 with
 //!   `Retry-After` and the JSON-RPC error in the body; the connection stays usable.
-//! - **Sessions** (the 2025-11-25 flow): a session is bound to the principal that opened it; a
-//!   request on it with another principal's token gets 404, as for an unknown session. The
+//! - **Sessions** (the 2025-11-25 flow): a session is bound to the whole verified identity that
+//!   opened it (name, tenant, scopes, channel); a request on it with another identity, or on a
+//!   session id the front door did not see opened, gets 404, as for an unknown session. The
+//!   binding ends only when rmcp ends the session (a DELETE it accepted, or its expiry). The
 //!   2026-07-28 flow is stateless; rmcp checks its `Mcp-Method` / `Mcp-Name` headers against the
 //!   body (400, JSON-RPC -32020).
-//! - **Transport hygiene** from rmcp's service: `Host` allow-list (loopback by default),
-//!   `Origin` validation (an allow-list; loopback origins by default, and a present Origin that is
-//!   not listed is 403), the body size limit (413).
+//! - **Transport checks** ([`transport`]), before authentication: `Host` (exactly one, on the
+//!   allow-list, loopback by default) and `Origin` (at most one, a bare origin on the allow-list,
+//!   loopback by default; anything else is 403); then, for a POST, a declared `Content-Length`
+//!   over the limit (413 at once), a media type other than JSON (415), and a body that is not one
+//!   JSON-RPC message (400 with -32700 or -32600). Every refusal is audited, bounded per window
+//!   ([`RefusalAuditLimit`]).
 //! - **Protected resource metadata** (RFC 9728) at `/.well-known/oauth-protected-resource`.
 
 pub mod oauth;
 pub mod tokens;
+mod transport;
+
+pub use transport::RefusalAuditLimit;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -42,9 +50,10 @@ use serde_json::{Value, json};
 use toolgate_audit::{AuditEntry, AuditSink, Decision, Outcome};
 use toolgate_canon::Sha256Digest;
 
-use crate::{Gated, VerifiedPrincipal};
+use crate::{FromExtensions, Gated, VerifiedPrincipal};
 use oauth::JwtVerifier;
 use tokens::ApiTokens;
+use transport::{RefusalLog, TransportRefusal};
 
 /// The MCP endpoint's path.
 pub const MCP_PATH: &str = "/mcp";
@@ -89,6 +98,8 @@ pub enum Refusal {
     Unavailable,
     /// The issuer's key set could not be fetched and no key is known (503).
     KeysUnavailable,
+    /// Several `Authorization` headers: which one counts is ambiguous (400, `invalid_request`).
+    Ambiguous,
 }
 
 impl Refusal {
@@ -108,6 +119,7 @@ impl Refusal {
             Refusal::TokenType => "wrong_token_type",
             Refusal::Unavailable => "token_store_unavailable",
             Refusal::KeysUnavailable => "jwks_unavailable",
+            Refusal::Ambiguous => "multiple_credentials",
         }
     }
 
@@ -143,14 +155,15 @@ impl Authentication {
         self
     }
 
-    /// The principal `token` proves (and an API token's id), or why not.
+    /// The principal `token` proves (and an API token's id), or why not (with the id of an API
+    /// token that is revoked or expired: a token of this server, named in the audit record).
     async fn verify(
         &self,
         token: &str,
-    ) -> Result<(VerifiedPrincipal, Option<String>), oauth::Rejection> {
+    ) -> Result<(VerifiedPrincipal, Option<String>), (oauth::Rejection, Option<String>)> {
         if token.starts_with(tokens::TOKEN_PREFIX) {
             let Some(tokens) = &self.tokens else {
-                return Err(Refusal::Invalid.into());
+                return Err((Refusal::Invalid.into(), None));
             };
             // One `stat` of the token file per request (and a read when it changed: a revocation
             // applies to the next request), on the async thread: the ledger is a local
@@ -158,11 +171,20 @@ impl Authentication {
             return tokens
                 .verify(token, SystemTime::now())
                 .map(|(principal, id)| (principal, Some(id)))
-                .map_err(oauth::Rejection::from);
+                .map_err(|refusal| match refusal {
+                    Refusal::Revoked | Refusal::Expired => {
+                        (refusal.into(), Some(tokens::token_id(token)))
+                    }
+                    other => (other.into(), None),
+                });
         }
         match &self.oauth {
-            Some(oauth) => oauth.verify(token).await.map(|principal| (principal, None)),
-            None => Err(Refusal::Invalid.into()),
+            Some(oauth) => oauth
+                .verify(token)
+                .await
+                .map(|principal| (principal, None))
+                .map_err(|rejection| (rejection, None)),
+            None => Err((Refusal::Invalid.into(), None)),
         }
     }
 }
@@ -185,6 +207,9 @@ pub struct HttpOptions {
     /// answered); past it the answer is 503 and the call is cancelled as if its client had gone.
     /// A long-lived event stream counts only until its headers are sent.
     pub request_timeout: std::time::Duration,
+    /// How many refused requests (transport checks, authentication) are audited one by one per
+    /// window; the rest of a window are counted in one summary record.
+    pub refusal_audit: RefusalAuditLimit,
 }
 
 impl HttpOptions {
@@ -202,6 +227,7 @@ impl HttpOptions {
             max_body_bytes: DEFAULT_MAX_BODY_BYTES,
             retry_after_secs: DEFAULT_RETRY_AFTER_SECS,
             request_timeout: DEFAULT_REQUEST_TIMEOUT,
+            refusal_audit: RefusalAuditLimit::default(),
         }
     }
 
@@ -241,17 +267,39 @@ struct Door {
     auth: Authentication,
     gate: Arc<dyn GateView>,
     audit: Arc<dyn AuditSink>,
+    /// The bounded audit of refused requests.
+    refusals: Arc<RefusalLog>,
     metadata_url: String,
     max_body_bytes: usize,
     retry_after: HeaderValue,
-    /// Legacy sessions and the principal that opened each.
-    sessions: Mutex<HashMap<String, Arc<str>>>,
+    allowed_hosts: Vec<String>,
+    allowed_origins: Vec<String>,
+    /// rmcp's sessions, to forget the owners of the sessions it ended.
+    manager: Arc<LocalSessionManager>,
+    /// Legacy sessions and the identity that opened each.
+    sessions: Mutex<Sessions>,
 }
+
+/// The owner of every legacy session rmcp holds (and, until the next pruning, of some it ended).
+#[derive(Default)]
+struct Sessions {
+    owners: HashMap<String, VerifiedPrincipal>,
+    /// The size at which the owners are next compared with rmcp's sessions (so pruning costs
+    /// O(1) per new session, amortized).
+    prune_at: usize,
+}
+
+/// The least number of owner entries before they are pruned.
+const PRUNE_FLOOR: usize = 64;
 
 /// The axum router serving `gated` at [`MCP_PATH`] behind `auth`, with the protected resource
 /// metadata. Mount it in a server of your own, or serve it as is.
+///
+/// Each request's principal is the one its credential names: a gate built with a fixed principal
+/// ([`crate::GatedBuilder::principal`], `local` by default) gets [`FromExtensions`] instead, so
+/// that no HTTP caller is ever served as the fixed name. A custom per-request source is kept.
 pub fn router<H>(
-    gated: Gated<H>,
+    mut gated: Gated<H>,
     auth: Authentication,
     audit: Arc<dyn AuditSink>,
     options: &HttpOptions,
@@ -259,6 +307,12 @@ pub fn router<H>(
 where
     H: ServerHandler + Send + Sync + 'static,
 {
+    if gated.principals.without_request().is_some() {
+        tracing::info!(
+            "the gate's fixed principal does not apply over HTTP: each request is served as its credential's principal"
+        );
+        gated.principals = Arc::new(FromExtensions);
+    }
     let gated = Arc::new(gated);
     let mut config = StreamableHttpServerConfig::default();
     config.allowed_hosts = options.allowed_hosts.clone();
@@ -267,9 +321,10 @@ where
     config.max_request_body_bytes = options.max_body_bytes;
     config.json_response = true;
     let service_gate = Arc::clone(&gated);
+    let manager = Arc::new(LocalSessionManager::default());
     let service = StreamableHttpService::new(
         move || Ok(Arc::clone(&service_gate)),
-        Arc::new(LocalSessionManager::default()),
+        Arc::clone(&manager),
         config,
     );
     let policy = gated.policy();
@@ -286,11 +341,18 @@ where
     let door = Arc::new(Door {
         auth,
         gate: gated,
+        refusals: RefusalLog::new(Arc::clone(&audit), options.refusal_audit),
         audit,
         metadata_url: options.metadata_url(),
         max_body_bytes: options.max_body_bytes,
         retry_after: HeaderValue::from(options.retry_after_secs),
-        sessions: Mutex::new(HashMap::new()),
+        allowed_hosts: options.allowed_hosts.clone(),
+        allowed_origins: options.allowed_origins.clone(),
+        manager,
+        sessions: Mutex::new(Sessions {
+            owners: HashMap::new(),
+            prune_at: PRUNE_FLOOR,
+        }),
     });
     let deadline = options.request_timeout;
     axum::Router::new()
@@ -332,24 +394,38 @@ async fn within(deadline: std::time::Duration, request: Request, next: Next) -> 
 const SESSION_HEADER: &str = "mcp-session-id";
 
 async fn authenticate(State(door): State<Arc<Door>>, request: Request, next: Next) -> Response {
+    // The transport's checks come first: a foreign Origin is 403 whatever the credential.
+    if let Err((refusal, digest)) = transport::check_host_and_origin(
+        request.uri(),
+        request.headers(),
+        &door.allowed_hosts,
+        &door.allowed_origins,
+    ) {
+        transport_refused(&door, None, refusal, digest).await;
+        return refusal.response(door.max_body_bytes);
+    }
     let verified = match bearer(request.headers()) {
-        None => Err(Refusal::Missing.into()),
-        Some(token) => door.auth.verify(token).await,
+        Err(refusal) => Err((refusal.into(), None)),
+        Ok(token) => door.auth.verify(token).await,
     };
     let principal = match verified {
         Ok((principal, _id)) => principal,
-        Err(refusal) => return refuse(&door, refusal).await,
+        Err((refusal, token_id)) => return refuse(&door, refusal, token_id).await,
     };
-    let name: Arc<str> = principal.name().into();
-    let session = request
-        .headers()
-        .get(SESSION_HEADER)
-        .and_then(|v| v.to_str().ok())
-        .map(str::to_owned);
+    let session = match request.headers().get(SESSION_HEADER) {
+        None => None,
+        Some(value) => match value.to_str() {
+            Ok(id) => Some(id.to_owned()),
+            // Not a session id rmcp could have issued.
+            Err(_) => return StatusCode::NOT_FOUND.into_response(),
+        },
+    };
     if let Some(id) = &session {
-        let owner = sessions(&door).get(id).cloned();
-        if owner.is_some_and(|owner| owner != name) {
-            // Another principal's session: as unknown as a session that never existed.
+        let owned = sessions(&door).owners.get(id) == Some(&principal);
+        if !owned {
+            // Another identity's session, or one the front door never saw opened (rmcp's
+            // sessions are opened through it, so none of its live sessions lacks an owner): as
+            // unknown as a session that never existed.
             return StatusCode::NOT_FOUND.into_response();
         }
     }
@@ -362,21 +438,107 @@ async fn authenticate(State(door): State<Arc<Door>>, request: Request, next: Nex
     } else {
         request
     };
-    request.extensions_mut().insert(principal);
+    request.extensions_mut().insert(principal.clone());
     let response = next.run(request).await;
+    let status = response.status();
     if let Some(opened) = response
         .headers()
         .get(SESSION_HEADER)
         .and_then(|v| v.to_str().ok())
+        .map(str::to_owned)
     {
-        sessions(&door)
-            .entry(opened.to_owned())
-            .or_insert_with(|| Arc::clone(&name));
+        bind_session(&door, opened, &principal).await;
     }
-    if deleting && let Some(id) = session {
-        sessions(&door).remove(&id);
+    if let Some(id) = session
+        && ((deleting && status.is_success()) || status == StatusCode::NOT_FOUND)
+    {
+        // rmcp ended the session (a DELETE it accepted) or no longer knows it (expired): its
+        // owner entry goes. A refused DELETE keeps the session and its owner.
+        sessions(&door).owners.remove(&id);
+    }
+    if status == StatusCode::BAD_REQUEST {
+        return audit_rmcp_refusal(&door, &principal, response).await;
     }
     response
+}
+
+/// Binds the new session `id` to `principal`, and now and then forgets the owners of sessions
+/// rmcp has ended (expired ones included), so the map never outgrows rmcp's own.
+async fn bind_session(door: &Door, id: String, principal: &VerifiedPrincipal) {
+    let prune = {
+        let mut sessions = sessions(door);
+        sessions
+            .owners
+            .entry(id)
+            .or_insert_with(|| principal.clone());
+        sessions.owners.len() >= sessions.prune_at
+    };
+    if prune {
+        let live: std::collections::HashSet<String> = door
+            .manager
+            .sessions
+            .read()
+            .await
+            .keys()
+            .map(|id| id.to_string())
+            .collect();
+        let mut sessions = sessions(door);
+        sessions.owners.retain(|id, _| live.contains(id));
+        sessions.prune_at = (sessions.owners.len() * 2).max(PRUNE_FLOOR);
+    }
+}
+
+/// Audits a 400 of rmcp (the MCP headers disagreeing with the body, -32020; a bad protocol
+/// version header; ...) and gives its response back unchanged. A 400 is a short JSON or text
+/// body, never a stream.
+async fn audit_rmcp_refusal(
+    door: &Door,
+    principal: &VerifiedPrincipal,
+    response: Response,
+) -> Response {
+    const MAX_ERROR_BODY: usize = 64 * 1024;
+    let (parts, body) = response.into_parts();
+    let Ok(bytes) = axum::body::to_bytes(body, MAX_ERROR_BODY).await else {
+        transport_refused(
+            door,
+            Some(principal),
+            TransportRefusal::BadRequest,
+            Sha256Digest::of(b""),
+        )
+        .await;
+        return (parts.status, parts.headers).into_response();
+    };
+    let code = serde_json::from_slice::<Value>(&bytes)
+        .ok()
+        .and_then(|body| body["error"]["code"].as_i64());
+    let refusal = if code == Some(-32020) {
+        TransportRefusal::HeaderMismatch
+    } else {
+        TransportRefusal::BadRequest
+    };
+    transport_refused(door, Some(principal), refusal, Sha256Digest::of(b"")).await;
+    Response::from_parts(parts, Body::from(bytes))
+}
+
+/// Audits a transport refusal (method `http/transport`, the refusal's code as reason, the digest
+/// of the refused `Host` or `Origin` as `args_digest`), bounded by the refusal log.
+async fn transport_refused(
+    door: &Door,
+    principal: Option<&VerifiedPrincipal>,
+    refusal: TransportRefusal,
+    digest: Sha256Digest,
+) {
+    let mut entry =
+        AuditEntry::tool_call("http", "mcp", Decision::Deny, Outcome::NotExecuted, digest)
+            .with_reason(refusal.code())
+            .with_channel("http")
+            .with_policy_digest(door.gate.policy().digest());
+    entry.method = "http/transport".to_owned();
+    if let Some(principal) = principal {
+        entry.principal = Some(principal.key().to_owned());
+        entry.tenant = principal.tenant().map(str::to_owned);
+    }
+    door.refusals.record(entry).await;
 }
 
 /// A `tools/call` the front door decides before rmcp sees it: its JSON-RPC id and tool.
@@ -392,16 +554,20 @@ async fn screen(
     principal: &VerifiedPrincipal,
     request: Request,
 ) -> Result<Request, Response> {
+    let refused = async |refusal: TransportRefusal| {
+        transport_refused(door, Some(principal), refusal, Sha256Digest::of(b"")).await;
+        refusal.response(door.max_body_bytes)
+    };
+    if let Err(refusal) = transport::check_post_headers(request.headers(), door.max_body_bytes) {
+        return Err(refused(refusal).await);
+    }
     let (parts, body) = request.into_parts();
-    let bytes = axum::body::to_bytes(body, door.max_body_bytes)
-        .await
-        .map_err(|_| {
-            (
-                StatusCode::PAYLOAD_TOO_LARGE,
-                axum::Json(json!({"error": "body_too_large", "limit_bytes": door.max_body_bytes})),
-            )
-                .into_response()
-        })?;
+    let Ok(bytes) = axum::body::to_bytes(body, door.max_body_bytes).await else {
+        return Err(refused(TransportRefusal::BodyTooLarge).await);
+    };
+    if let Err(refusal) = transport::check_message(&bytes) {
+        return Err(refused(refusal).await);
+    }
     if let Some(call) = tools_call(&bytes) {
         let required = door.gate.policy().required_scopes(&call.name).cloned();
         if !principal.grants(required.as_ref()) {
@@ -485,19 +651,31 @@ fn args_digest(body: &[u8]) -> Sha256Digest {
     Sha256Digest::of_json_object(&arguments)
 }
 
-fn sessions(door: &Door) -> std::sync::MutexGuard<'_, HashMap<String, Arc<str>>> {
+fn sessions(door: &Door) -> std::sync::MutexGuard<'_, Sessions> {
     // Only whole entries are inserted or removed: valid after a panic elsewhere.
     door.sessions.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
-/// The bearer token of `Authorization`, if the header is one.
-fn bearer(headers: &HeaderMap) -> Option<&str> {
-    let value = headers.get(header::AUTHORIZATION)?.to_str().ok()?;
-    let (scheme, token) = value.split_once(' ')?;
+/// The bearer token of the one `Authorization` header: missing when there is none or it is not
+/// a bearer token, ambiguous when there are several (which one a proxy or a client library
+/// meant cannot be known, so none is tried).
+fn bearer(headers: &HeaderMap) -> Result<&str, Refusal> {
+    let mut values = headers.get_all(header::AUTHORIZATION).iter();
+    let value = match (values.next(), values.next()) {
+        (None, _) => return Err(Refusal::Missing),
+        (Some(value), None) => value,
+        (Some(_), Some(_)) => return Err(Refusal::Ambiguous),
+    };
+    let (scheme, token) = value
+        .to_str()
+        .ok()
+        .and_then(|value| value.split_once(' '))
+        .ok_or(Refusal::Missing)?;
     scheme
         .eq_ignore_ascii_case("bearer")
         .then(|| token.trim())
         .filter(|token| !token.is_empty())
+        .ok_or(Refusal::Missing)
 }
 
 /// Audits a call the front door refused, under the caller's principal, channel and tenant.
@@ -542,12 +720,14 @@ async fn append(door: &Door, entry: AuditEntry) {
     }
 }
 
-/// 401 (503 when the server cannot judge) with the challenge, after auditing the refusal (its
-/// code and the server's detail, never the token).
-async fn refuse(door: &Door, rejection: oauth::Rejection) -> Response {
+/// 401 (503 when the server cannot judge, 400 for several credentials) with the challenge,
+/// after auditing the refusal (its code and the server's detail, and the id of a revoked or
+/// expired API token; never the token), bounded like the transport's refusals.
+async fn refuse(door: &Door, rejection: oauth::Rejection, token_id: Option<String>) -> Response {
     let refusal = rejection.refusal;
+    let request_id = token_id.map_or_else(|| "http".to_owned(), |id| format!("token:{id}"));
     let mut entry = AuditEntry::tool_call(
-        "http",
+        request_id,
         "mcp",
         Decision::Deny,
         Outcome::NotExecuted,
@@ -556,15 +736,15 @@ async fn refuse(door: &Door, rejection: oauth::Rejection) -> Response {
     .with_reason(rejection.reason())
     .with_channel("http");
     entry.method = "http/authenticate".to_owned();
-    append(door, entry).await;
-    let status = if refusal.is_server_fault() {
-        StatusCode::SERVICE_UNAVAILABLE
-    } else {
-        StatusCode::UNAUTHORIZED
+    door.refusals.record(entry).await;
+    let (status, error) = match refusal {
+        Refusal::Ambiguous => (StatusCode::BAD_REQUEST, "invalid_request"),
+        _ if refusal.is_server_fault() => (StatusCode::SERVICE_UNAVAILABLE, "invalid_token"),
+        _ => (StatusCode::UNAUTHORIZED, "invalid_token"),
     };
     let mut response = (status, axum::Json(json!({"error": refusal.code()}))).into_response();
     let challenge = format!(
-        "Bearer resource_metadata=\"{}\", error=\"invalid_token\"",
+        "Bearer resource_metadata=\"{}\", error=\"{error}\"",
         door.metadata_url
     );
     if let Ok(value) = HeaderValue::from_str(&challenge) {

@@ -928,6 +928,7 @@ pub async fn serve_http(server: BuiltServer, config: HttpConfig) -> anyhow::Resu
         header_read_timeout,
         allowed_origins,
         allowed_hosts,
+        refusal_audit_limit,
     } = config;
     let BuiltServer {
         gated,
@@ -948,6 +949,9 @@ pub async fn serve_http(server: BuiltServer, config: HttpConfig) -> anyhow::Resu
         public_url.unwrap_or_else(|| format!("http://{local}{}", toolgate::http::MCP_PATH));
     let mut http = toolgate::http::HttpOptions::new(resource.clone());
     http.request_timeout = request_timeout;
+    if let Some(records) = refusal_audit_limit {
+        http.refusal_audit.records = records;
+    }
     if !allowed_origins.is_empty() {
         http.allowed_origins = allowed_origins;
     }
@@ -1066,6 +1070,8 @@ pub struct HttpConfig {
     pub allowed_origins: Vec<String>,
     /// `Host` values accepted besides the loopback names and the public URL's host.
     pub allowed_hosts: Vec<String>,
+    /// Refused requests audited one by one per minute (default 100, `toolgate::http::RefusalAuditLimit`).
+    pub refusal_audit_limit: Option<u32>,
 }
 
 /// The API tokens of the ledger, written through the configured storage.

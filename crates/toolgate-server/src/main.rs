@@ -303,6 +303,10 @@ struct HttpArgs {
     /// (default 10).
     #[arg(long, env = "TOOLGATE_HTTP_HEADER_TIMEOUT", requires = "http", value_parser = clap::value_parser!(u64).range(1..))]
     header_timeout: Option<u64>,
+    /// How many refused requests (Origin, Host, body, credential) are audited one by one per
+    /// minute (default 100); the rest of a minute are counted in one `http/refusals` record.
+    #[arg(long, env = "TOOLGATE_HTTP_REFUSAL_AUDIT_LIMIT", requires = "http", value_parser = clap::value_parser!(u32).range(1..))]
+    refusal_audit_limit: Option<u32>,
 }
 
 #[derive(Debug, Subcommand)]
@@ -526,6 +530,7 @@ fn serve_http(paths: &ServerOptions, addr: std::net::SocketAddr, web: HttpArgs) 
         header_read_timeout: seconds(web.header_timeout.unwrap_or(10)),
         allowed_origins: web.allowed_origins,
         allowed_hosts: web.allowed_hosts,
+        refusal_audit_limit: web.refusal_audit_limit,
     };
     let server = match toolgate_server::build_for_http(paths) {
         Ok(server) => server,

@@ -81,19 +81,37 @@ impl HttpServer {
     /// POSTs `body` to /mcp with `headers`; returns the status, the headers (lowercased names)
     /// and the body.
     fn post(&self, headers: &[(&str, &str)], body: &Value) -> (u16, Vec<(String, String)>, String) {
-        let body = body.to_string();
-        let mut request = format!(
-            "POST /mcp HTTP/1.1\r\nHost: 127.0.0.1:{}\r\nContent-Type: application/json\r\n\
-             Accept: application/json, text/event-stream\r\nContent-Length: {}\r\nConnection: close\r\n",
-            self.port,
-            body.len()
-        );
+        let host = format!("127.0.0.1:{}", self.port);
+        let mut all = vec![
+            ("Host", host.as_str()),
+            ("Content-Type", "application/json"),
+            ("Accept", "application/json, text/event-stream"),
+        ];
+        all.extend_from_slice(headers);
+        self.send("POST", &all, body.to_string().as_bytes())
+    }
+
+    /// `method` /mcp with exactly `headers` (nothing added but `Content-Length`, unless given,
+    /// and `Connection: close`) and `body`, as an attacker would send it.
+    fn send(
+        &self,
+        method: &str,
+        headers: &[(&str, &str)],
+        body: &[u8],
+    ) -> (u16, Vec<(String, String)>, String) {
+        let mut request = format!("{method} /mcp HTTP/1.1\r\n").into_bytes();
         for (name, value) in headers {
-            request.push_str(&format!("{name}: {value}\r\n"));
+            request.extend_from_slice(format!("{name}: {value}\r\n").as_bytes());
         }
-        request.push_str("\r\n");
-        request.push_str(&body);
-        self.exchange(&request)
+        if !headers
+            .iter()
+            .any(|(name, _)| name.eq_ignore_ascii_case("content-length"))
+        {
+            request.extend_from_slice(format!("Content-Length: {}\r\n", body.len()).as_bytes());
+        }
+        request.extend_from_slice(b"Connection: close\r\n\r\n");
+        request.extend_from_slice(body);
+        self.exchange_bytes(&request)
     }
 
     fn get(&self, path: &str) -> (u16, Vec<(String, String)>, String) {
@@ -104,11 +122,15 @@ impl HttpServer {
     }
 
     fn exchange(&self, request: &str) -> (u16, Vec<(String, String)>, String) {
+        self.exchange_bytes(request.as_bytes())
+    }
+
+    fn exchange_bytes(&self, request: &[u8]) -> (u16, Vec<(String, String)>, String) {
         let mut stream = TcpStream::connect(("127.0.0.1", self.port)).unwrap();
         stream
             .set_read_timeout(Some(Duration::from_secs(120)))
             .unwrap();
-        stream.write_all(request.as_bytes()).unwrap();
+        stream.write_all(request).unwrap();
         let mut raw = Vec::new();
         stream.read_to_end(&mut raw).unwrap();
         let text = String::from_utf8(raw).unwrap();
@@ -339,6 +361,18 @@ fn every_request_is_authenticated_and_served_as_its_tokens_principal() {
             "revoked_token"
         ]
     );
+    // An expired or revoked token of this server is named by its id, never by its secret.
+    let named = |code: &str| {
+        records
+            .iter()
+            .find(|r| r["reason"] == code)
+            .map(|r| r["request_id"].as_str().unwrap().to_owned())
+            .unwrap()
+    };
+    let id_of = |token: &str| format!("token:{}", &common::sha256_hex(token.as_bytes())[..12]);
+    assert_eq!(named("expired_token"), id_of(&expired));
+    assert_eq!(named("revoked_token"), id_of(&alice));
+    assert_eq!(format!("token:{id}"), id_of(&alice));
     let changes = records
         .iter()
         .filter(|r| r["method"] == "admin/token")
@@ -1602,4 +1636,423 @@ fn origins_and_hosts_come_from_configuration() {
     assert!(status == 403 || status == 400, "{status} {body}");
     let (status, _, body) = raw("mcp.example");
     assert_eq!(status, 200, "{body}");
+}
+
+// --- The transport's checks (issue 30) -----------------------------------------------------------
+
+/// A `tools/list` of the 2026-07-28 flow: its body and its MCP headers (without credential).
+fn list_request(id: u64) -> (Value, [(&'static str, &'static str); 2]) {
+    (
+        json!({"jsonrpc": "2.0", "id": id, "method": "tools/list", "params": {"_meta": {
+            "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+            "io.modelcontextprotocol/clientCapabilities": {}}}}),
+        [
+            ("MCP-Protocol-Version", "2026-07-28"),
+            ("Mcp-Method", "tools/list"),
+        ],
+    )
+}
+
+/// The reasons of the audit records of `method`, in order.
+fn reasons<'a>(records: &'a [Value], method: &str) -> Vec<&'a str> {
+    records
+        .iter()
+        .filter(|r| r["method"] == method)
+        .map(|r| r["reason"].as_str().unwrap())
+        .collect()
+}
+
+#[test]
+fn origin_and_host_are_checked_before_the_credential() {
+    let env = TestEnv::new();
+    let alice = create_token(&env, "alice", &[]);
+    let server = HttpServer::start(&env);
+    let auth = format!("Bearer {alice}");
+    let (body, mcp) = list_request(1);
+    let with = |extra: &[(&str, &str)]| {
+        let mut headers: Vec<(&str, &str)> = mcp.to_vec();
+        headers.extend_from_slice(extra);
+        server.post(&headers, &body)
+    };
+
+    // A foreign Origin without a token: 403, no challenge (the transport refuses first).
+    let (status, headers, reply) = with(&[("Origin", "http://evil.example")]);
+    assert_eq!(status, 403, "{reply}");
+    assert!(
+        header(&headers, "www-authenticate").is_none(),
+        "{headers:?}"
+    );
+    // Userinfo in the Origin, a second Origin after a good one: 403 even with a valid token.
+    for origins in [
+        &[("Origin", "http://evil.example@127.0.0.1")][..],
+        &[
+            ("Origin", "http://127.0.0.1:1"),
+            ("Origin", "http://evil.example"),
+        ][..],
+        &[("Origin", "http://127.0.0.1:1/path")][..],
+    ] {
+        let mut extra = vec![("Authorization", auth.as_str())];
+        extra.extend_from_slice(origins);
+        let (status, _, reply) = with(&extra);
+        assert_eq!(status, 403, "{origins:?}: {reply}");
+    }
+    // A good Origin with the token: served.
+    let (status, _, reply) = with(&[("Authorization", &auth), ("Origin", "http://127.0.0.1:1")]);
+    assert_eq!(status, 200, "{reply}");
+
+    // Hosts: empty, foreign, with userinfo, twice; refused without and with a token.
+    let raw = body.to_string();
+    for (hosts, expected) in [
+        (&[""][..], 400),
+        (&["evil.example"][..], 403),
+        (&["alice@127.0.0.1"][..], 400),
+        (&["127.0.0.1", "evil.example"][..], 400),
+    ] {
+        for token in [None, Some(auth.as_str())] {
+            let mut headers: Vec<(&str, &str)> = hosts.iter().map(|h| ("Host", *h)).collect();
+            headers.extend_from_slice(&[
+                ("Content-Type", "application/json"),
+                ("Accept", "application/json, text/event-stream"),
+            ]);
+            headers.extend_from_slice(&mcp);
+            headers.extend(token.map(|auth| ("Authorization", auth)));
+            let (status, headers, reply) = server.send("POST", &headers, raw.as_bytes());
+            // hyper itself may refuse a request with two Host headers (400) before the router.
+            assert_eq!(status, expected, "{hosts:?} {token:?}: {reply}");
+            assert!(
+                header(&headers, "www-authenticate").is_none(),
+                "{headers:?}"
+            );
+        }
+    }
+    drop(server);
+
+    let records = env.audit_records();
+    let transport = reasons(&records, "http/transport");
+    assert_eq!(
+        transport
+            .iter()
+            .filter(|r| **r == "origin_not_allowed")
+            .count(),
+        1,
+        "{transport:?}"
+    );
+    assert_eq!(
+        transport.iter().filter(|r| **r == "invalid_origin").count(),
+        3,
+        "{transport:?}"
+    );
+    assert!(
+        transport
+            .iter()
+            .filter(|r| **r == "host_not_allowed")
+            .count()
+            == 2
+            && transport.iter().filter(|r| **r == "invalid_host").count() >= 4,
+        "{transport:?}"
+    );
+    // The refusals came before authentication: none of them is an authentication refusal.
+    assert!(reasons(&records, "http/authenticate").is_empty());
+    // No raw header value in the log: only digests.
+    let audit = env.audit_text();
+    assert!(!audit.contains("evil.example") && !audit.contains(&alice));
+    assert!(env.audit_verify().status.success());
+}
+
+#[test]
+fn malformed_bodies_get_400_with_a_json_rpc_error_and_nothing_internal() {
+    let env = TestEnv::new();
+    let alice = create_token(&env, "alice", &[]);
+    let server = HttpServer::start(&env);
+    let auth = format!("Bearer {alice}");
+    let host = format!("127.0.0.1:{}", server.port);
+    let headers = [
+        ("Host", host.as_str()),
+        ("Authorization", auth.as_str()),
+        ("Content-Type", "application/json"),
+        ("Accept", "application/json, text/event-stream"),
+        ("MCP-Protocol-Version", "2026-07-28"),
+        ("Mcp-Method", "tools/list"),
+    ];
+    let batch = json!([{"jsonrpc": "2.0", "id": 1, "method": "tools/list", "params": {}},
+        {"jsonrpc": "2.0", "id": 2, "method": "tools/list", "params": {}}])
+    .to_string();
+    for (body, code) in [
+        ("{not json", -32700),
+        ("", -32700),
+        ("{\"jsonrpc\": \"2.0\", \"id\": 1, \"method\": ", -32700),
+        (batch.as_str(), -32600),
+        ("{}", -32600),
+        ("\"tools/list\"", -32600),
+        ("{\"jsonrpc\": \"2.0\", \"id\": 1}", -32600),
+    ] {
+        let (status, headers, reply) = server.send("POST", &headers, body.as_bytes());
+        assert_eq!(status, 400, "{body:?}: {reply}");
+        assert!(
+            header(&headers, "content-type").is_some_and(|t| t.starts_with("application/json")),
+            "{headers:?}"
+        );
+        let reply: Value = serde_json::from_str(&reply).unwrap_or_else(|_| panic!("{reply}"));
+        assert_eq!(reply["jsonrpc"], json!("2.0"), "{reply}");
+        assert_eq!(reply["error"]["code"], json!(code), "{body:?}: {reply}");
+        let message = reply["error"]["message"].as_str().unwrap();
+        // The deserializer's own words ("expected value at line 1 column 2") stay inside.
+        assert!(
+            !message.contains("line")
+                && !message.contains("column")
+                && !message.contains("expected"),
+            "{message}"
+        );
+    }
+    // Not JSON at all: 415, audited.
+    let mut text = headers.to_vec();
+    text[2] = ("Content-Type", "text/plain");
+    let (status, _, reply) = server.send("POST", &text, b"{}");
+    assert_eq!(status, 415, "{reply}");
+    // A message whose Mcp-Method disagrees with the body: rmcp's 400 / -32020, audited.
+    let (body, _) = list_request(9);
+    let (status, _, reply) = server.post(
+        &[
+            ("Authorization", &auth),
+            ("MCP-Protocol-Version", "2026-07-28"),
+            ("Mcp-Method", "tools/call"),
+        ],
+        &body,
+    );
+    assert_eq!(status, 400, "{reply}");
+    assert!(reply.contains("-32020"), "{reply}");
+    // A well-formed message is still served.
+    let (status, reply) = server.call(&alice, 10, "tools/list", json!({}));
+    assert_eq!(status, 200, "{reply}");
+    drop(server);
+
+    let records = env.audit_records();
+    let transport = reasons(&records, "http/transport");
+    assert_eq!(
+        transport,
+        [
+            "parse_error",
+            "parse_error",
+            "parse_error",
+            "batch_not_supported",
+            "invalid_message",
+            "invalid_message",
+            "invalid_message",
+            "unsupported_media_type",
+            "header_mismatch"
+        ]
+    );
+    assert!(
+        records
+            .iter()
+            .filter(|r| r["method"] == "http/transport")
+            .all(|r| r["principal"] == "alice" && r["channel"] == "http"),
+        "{records:?}"
+    );
+    assert!(env.audit_verify().status.success());
+}
+
+#[test]
+fn a_declared_body_over_the_limit_is_refused_before_it_is_read() {
+    let env = TestEnv::new();
+    let alice = create_token(&env, "alice", &[]);
+    // Without the check the server would wait for the 64 MiB body until this timeout (longer
+    // than the test's read timeout, 120 s), so the test would fail rather than pass slowly.
+    let server = HttpServer::start_with(&env, &["--request-timeout", "3600"]);
+    let auth = format!("Bearer {alice}");
+    let host = format!("127.0.0.1:{}", server.port);
+    let headers = [
+        ("Host", host.as_str()),
+        ("Authorization", auth.as_str()),
+        ("Content-Type", "application/json"),
+        ("Accept", "application/json, text/event-stream"),
+        ("Content-Length", "67108864"),
+    ];
+    let (status, _, reply) = server.send("POST", &headers, b"");
+    assert_eq!(status, 413, "{reply}");
+    assert!(reply.contains("body_too_large"), "{reply}");
+    drop(server);
+    assert_eq!(
+        reasons(&env.audit_records(), "http/transport"),
+        ["body_too_large"]
+    );
+}
+
+#[test]
+fn ambiguous_credentials_are_refused() {
+    let env = TestEnv::new();
+    let alice = create_token(&env, "alice", &[]);
+    let server = HttpServer::start(&env);
+    let good = format!("Bearer {alice}");
+    let bad = format!("Bearer tgt_{}", "0".repeat(64));
+    let (body, mcp) = list_request(1);
+    for pair in [[&good, &bad], [&bad, &good], [&good, &good]] {
+        let mut headers: Vec<(&str, &str)> = mcp.to_vec();
+        headers.extend(pair.iter().map(|auth| ("Authorization", auth.as_str())));
+        let (status, headers, reply) = server.post(&headers, &body);
+        assert_eq!(status, 400, "{reply}");
+        assert!(reply.contains("multiple_credentials"), "{reply}");
+        let challenge = header(&headers, "www-authenticate").unwrap_or_default();
+        assert!(
+            challenge.contains("error=\"invalid_request\""),
+            "{challenge}"
+        );
+    }
+    let (status, reply) = server.call(&alice, 2, "tools/list", json!({}));
+    assert_eq!(status, 200, "{reply}");
+    drop(server);
+    assert_eq!(
+        reasons(&env.audit_records(), "http/authenticate"),
+        ["multiple_credentials"; 3]
+    );
+}
+
+#[test]
+fn a_flood_of_refusals_is_audited_within_the_bound_and_calls_go_on() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    const LIMIT: usize = 5;
+    const FLOOD: usize = 60;
+    let env = TestEnv::new();
+    let alice = create_token(&env, "alice", &[]);
+    let started = std::time::Instant::now();
+    let mut server = HttpServer::start_with(&env, &["--refusal-audit-limit", &LIMIT.to_string()]);
+    let server_ref = &server;
+    let sent = Arc::new(AtomicUsize::new(0));
+    let (body, mcp) = list_request(1);
+    std::thread::scope(|scope| {
+        for flooder in 0..3 {
+            let (sent, body) = (Arc::clone(&sent), body.clone());
+            scope.spawn(move || {
+                for i in 0..FLOOD / 3 {
+                    let origin = format!("http://evil{flooder}-{i}.example");
+                    let mut headers: Vec<(&str, &str)> = mcp.to_vec();
+                    headers.push(("Origin", &origin));
+                    let (status, _, reply) = server_ref.post(&headers, &body);
+                    assert_eq!(status, 403, "{reply}");
+                    sent.fetch_add(1, Ordering::SeqCst);
+                }
+            });
+        }
+        // A legitimate call in the middle of the flood is served and audited.
+        while sent.load(Ordering::SeqCst) < FLOOD / 4 {
+            common::poll_pause();
+        }
+        let (_, reply) = server_ref.call(&alice, 2, "tools/call", note_call("req-flood-0001"));
+        assert_eq!(status_of(&reply), "committed");
+    });
+    // A clean stop writes the count of the window still open.
+    let pid = server.child.id().to_string();
+    assert!(
+        Command::new("kill")
+            .args(["-TERM", &pid])
+            .status()
+            .unwrap()
+            .success()
+    );
+    let status = common::wait_exit(&mut server.child, Duration::from_secs(120))
+        .expect("the server stops on SIGTERM");
+    assert!(status.success(), "{status:?}");
+    let elapsed = started.elapsed();
+
+    let records = env.audit_records();
+    let individual = reasons(&records, "http/transport").len();
+    let counted: usize = reasons(&records, "http/refusals")
+        .iter()
+        .map(|reason| reason.split(' ').next().unwrap().parse::<usize>().unwrap())
+        .sum();
+    // Every refusal is accounted for, once: written alone or counted in a summary.
+    assert_eq!(individual + counted, FLOOD, "{records:?}");
+    // At most LIMIT records per minute-long window (the flood spans one, or a few on a machine
+    // slow enough to cross window boundaries).
+    let windows = usize::try_from(elapsed.as_secs() / 60).unwrap() + 2;
+    assert!(
+        individual >= LIMIT && individual <= LIMIT * windows,
+        "{individual} records in {windows} windows"
+    );
+    assert!(counted > 0);
+    assert!(
+        records
+            .iter()
+            .any(|r| r["name"] == "write_note" && r["outcome"] == "committed")
+    );
+    assert!(env.audit_verify().status.success());
+}
+
+#[test]
+fn a_session_is_bound_to_the_whole_identity_and_a_refused_delete_keeps_it() {
+    let env = TestEnv::new();
+    let acme = create_token(&env, "alice", &["--tenant", "acme"]);
+    let globex = create_token(&env, "alice", &["--tenant", "globex"]);
+    let bob = create_token(&env, "bob", &[]);
+    let server = HttpServer::start(&env);
+    let host = format!("127.0.0.1:{}", server.port);
+    let bearer = |token: &str| format!("Bearer {token}");
+    let (status, headers, body) = server.post(
+        &[("Authorization", &bearer(&acme))],
+        &json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+            "protocolVersion": "2025-11-25", "capabilities": {},
+            "clientInfo": {"name": "http-test", "version": "1"}}}),
+    );
+    assert_eq!(status, 200, "{body}");
+    let session = header(&headers, "mcp-session-id").unwrap().to_owned();
+    let on = |token: &str, session: &str, version: &str, method: &str| {
+        let auth = bearer(token);
+        let headers = [
+            ("Host", host.as_str()),
+            ("Authorization", auth.as_str()),
+            ("Content-Type", "application/json"),
+            ("Accept", "application/json, text/event-stream"),
+            ("Mcp-Session-Id", session),
+            ("MCP-Protocol-Version", version),
+        ];
+        let body = if method == "POST" {
+            json!({"jsonrpc": "2.0", "id": 2, "method": "tools/list", "params": {}}).to_string()
+        } else {
+            String::new()
+        };
+        let (status, _, reply) = server.send(method, &headers, body.as_bytes());
+        (status, reply)
+    };
+    let (status, _, reply) = server.post(
+        &[
+            ("Authorization", &bearer(&acme)),
+            ("Mcp-Session-Id", &session),
+            ("MCP-Protocol-Version", "2025-11-25"),
+        ],
+        &json!({"jsonrpc": "2.0", "method": "notifications/initialized"}),
+    );
+    assert!(status == 202 || status == 200, "{status} {reply}");
+    let (status, reply) = on(&acme, &session, "2025-11-25", "POST");
+    assert_eq!(status, 200, "{reply}");
+    // alice's DELETE with a bad protocol version is refused, and the session stays hers.
+    let (status, reply) = on(&acme, &session, "1999-01-01", "DELETE");
+    assert_eq!(status, 400, "{reply}");
+    let (status, reply) = on(&bob, &session, "2025-11-25", "POST");
+    assert_eq!(status, 404, "bob reached alice's session: {reply}");
+    // The same name in another tenant is another identity.
+    let (status, reply) = on(&globex, &session, "2025-11-25", "POST");
+    assert_eq!(
+        status, 404,
+        "alice of globex reached alice of acme's session: {reply}"
+    );
+    let (status, reply) = on(&acme, &session, "2025-11-25", "POST");
+    assert_eq!(status, 200, "{reply}");
+    // A session id nobody opened: 404.
+    let (status, reply) = on(&bob, "not-a-session", "2025-11-25", "POST");
+    assert_eq!(status, 404, "{reply}");
+    // alice's accepted DELETE ends it for everyone.
+    let (status, reply) = on(&acme, &session, "2025-11-25", "DELETE");
+    assert!((200..300).contains(&status), "{status} {reply}");
+    for token in [&acme, &bob] {
+        let (status, reply) = on(token, &session, "2025-11-25", "POST");
+        assert_eq!(status, 404, "{reply}");
+    }
+    drop(server);
+    // The refused DELETE was audited.
+    assert_eq!(
+        reasons(&env.audit_records(), "http/transport"),
+        ["bad_request"]
+    );
 }

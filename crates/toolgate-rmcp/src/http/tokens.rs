@@ -320,7 +320,7 @@ impl ApiTokens {
         let sha256 = Sha256Digest::of(token.as_bytes()).to_hex();
         let created_ns = ns(now);
         let info = TokenInfo {
-            id: sha256[..12].to_owned(),
+            id: token_id(&token),
             sha256,
             principal: spec.principal.clone(),
             tenant: spec.tenant.clone(),
@@ -395,6 +395,13 @@ impl ApiTokens {
         }
         Ok((principal.with_channel("http"), token.id.clone()))
     }
+}
+
+/// The public id of `token`: the first 12 hex characters of its SHA-256.
+pub(crate) fn token_id(token: &str) -> String {
+    let mut id = Sha256Digest::of(token.as_bytes()).to_hex();
+    id.truncate(12);
+    id
 }
 
 fn ns(t: SystemTime) -> u64 {
