@@ -138,6 +138,78 @@ fn load_errors_are_the_build_error() {
     ));
 }
 
+/// Settings of which the gate would silently use only one are refused at build, naming both.
+#[test]
+fn conflicting_settings_are_refused_naming_both() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("policy.json");
+    std::fs::write(&file, r#"{"version":1,"allow":["echo"]}"#).unwrap();
+    let loaded = || toolgate_policy::Policy::from_json(r#"{"version":1,"allow":[]}"#).unwrap();
+    let key = || toolgate_canon::HmacKey::new(b"a checkpoint key of at least 32 bytes").unwrap();
+    let ledger = dir.path().join("ledger");
+
+    let check = |built: Result<Gated<Echo>, GateError>, pair: (&str, &str)| {
+        let error = built.err().expect("conflicting settings must be refused");
+        assert!(
+            matches!(&error, GateError::Conflict { first, second } if (*first, *second) == pair),
+            "{error:?}"
+        );
+        let message = error.to_string();
+        for name in [pair.0, pair.1] {
+            assert!(
+                message.contains(&format!("GatedBuilder::{name} ")),
+                "{message} lacks {name}"
+            );
+        }
+        message
+    };
+    // The policy, in either order: before, `.policy()` after `.policy_file()` was dropped.
+    let message = check(
+        Gated::builder(Echo)
+            .policy_file(&file)
+            .policy(loaded())
+            .ledger(&ledger)
+            .build(),
+        ("policy", "policy_file"),
+    );
+    assert!(message.contains("give the policy once"), "{message}");
+    check(
+        Gated::builder(Echo)
+            .policy(loaded())
+            .policy_file(&file)
+            .ledger(&ledger)
+            .build(),
+        ("policy", "policy_file"),
+    );
+    // A checkpoint key with an explicit sink: the builder opens no log the key could sign.
+    let message = check(
+        Gated::builder(Echo)
+            .policy_file(&file)
+            .audit(toolgate_audit::MemoryAuditLog::new())
+            .checkpoint_key(key())
+            .build(),
+        ("checkpoint_key", "audit"),
+    );
+    assert!(message.contains("AuditConfig::checkpoint_key"), "{message}");
+    // Refused before anything is opened.
+    assert!(!ledger.exists());
+
+    // Each alone builds; the key signs the log the ledger opens.
+    Gated::builder(Echo)
+        .policy(loaded())
+        .audit(toolgate_audit::MemoryAuditLog::new())
+        .build()
+        .unwrap();
+    let gate = Gated::builder(Echo)
+        .policy_file(&file)
+        .ledger(&ledger)
+        .checkpoint_key(key())
+        .build()
+        .unwrap();
+    drop(gate);
+    assert!(ledger.join(toolgate_rmcp::LEDGER_AUDIT_FILE).exists());
+}
+
 #[test]
 fn a_locked_contract_is_computed_at_build_under_the_loaded_policy() {
     let dir = tempfile::tempdir().unwrap();
