@@ -149,7 +149,7 @@ fn conflicting_settings_are_refused_naming_both() {
     let ledger = dir.path().join("ledger");
 
     let check = |built: Result<Gated<Echo>, GateError>, pair: (&str, &str)| {
-        let error = built.err().expect("conflicting settings must be refused");
+        let error = built.expect_err("conflicting settings must be refused");
         assert!(
             matches!(&error, GateError::Conflict { first, second } if (*first, *second) == pair),
             "{error:?}"
