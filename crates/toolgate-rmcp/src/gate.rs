@@ -456,7 +456,7 @@ impl<H: ServerHandler> GatedBuilder<H> {
 
     /// The HMAC key that signs the audit log's checkpoints when the builder opens that log
     /// itself: the ledger's file ([`GatedBuilder::ledger`]) or the database's chain
-    /// ([`GatedBuilder::store_url`], [`GatedBuilder::database`]), a checkpoint every
+    /// (`GatedBuilder::store_url`, `GatedBuilder::database`), a checkpoint every
     /// `toolgate_audit::DEFAULT_CHECKPOINT_EVERY` records. Keep it outside the ledger. With an
     /// explicit [`GatedBuilder::audit`] the builder opens no log, so the two together are refused
     /// at build ([`GateError::Conflict`]): configure the sink's own key instead.
