@@ -37,6 +37,19 @@ impl LogStats {
         Ok(stats)
     }
 
+    /// Counts the records of `sink`'s chain as it exports them (a database's chain, for
+    /// `audit stats --store`), one line at a time: the chain is never held in memory whole.
+    pub fn of_sink(sink: &dyn crate::AuditSink) -> Result<Self, crate::AuditError> {
+        let mut lines = StatsLines {
+            stats: LogStats::default(),
+            line: Vec::new(),
+        };
+        sink.export(&mut lines)?;
+        // Export ends every record with `\n`; a last line without one is counted all the same.
+        lines.count_line();
+        Ok(lines.stats)
+    }
+
     fn add(&mut self, record: &Value) {
         let text = |key: &str| record[key].as_str().unwrap_or("?").to_owned();
         if record["method"] != "tools/call" {
@@ -147,9 +160,64 @@ impl LogStats {
     }
 }
 
+/// The `Write` end [`LogStats::of_sink`] gives an export: it counts each record as its line ends.
+struct StatsLines {
+    stats: LogStats,
+    line: Vec<u8>,
+}
+
+impl StatsLines {
+    fn count_line(&mut self) {
+        if !self.line.is_empty() {
+            // A line that is not JSON counts as a record of an unknown kind: the chain's
+            // integrity is `audit verify`'s business, not the counts'.
+            let record = serde_json::from_slice(&self.line).unwrap_or(Value::Null);
+            self.stats.add(&record);
+            self.line.clear();
+        }
+    }
+}
+
+impl std::io::Write for StatsLines {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        let mut rest = bytes;
+        while let Some(end) = rest.iter().position(|&b| b == b'\n') {
+            self.line.extend_from_slice(&rest[..end]);
+            self.count_line();
+            rest = &rest[end + 1..];
+        }
+        self.line.extend_from_slice(rest);
+        Ok(bytes.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_sink_is_counted_as_its_export() {
+        use crate::{AuditEntry, AuditSink as _, Decision, MemoryAuditLog, Outcome};
+        let sink = MemoryAuditLog::new();
+        for (decision, outcome) in [
+            (Decision::Allow, Outcome::Committed),
+            (Decision::Allow, Outcome::Replay),
+            (Decision::Deny, Outcome::NotExecuted),
+        ] {
+            let digest = toolgate_canon::Sha256Digest::of(b"{}");
+            sink.append(&AuditEntry::tool_call("r", "t", decision, outcome, digest))
+                .unwrap();
+        }
+        let stats = LogStats::of_sink(&sink).unwrap();
+        assert_eq!(
+            (stats.calls, stats.committed, stats.replay, stats.deny),
+            (3, 1, 1, 1)
+        );
+    }
 
     #[test]
     fn counts_and_ratios() {

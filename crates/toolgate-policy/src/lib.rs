@@ -107,6 +107,18 @@ pub enum PolicyError {
         /// What is wrong and how to fix it.
         reason: String,
     },
+    /// The file at `path` was read but its text is not a valid policy ([`Policy::load`]): a
+    /// syntax, version or validity error, which `error` describes. The message names the file,
+    /// so that a server with several policies (or an operator with several copies) knows which
+    /// one to fix.
+    #[error("policy file {path}: {error}", path = .path.display())]
+    File {
+        /// The file that was read.
+        path: PathBuf,
+        /// What is wrong with its text. Shown in this error's message rather than as its
+        /// `source`, so that a cause chain printed in full does not repeat it.
+        error: Box<PolicyError>,
+    },
 }
 
 /// A tool name as MCP allows it: 1 to 128 characters from `A-Z a-z 0-9 _ - .`.
@@ -286,7 +298,10 @@ impl Policy {
         )
         .map_err(io_error)?
         .ok_or_else(|| io_error(std::io::ErrorKind::NotFound.into()))?;
-        Self::from_json(&text)
+        Self::from_json(&text).map_err(|error| PolicyError::File {
+            path: path.to_owned(),
+            error: Box::new(error),
+        })
     }
 
     /// Whether `tool` appears in tools/list for a caller without a `principals` section.

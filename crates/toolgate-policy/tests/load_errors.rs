@@ -742,3 +742,45 @@ fn versions_duplicates_and_results_load_strictly() {
         ["bookings[].id", "[].id", "total"]
     );
 }
+
+/// A file's syntax, version and validity errors name the file and keep the cause's text.
+#[test]
+fn errors_of_a_policy_file_name_the_file() {
+    let dir = tempfile::tempdir().unwrap();
+    for (name, text, cause) in [
+        ("syntax.json", "{\"version\": 1, \"allow\": [\n", "line 2"),
+        (
+            "version.json",
+            r#"{"version":2,"allow":["t"]}"#,
+            "unsupported policy version 2",
+        ),
+        (
+            "no-version.json",
+            r#"{"allow":["t"]}"#,
+            "missing integer \"version\" key",
+        ),
+        ("typo.json", r#"{"version":1,"alow":["t"]}"#, "alow"),
+        (
+            "invalid.json",
+            r#"{"version":1,"allow":["t"],"idempotency":{"t":{"window_secs":0}}}"#,
+            "window_secs is 0",
+        ),
+    ] {
+        let path = dir.path().join(name);
+        std::fs::write(&path, text).unwrap();
+        let error = Policy::load(&path).expect_err(name);
+        assert!(
+            matches!(&error, toolgate_policy::PolicyError::File { path: p, .. } if *p == path),
+            "{error:?}"
+        );
+        let message = error.to_string();
+        assert!(
+            message.starts_with(&format!("policy file {}: ", path.display())),
+            "{message}"
+        );
+        assert!(message.contains(cause), "{message:?} lacks {cause:?}");
+        // The same text without a file names none.
+        let inline = Policy::from_json(text).unwrap_err().to_string();
+        assert!(!inline.contains(name), "{inline}");
+    }
+}

@@ -157,6 +157,18 @@ pub enum GateError {
         /// The missing parts, by builder method: `policy` and/or `audit`.
         parts: Vec<&'static str>,
     },
+    /// Two settings were given of which the gate could use only one: the other would be
+    /// silently ignored, so the build refuses both and names them (by builder method).
+    #[error(
+        "GatedBuilder::{first} and GatedBuilder::{second} were both given, and the gate would ignore one of them: {}",
+        conflict_fix(.first, .second)
+    )]
+    Conflict {
+        /// The first of the two settings, by builder method (`policy`, `checkpoint_key`).
+        first: &'static str,
+        /// The second, by builder method (`policy_file`, `audit`).
+        second: &'static str,
+    },
     /// The policy opts a tool into exactly-once execution but no effect store was configured.
     #[error(
         "the policy gives `{tool}` idempotency settings but the gate has no effect store; call GatedBuilder::effect_store"
@@ -206,6 +218,19 @@ fn missing_fix(parts: &[&'static str]) -> String {
         })
         .collect::<Vec<_>>()
         .join("; ")
+}
+
+/// How to resolve a [`GateError::Conflict`] between `first` and `second`.
+fn conflict_fix(first: &str, second: &str) -> &'static str {
+    match (first, second) {
+        ("policy", "policy_file") => {
+            "give the policy once, either loaded (::policy) or as a file read at build (::policy_file)"
+        }
+        ("checkpoint_key", "audit") => {
+            "the key signs only an audit log the builder opens itself (::ledger or ::store_url); give it to your own sink instead (toolgate_audit::AuditConfig::checkpoint_key) or leave out ::audit"
+        }
+        _ => "leave out one of them",
+    }
 }
 
 /// Who makes one request: the principal, the credential it came with (tenant, scopes, channel;
@@ -399,17 +424,18 @@ impl<H> std::fmt::Debug for GatedBuilder<H> {
 }
 
 impl<H: ServerHandler> GatedBuilder<H> {
-    /// The policy that decides every call. Required.
+    /// The policy that decides every call. Required, unless [`GatedBuilder::policy_file`] is
+    /// given; both together are refused at build ([`GateError::Conflict`]).
     pub fn policy(mut self, policy: impl Into<Arc<Policy>>) -> Self {
         self.policy = Some(policy.into());
         self
     }
 
     /// Reads the policy from `path` at [`GatedBuilder::build`] (a load error is the build's
-    /// error, naming the file). Replaces [`GatedBuilder::policy`].
+    /// error, naming the file). Together with [`GatedBuilder::policy`] it is refused at build
+    /// ([`GateError::Conflict`]), in either order: one of them would be ignored.
     pub fn policy_file(mut self, path: impl AsRef<Path>) -> Self {
         self.policy_file = Some(path.as_ref().to_owned());
-        self.policy = None;
         self
     }
 
@@ -471,8 +497,12 @@ impl<H: ServerHandler> GatedBuilder<H> {
         self
     }
 
-    /// The HMAC key that signs the audit log's checkpoints when [`GatedBuilder::ledger`] opens it.
-    /// Keep it outside the ledger.
+    /// The HMAC key that signs the audit log's checkpoints when the builder opens that log
+    /// itself: the ledger's file ([`GatedBuilder::ledger`]) or the database's chain
+    /// (`GatedBuilder::store_url`, `GatedBuilder::database`), a checkpoint every
+    /// `toolgate_audit::DEFAULT_CHECKPOINT_EVERY` records. Keep it outside the ledger. With an
+    /// explicit [`GatedBuilder::audit`] the builder opens no log, so the two together are refused
+    /// at build ([`GateError::Conflict`]): configure the sink's own key instead.
     pub fn checkpoint_key(mut self, key: HmacKey) -> Self {
         self.checkpoint_key = Some(key);
         self
@@ -630,6 +660,23 @@ impl<H: ServerHandler> GatedBuilder<H> {
     /// Builds the gate: loads the policy file and opens the ledger's parts if they were given,
     /// then checks that every required part is there.
     pub fn build(mut self) -> Result<Gated<H>, GateError> {
+        // Settings of which only one could take effect are refused before anything is opened.
+        for (first, second, both) in [
+            (
+                "policy",
+                "policy_file",
+                self.policy.is_some() && self.policy_file.is_some(),
+            ),
+            (
+                "checkpoint_key",
+                "audit",
+                self.checkpoint_key.is_some() && self.audit.is_some(),
+            ),
+        ] {
+            if both {
+                return Err(GateError::Conflict { first, second });
+            }
+        }
         if let Some(path) = self.policy_file.take() {
             self.policy = Some(Arc::new(Policy::load(&path)?));
         }
@@ -672,7 +719,14 @@ impl<H: ServerHandler> GatedBuilder<H> {
                 )?));
             }
             if self.audit.is_none() {
-                self.audit = Some(Arc::new(toolgate_audit::PgAuditLog::open(store.clone())?));
+                let chain = toolgate_audit::PgAuditLog::open(store.clone())?;
+                let chain = match self.checkpoint_key.take() {
+                    Some(key) => {
+                        chain.with_checkpoints(key, toolgate_audit::DEFAULT_CHECKPOINT_EVERY)
+                    }
+                    None => chain,
+                };
+                self.audit = Some(Arc::new(chain));
             }
             if self.kill_switch.is_none() {
                 self.kill_switch = Some(self.named(KillSwitch::in_database(store)?));

@@ -138,6 +138,78 @@ fn load_errors_are_the_build_error() {
     ));
 }
 
+/// Settings of which the gate would silently use only one are refused at build, naming both.
+#[test]
+fn conflicting_settings_are_refused_naming_both() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("policy.json");
+    std::fs::write(&file, r#"{"version":1,"allow":["echo"]}"#).unwrap();
+    let loaded = || toolgate_policy::Policy::from_json(r#"{"version":1,"allow":[]}"#).unwrap();
+    let key = || toolgate_canon::HmacKey::new(b"a checkpoint key of at least 32 bytes").unwrap();
+    let ledger = dir.path().join("ledger");
+
+    let check = |built: Result<Gated<Echo>, GateError>, pair: (&str, &str)| {
+        let error = built.expect_err("conflicting settings must be refused");
+        assert!(
+            matches!(&error, GateError::Conflict { first, second } if (*first, *second) == pair),
+            "{error:?}"
+        );
+        let message = error.to_string();
+        for name in [pair.0, pair.1] {
+            assert!(
+                message.contains(&format!("GatedBuilder::{name} ")),
+                "{message} lacks {name}"
+            );
+        }
+        message
+    };
+    // The policy, in either order: before, `.policy()` after `.policy_file()` was dropped.
+    let message = check(
+        Gated::builder(Echo)
+            .policy_file(&file)
+            .policy(loaded())
+            .ledger(&ledger)
+            .build(),
+        ("policy", "policy_file"),
+    );
+    assert!(message.contains("give the policy once"), "{message}");
+    check(
+        Gated::builder(Echo)
+            .policy(loaded())
+            .policy_file(&file)
+            .ledger(&ledger)
+            .build(),
+        ("policy", "policy_file"),
+    );
+    // A checkpoint key with an explicit sink: the builder opens no log the key could sign.
+    let message = check(
+        Gated::builder(Echo)
+            .policy_file(&file)
+            .audit(toolgate_audit::MemoryAuditLog::new())
+            .checkpoint_key(key())
+            .build(),
+        ("checkpoint_key", "audit"),
+    );
+    assert!(message.contains("AuditConfig::checkpoint_key"), "{message}");
+    // Refused before anything is opened.
+    assert!(!ledger.exists());
+
+    // Each alone builds; the key signs the log the ledger opens.
+    Gated::builder(Echo)
+        .policy(loaded())
+        .audit(toolgate_audit::MemoryAuditLog::new())
+        .build()
+        .unwrap();
+    let gate = Gated::builder(Echo)
+        .policy_file(&file)
+        .ledger(&ledger)
+        .checkpoint_key(key())
+        .build()
+        .unwrap();
+    drop(gate);
+    assert!(ledger.join(toolgate_rmcp::LEDGER_AUDIT_FILE).exists());
+}
+
 #[test]
 fn a_locked_contract_is_computed_at_build_under_the_loaded_policy() {
     let dir = tempfile::tempdir().unwrap();
@@ -168,4 +240,45 @@ fn a_locked_contract_is_computed_at_build_under_the_loaded_policy() {
         .locked_contract(tools, "{not a lockfile")
         .build();
     assert!(matches!(broken, Err(GateError::Contract(_))), "{broken:?}");
+}
+
+/// The checkpoint key signs the database chain the builder opens from a store URL (it was
+/// ignored there): past `DEFAULT_CHECKPOINT_EVERY` calls the chain carries a checkpoint that
+/// verifies with the key, and is refused with another one.
+#[cfg(feature = "postgres")]
+#[tokio::test]
+async fn a_checkpoint_key_signs_the_database_chain_of_a_store_url() {
+    let url = toolgate_pgtest::PgCluster::shared()
+        .unwrap()
+        .create_database("builder_key")
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let policy = dir.path().join("policy.json");
+    std::fs::write(&policy, r#"{"version":1,"allow":["echo"]}"#).unwrap();
+    let key = || toolgate_canon::HmacKey::new(b"a checkpoint key of at least 32 bytes").unwrap();
+    let gate = Gated::builder(Echo)
+        .policy_file(&policy)
+        .store_url(&url)
+        .checkpoint_key(key())
+        .build()
+        .unwrap();
+    let (peer, _server, _client) = peer().await;
+    for id in 0..toolgate_audit::DEFAULT_CHECKPOINT_EVERY {
+        let request = CallToolRequestParams::new("echo".to_owned());
+        let context =
+            RequestContext::new(RequestId::Number(i64::try_from(id).unwrap()), peer.clone());
+        gate.call_tool(request, context).await.unwrap();
+    }
+    let chain = toolgate_audit::PgAuditLog::open(
+        toolgate_storage::postgres::PgStore::connect(&url).unwrap(),
+    )
+    .unwrap();
+    let mut checkpoints = Vec::new();
+    let count = toolgate_audit::AuditSink::export_checkpoints(&chain, &mut checkpoints).unwrap();
+    assert_eq!(count, 1, "{}", String::from_utf8_lossy(&checkpoints));
+    let report = toolgate_audit::verify_sink_with(&chain, Some(&key())).unwrap();
+    assert!(report.problem.is_none(), "{report}");
+    let other = toolgate_canon::HmacKey::new(b"another key of at least 32 bytes!!").unwrap();
+    let report = toolgate_audit::verify_sink_with(&chain, Some(&other)).unwrap();
+    assert!(report.problem.is_some(), "{report}");
 }

@@ -1217,6 +1217,22 @@ pub fn export_store(options: &ServerOptions, out: &mut dyn std::io::Write) -> an
     Ok(records)
 }
 
+/// `audit stats`: the counts of the chain the server writes, the database's with `store`
+/// (`--store`), else `LEDGER_DIR/audit.jsonl` and its segments.
+pub fn audit_stats(options: &ServerOptions) -> anyhow::Result<toolgate::audit::stats::LogStats> {
+    match &options.store {
+        Some(url) => {
+            let audit = database_audit(options, url)?;
+            Ok(toolgate::audit::stats::LogStats::of_sink(
+                audit.sink().as_ref(),
+            )?)
+        }
+        None => Ok(toolgate::audit::stats::LogStats::of_log(
+            &options.ledger.join(AUDIT_FILE),
+        )?),
+    }
+}
+
 /// The ledger's audit log configuration, the same for the server and its operator commands: a
 /// command that appends with the key but without the mirror would leave checkpoints in the
 /// ledger's checkpoint file that the mirror lacks.

@@ -1,7 +1,7 @@
 //! The `toolgate-server` binary: MCP over stdio by default, plus `audit verify` and `demo`.
 
 #![forbid(unsafe_code)]
-#![allow(clippy::print_stdout)] // `audit verify` reports on stdout; the stdio server path never prints.
+#![allow(clippy::print_stdout)] // Operator commands report on stdout (`say!`); the stdio server path never prints.
 
 use std::num::NonZeroUsize;
 use std::path::PathBuf;
@@ -13,6 +13,17 @@ use tracing::Level;
 use tracing_subscriber::filter::Targets;
 use tracing_subscriber::layer::SubscriberExt as _;
 use tracing_subscriber::util::SubscriberInitExt as _;
+
+/// Prints one line of a command's report on stdout, and returns from the calling function when
+/// it cannot be written: with exit 0 and nothing on stderr when the reader has gone (`| head`),
+/// since the command is done and nobody is left to tell; with [`fail`]'s exit 2 otherwise.
+macro_rules! say {
+    ($($arg:tt)*) => {
+        if let Err(error) = report(&format!("{}\n", format_args!($($arg)*))) {
+            return report_failed(error);
+        }
+    };
+}
 
 /// Reference MCP server gated by toolgate. With no subcommand it serves MCP over stdio.
 #[derive(Debug, Parser)]
@@ -576,29 +587,31 @@ fn token_command(paths: &ServerOptions, command: TokenCommand) -> ExitCode {
             },
         )
         .map(|created| {
-            // The token itself on stdout, alone on its line, for scripts; shown only this once.
-            println!("{}", created.token);
             eprintln!(
                 "token {} for {}: shown once, only its hash is kept",
                 created.info.id, created.info.principal
             );
+            // The token itself on stdout, alone on its line, for scripts; shown only this once.
+            format!("{}\n", created.token)
         }),
         TokenCommand::List => toolgate_server::list_tokens(paths).map(|tokens| {
+            let mut lines = String::new();
             for token in tokens {
                 let state = match (token.revoked_ns, token.expires_ns) {
                     (Some(at), _) => format!("revoked at {at}"),
                     (None, Some(at)) => format!("expires at {at}"),
                     (None, None) => "no expiry".to_owned(),
                 };
-                println!("{} {} {state}", token.id, token.principal);
+                lines.push_str(&format!("{} {} {state}\n", token.id, token.principal));
             }
+            lines
         }),
-        TokenCommand::Revoke { id } => toolgate_server::revoke_token(paths, &id).map(|token| {
-            println!("revoked token {} of {}", token.id, token.principal);
-        }),
+        TokenCommand::Revoke { id } => toolgate_server::revoke_token(paths, &id)
+            .map(|token| format!("revoked token {} of {}\n", token.id, token.principal)),
     };
-    match done {
-        Ok(()) => ExitCode::SUCCESS,
+    match done.map(|lines| report(&lines)) {
+        Ok(Ok(())) => ExitCode::SUCCESS,
+        Ok(Err(error)) => report_failed(error),
         Err(error) => fail(&error),
     }
 }
@@ -626,7 +639,7 @@ fn proxy_command(paths: &ServerOptions, args: ProxyArgs) -> ExitCode {
             };
             match runtime.block_on(toolgate_server::lock_upstream(&config)) {
                 Ok(pin) => {
-                    println!(
+                    say!(
                         "pinned {} tools of {} {} in {}",
                         pin.tools().len(),
                         pin.server_name(),
@@ -660,6 +673,49 @@ fn proxy_command(paths: &ServerOptions, args: ProxyArgs) -> ExitCode {
                 Err(error) => fail(&error),
             }
         }
+    }
+}
+
+/// Writes `text` (a command's report) to stdout.
+fn report(text: &str) -> std::io::Result<()> {
+    use std::io::Write as _;
+    let mut out = std::io::stdout().lock();
+    out.write_all(text.as_bytes())?;
+    out.flush()
+}
+
+/// The exit of a command whose report could not be written: 0, quietly, when the reader has
+/// gone (a closed pipe); otherwise 2 with the reason.
+fn report_failed(error: std::io::Error) -> ExitCode {
+    if error.kind() == std::io::ErrorKind::BrokenPipe {
+        return ExitCode::SUCCESS;
+    }
+    fail(&anyhow::Error::new(error).context("cannot write the report to stdout"))
+}
+
+/// stdout for a report too long to assemble first (`audit export`), noting whether a write
+/// failed because the reader has gone, so that only that failure ends the command quietly
+/// (a database connection that breaks is an error, whatever its io::ErrorKind).
+struct ReportOut<W> {
+    inner: W,
+    reader_gone: bool,
+}
+
+impl<W: std::io::Write> std::io::Write for ReportOut<W> {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        let written = self.inner.write(bytes);
+        self.reader_gone |= written
+            .as_ref()
+            .is_err_and(|e| e.kind() == std::io::ErrorKind::BrokenPipe);
+        written
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        let flushed = self.inner.flush();
+        self.reader_gone |= flushed
+            .as_ref()
+            .is_err_and(|e| e.kind() == std::io::ErrorKind::BrokenPipe);
+        flushed
     }
 }
 
@@ -769,20 +825,27 @@ fn run(paths: &ServerOptions, command: Command) -> ExitCode {
                 options.audit_key_file = key_file;
             }
             match toolgate_server::verify_ledger(&options) {
-                Ok(report) => {
-                    if format == Format::Json {
+                Ok(verified) => {
+                    let text = if format == Format::Json {
                         let mirror = options.checkpoint_mirror.as_deref();
-                        println!("{}", verify_json(&report, mirror));
-                    } else if report.problem.is_some() {
-                        println!("audit verify: BROKEN: {report}");
+                        verify_json(&verified, mirror).to_string()
+                    } else if verified.problem.is_some() {
+                        format!("audit verify: BROKEN: {verified}")
                     } else {
-                        println!("audit verify: {report}");
+                        format!("audit verify: {verified}")
+                    };
+                    // A reader that has gone does not change the verdict: a broken chain still
+                    // exits 1 (and says so on stderr) when nobody reads the report.
+                    if let Err(error) = report(&format!("{text}\n"))
+                        && error.kind() != std::io::ErrorKind::BrokenPipe
+                    {
+                        return report_failed(error);
                     }
                     // Warnings keep exit 0; stderr makes them hard to miss in scripts too.
-                    for warning in &report.warnings {
+                    for warning in &verified.warnings {
                         eprintln!("toolgate-server: warning: {warning}");
                     }
-                    match &report.problem {
+                    match &verified.problem {
                         None => ExitCode::SUCCESS,
                         Some(problem) => {
                             eprintln!("toolgate-server: audit log is broken at {problem}");
@@ -797,28 +860,33 @@ fn run(paths: &ServerOptions, command: Command) -> ExitCode {
             command: AuditCommand::Export,
         } => {
             let stdout = std::io::stdout();
-            let mut out = std::io::BufWriter::new(stdout.lock());
+            let mut out = ReportOut {
+                inner: std::io::BufWriter::new(stdout.lock()),
+                reader_gone: false,
+            };
             match toolgate_server::export_store(paths, &mut out) {
                 Ok(records) => {
                     eprintln!("toolgate-server: exported {records} audit records");
                     ExitCode::SUCCESS
                 }
+                Err(_) if out.reader_gone => ExitCode::SUCCESS,
                 Err(error) => fail(&error),
             }
         }
         Command::Audit {
             command: AuditCommand::Stats { format },
-        } => match toolgate::audit::stats::LogStats::of_log(
-            &paths.ledger.join(toolgate_server::AUDIT_FILE),
-        ) {
+        } => match toolgate_server::audit_stats(paths) {
             Ok(stats) => {
-                match format {
-                    Format::Json => println!("{}", stats.render_json()),
-                    Format::Text => print!("{}", stats.render_text()),
+                let text = match format {
+                    Format::Json => format!("{}\n", stats.render_json()),
+                    Format::Text => stats.render_text(),
+                };
+                match report(&text) {
+                    Ok(()) => ExitCode::SUCCESS,
+                    Err(error) => report_failed(error),
                 }
-                ExitCode::SUCCESS
             }
-            Err(error) => fail(&error.into()),
+            Err(error) => fail(&error),
         },
         Command::Halt { reason, by, tenant } => {
             match toolgate_server::halt(paths, &reason, &by, tenant.as_deref()) {
@@ -832,13 +900,13 @@ fn run(paths: &ServerOptions, command: Command) -> ExitCode {
                         None => "toolgate-server resume".to_owned(),
                     };
                     match previous {
-                        Some(previous) => println!(
+                        Some(previous) => say!(
                             "halt: every tools/call {whose}on {} is refused (replacing the halt of {} by {})",
                             paths.ledger.display(),
                             previous.since_ns,
                             previous.by
                         ),
-                        None => println!(
+                        None => say!(
                             "halt: every tools/call {whose}on {} is refused; lift with `{lift}`",
                             paths.ledger.display()
                         ),
@@ -850,14 +918,15 @@ fn run(paths: &ServerOptions, command: Command) -> ExitCode {
         }
         Command::Resume { tenant } => match toolgate_server::resume(paths, tenant.as_deref()) {
             Ok(Some(lifted)) => {
-                println!(
+                say!(
                     "resume: lifted the halt by {} ({})",
-                    lifted.by, lifted.reason
+                    lifted.by,
+                    lifted.reason
                 );
                 ExitCode::SUCCESS
             }
             Ok(None) => {
-                println!("resume: no halt was in force");
+                say!("resume: no halt was in force");
                 ExitCode::SUCCESS
             }
             Err(error) => fail(&error),
@@ -866,25 +935,25 @@ fn run(paths: &ServerOptions, command: Command) -> ExitCode {
             RightsCommand::Set { file } => match toolgate_server::set_rights(paths, Some(&file)) {
                 Ok(digest) => {
                     let digest = digest.map(|d| d.to_hex()).unwrap_or_default();
-                    println!("rights set: sha256:{digest} applies to every replica's next call");
+                    say!("rights set: sha256:{digest} applies to every replica's next call");
                     ExitCode::SUCCESS
                 }
                 Err(error) => fail(&error),
             },
             RightsCommand::Clear => match toolgate_server::set_rights(paths, None) {
                 Ok(_) => {
-                    println!("rights cleared: only the policy decides");
+                    say!("rights cleared: only the policy decides");
                     ExitCode::SUCCESS
                 }
                 Err(error) => fail(&error),
             },
             RightsCommand::Show => match toolgate_server::rights_document(paths) {
                 Ok(Some(document)) => {
-                    println!("{}", String::from_utf8_lossy(&document).trim_end());
+                    say!("{}", String::from_utf8_lossy(&document).trim_end());
                     ExitCode::SUCCESS
                 }
                 Ok(None) => {
-                    println!("no rights are set: only the policy decides");
+                    say!("no rights are set: only the policy decides");
                     ExitCode::SUCCESS
                 }
                 Err(error) => fail(&error),
@@ -907,7 +976,7 @@ fn run(paths: &ServerOptions, command: Command) -> ExitCode {
             completed.as_deref(),
         ) {
             Ok(summary) => {
-                println!("effects resolve: {summary}");
+                say!("effects resolve: {summary}");
                 ExitCode::SUCCESS
             }
             Err(error) => fail(&error),
@@ -916,14 +985,14 @@ fn run(paths: &ServerOptions, command: Command) -> ExitCode {
             command: EffectsCommand::Prune,
         } => match toolgate_server::prune_effects(paths) {
             Ok(removed) => {
-                println!("effects prune: removed {removed} completed records");
+                say!("effects prune: removed {removed} completed records");
                 ExitCode::SUCCESS
             }
             Err(error) => fail(&error),
         },
         Command::Contract { command } => match contract_command(&command, paths) {
             Ok(text) => {
-                println!("{text}");
+                say!("{text}");
                 ExitCode::SUCCESS
             }
             Err(error) => fail(&error),

@@ -8,7 +8,9 @@ mod common;
 use std::path::Path;
 use std::process::Output;
 
-use common::{TestEnv, note_status, output_text, run_to_end, scrubbed_command};
+use common::{
+    TestEnv, note_status, output_text, run_into_closed_pipe, run_to_end, scrubbed_command,
+};
 use serde_json::{Value, json};
 
 const COMMITTED_LOCK: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../toolgate.lock");
@@ -395,5 +397,128 @@ fn verify_with_a_key_and_no_checkpoints_warns_and_exits_0() {
         json!([]),
         "{}",
         output_text(&out)
+    );
+}
+
+/// An operator command piped into a reader that closed early (`toolgate-server audit stats |
+/// head -1`) exits 0 and says nothing on stderr; a broken chain still exits 1.
+#[test]
+fn a_report_into_a_closed_pipe_exits_quietly() {
+    let env = TestEnv::new();
+    let key = write_key(&env, "audit.key", b"an audit checkpoint key, 32+ bytes\n");
+    session(&env, &key);
+    let quiet = |args: &[&str]| {
+        let mut command = scrubbed_command();
+        command
+            .arg("--policy")
+            .arg(&env.policy)
+            .arg("--ledger")
+            .arg(&env.ledger)
+            .args(args);
+        let out = run_into_closed_pipe(command);
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    for args in [
+        &["audit", "stats"][..],
+        &["audit", "stats", "--format", "json"],
+        &["audit", "verify"],
+        &["audit", "verify", "--format", "json"],
+        &["contract", "lockfile"],
+        &["halt", "--reason", "incident 4"],
+        &["resume"],
+        &["effects", "prune"],
+    ] {
+        assert_eq!(quiet(args), (Some(0), String::new()), "{args:?}");
+    }
+    // The commands ran: the halt and the resume are recorded.
+    let methods: Vec<Value> = env
+        .audit_records()
+        .iter()
+        .map(|r| r["method"].clone())
+        .collect();
+    assert!(
+        methods.ends_with(&[
+            json!("admin/halt"),
+            json!("admin/resume"),
+            json!("effects/prune")
+        ]),
+        "{methods:?}"
+    );
+    // The verdict does not depend on the reader: a broken chain exits 1 and says why.
+    let text = std::fs::read_to_string(env.audit_path()).unwrap();
+    std::fs::write(
+        env.audit_path(),
+        text.replacen("write_note", "write_notes", 1),
+    )
+    .unwrap();
+    let (code, stderr) = quiet(&["audit", "verify"]);
+    assert_eq!(code, Some(1), "{stderr}");
+    assert!(stderr.contains("audit log is broken"), "{stderr}");
+}
+
+/// `audit stats --store` counts the database's chain, which the replicas write (their ledgers
+/// keep no audit log of their own), and `audit export --store` into a closed pipe exits quietly.
+#[cfg(feature = "postgres")]
+#[test]
+fn stats_with_a_store_count_the_database_chain() {
+    let url = toolgate_pgtest::PgCluster::shared()
+        .unwrap()
+        .create_database("audit_stats")
+        .unwrap();
+    let env = TestEnv::new();
+    let mut command = env.command();
+    command.env("TOOLGATE_STORE", &url);
+    let mut server = common::Server::spawn(command, &env.path("stderr.log"));
+    server.discover();
+    assert_eq!(
+        note_status(&server.write_note("req-store-01", "a")),
+        "committed"
+    );
+    assert_eq!(
+        note_status(&server.write_note("req-store-01", "a")),
+        "replay"
+    );
+    server.call("rm_rf", json!({"path": "/"}));
+    assert!(server.close().success(), "{}", server.stderr());
+    assert!(
+        !env.audit_path().exists(),
+        "with --store the ledger has no audit log"
+    );
+
+    let out = audit(&env, &["--store", &url, "stats", "--format", "json"]);
+    assert_eq!(out.status.code(), Some(0), "{}", output_text(&out));
+    let stats = json_of(&out);
+    assert_eq!(stats["calls"], 3, "{stats}");
+    assert_eq!(
+        stats["totals"],
+        json!({"committed": 1, "replay": 1, "deny": 1, "failure": 0})
+    );
+    // TOOLGATE_STORE applies as --store does.
+    let mut command = scrubbed_command();
+    command
+        .env("TOOLGATE_STORE", &url)
+        .arg("--ledger")
+        .arg(&env.ledger)
+        .args(["audit", "stats"]);
+    let out = run_to_end(command);
+    assert_eq!(out.status.code(), Some(0), "{}", output_text(&out));
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("write_note"),
+        "{}",
+        output_text(&out)
+    );
+
+    let mut command = scrubbed_command();
+    command.args(["--store", &url, "audit", "export"]);
+    let out = run_into_closed_pipe(command);
+    assert_eq!(
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr).into_owned()
+        ),
+        (Some(0), String::new())
     );
 }

@@ -1,5 +1,5 @@
 //! Configuration: a bad policy stops the server before anything is written, with one line on
-//! stderr naming the problem; POLICY_PATH and LEDGER_DIR apply when the flags are absent.
+//! stderr naming the problem and the file; POLICY_PATH and LEDGER_DIR apply when the flags are absent.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -32,7 +32,9 @@ fn assert_refuses_policy(env: &TestEnv, policy: &Path, needles: &[&str]) {
         1,
         "the reason must be exactly one line: {stderr:?}"
     );
-    for needle in needles {
+    // Whatever is wrong with it, the reason names the file to fix.
+    let file = policy.display().to_string();
+    for needle in needles.iter().copied().chain([file.as_str()]) {
         assert!(
             content.contains(needle),
             "{needle:?} not named in: {content}"

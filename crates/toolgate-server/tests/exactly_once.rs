@@ -230,3 +230,45 @@ fn pruning_is_explicit_and_audited() {
     assert_eq!(last["outcome"], "pruned");
     assert!(env.audit_verify().status.success());
 }
+
+/// `effects prune` keeps a record for the policy's window (here 7 days), as the gate does: one
+/// finished 2 days ago survives, and a late retry of the `unsafe` effect replays; one finished
+/// 8 days ago is removed, and the retry runs again.
+#[test]
+fn pruning_keeps_records_for_the_policy_window_and_a_late_retry_replays() {
+    const DAY: std::time::Duration = std::time::Duration::from_secs(24 * 60 * 60);
+    let env = TestEnv::new();
+    let mut policy: Value =
+        serde_json::from_str(&std::fs::read_to_string(&env.policy).unwrap()).unwrap();
+    policy["idempotency"]["write_note"] = json!({
+        "key_argument": "request_id", "effect": "unsafe", "window_secs": 7 * 24 * 60 * 60
+    });
+    std::fs::write(&env.policy, policy.to_string()).unwrap();
+    let prune = || {
+        let mut command = env.command();
+        command.args(["effects", "prune"]);
+        let out = run_to_end(command);
+        assert!(out.status.success(), "{}", output_text(&out));
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    // Whether the gate answered the call from the exactly-once store (the handler did not run).
+    let replayed_by_the_gate = || {
+        let mut server = env.start();
+        let reply = server.write_note("req-late-0001", "a late retry");
+        assert!(server.close().success(), "{}", server.stderr());
+        common::result_of(&reply)["_meta"]["io.toolgate/replayed"] == json!(true)
+    };
+    assert!(!replayed_by_the_gate());
+
+    env.age_effects(2 * DAY);
+    let out = prune();
+    assert!(out.contains("removed 0 completed records"), "{out}");
+    assert!(replayed_by_the_gate());
+    assert_eq!(env.audit_records().pop().unwrap()["outcome"], "replay");
+
+    env.age_effects(6 * DAY);
+    let out = prune();
+    assert!(out.contains("removed 1 completed records"), "{out}");
+    assert!(!replayed_by_the_gate());
+    assert!(env.audit_verify().status.success());
+}

@@ -26,13 +26,26 @@ type Client = RunningService<RoleClient, ()>;
 
 struct World {
     dir: tempfile::TempDir,
+    policy: PathBuf,
 }
 
 impl World {
     fn new() -> World {
         World {
             dir: tempfile::tempdir().unwrap(),
+            policy: PathBuf::from(POLICY),
         }
+    }
+
+    /// A world whose server and operator commands use the shipped policy as `edit` changes it.
+    fn with_policy(edit: impl FnOnce(&mut Value)) -> World {
+        let mut world = World::new();
+        let mut policy: Value =
+            serde_json::from_str(&std::fs::read_to_string(POLICY).unwrap()).unwrap();
+        edit(&mut policy);
+        world.policy = world.dir.path().join("policy.json");
+        std::fs::write(&world.policy, policy.to_string()).unwrap();
+        world
     }
 
     fn ledger(&self) -> PathBuf {
@@ -49,19 +62,74 @@ impl World {
         serde_json::from_str(&text).unwrap()
     }
 
-    /// `bookings-mcp <args> --ledger LEDGER` to completion.
-    fn operator(&self, args: &[&str]) -> Output {
+    /// `bookings-mcp <args> --policy POLICY --ledger LEDGER`, not yet run.
+    fn operator_command(&self, args: &[&str]) -> Command {
         let mut command = Command::new(BIN);
         for key in SCRUBBED {
             command.env_remove(key);
         }
         command
             .args(args)
+            .arg("--policy")
+            .arg(&self.policy)
             .arg("--ledger")
             .arg(self.ledger())
-            .stdin(Stdio::null())
+            .stdin(Stdio::null());
+        command
+    }
+
+    /// `bookings-mcp <args> --policy POLICY --ledger LEDGER` to completion.
+    fn operator(&self, args: &[&str]) -> Output {
+        self.operator_command(args).output().unwrap()
+    }
+
+    /// [`World::operator`] with stdout a pipe whose reader has gone (`| head` after its line):
+    /// the exit status and stderr.
+    fn operator_into_closed_pipe(&self, args: &[&str]) -> (std::process::ExitStatus, String) {
+        let (reader, writer) = std::io::pipe().unwrap();
+        drop(reader);
+        let output = self
+            .operator_command(args)
+            .stdout(writer)
+            .stderr(Stdio::piped())
             .output()
-            .unwrap()
+            .unwrap();
+        (
+            output.status,
+            String::from_utf8_lossy(&output.stderr).into_owned(),
+        )
+    }
+
+    /// Moves the finish of every finished exactly-once record `by` into the past, as if it had
+    /// been that long ago: a new journal with the times rewritten replaces the store's (the
+    /// store notices a replaced journal by its identity). The journal's lines are canonical JSON
+    /// with the times as 19-digit decimal strings, which stay 19 digits for any `by` of days.
+    fn age_effects(&self, by: Duration) {
+        let journal = self.ledger().join("effects").join("effects.journal");
+        let text = std::fs::read(&journal).unwrap();
+        let mut text = String::from_utf8(text).unwrap();
+        let by = u64::try_from(by.as_nanos()).unwrap();
+        let marker = "\"finished_ns\":\"";
+        let mut aged = 0;
+        let mut from = 0;
+        while let Some(at) = text[from..].find(marker) {
+            let start = from + at + marker.len();
+            let end = start + text[start..].find('"').unwrap();
+            let old: u64 = text[start..end].parse().unwrap();
+            let new = (old - by).to_string();
+            assert_eq!(new.len(), end - start, "the aged time keeps its length");
+            text.replace_range(start..end, &new);
+            aged += 1;
+            from = end;
+        }
+        assert!(
+            aged > 0,
+            "no finished record to age in {}",
+            journal.display()
+        );
+        let temporary = journal.with_extension("aged");
+        std::fs::write(&temporary, text).unwrap();
+        std::fs::rename(&temporary, &journal).unwrap();
     }
 
     async fn connect(&self, lifecycle: Option<ClientLifecycleMode>) -> Client {
@@ -71,7 +139,7 @@ impl World {
         }
         command
             .arg("--policy")
-            .arg(POLICY)
+            .arg(&self.policy)
             .arg("--ledger")
             .arg(self.ledger())
             .env("BOOKINGS_DATA", self.data())
@@ -416,5 +484,75 @@ fn a_usage_error_exits_2_and_help_exits_0() {
     assert!(
         !Path::new(&world.ledger()).exists(),
         "usage and help touch nothing"
+    );
+}
+
+/// `prune` keeps the records of a tool for the policy's window (here 7 days), as the gate does:
+/// a record finished 2 days ago survives it and a late retry replays; one finished 8 days ago
+/// is removed, and the retry then runs again.
+#[tokio::test]
+async fn prune_keeps_records_for_the_policy_window_and_a_late_retry_replays() {
+    const DAY: Duration = Duration::from_secs(24 * 60 * 60);
+    let world = World::with_policy(|policy| {
+        policy["idempotency"]["create_booking"]["window_secs"] = json!(7 * 24 * 60 * 60);
+    });
+    let args =
+        json!({"request_id": "req-late-0001", "guest": "Ada", "date": "2026-09-01", "nights": 2});
+    let client = world.connect(None).await;
+    let first = call(&client, "create_booking", args.clone()).await;
+    assert!(!replayed(&first), "{first}");
+    client.cancel().await.unwrap();
+
+    world.age_effects(2 * DAY);
+    let out = world.operator(&["prune"]);
+    assert!(out.status.success(), "{out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("removed 0 completed records"),
+        "{out:?}"
+    );
+    let client = world.connect(None).await;
+    let retry = call(&client, "create_booking", args.clone()).await;
+    assert!(replayed(&retry), "{retry}");
+    assert_eq!(retry["structuredContent"], first["structuredContent"]);
+    client.cancel().await.unwrap();
+    assert_eq!(world.stored()["bookings"].as_array().unwrap().len(), 1);
+
+    // Past the window the record goes, and the same request runs as a new one.
+    world.age_effects(6 * DAY);
+    let out = world.operator(&["prune"]);
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("removed 1 completed records"),
+        "{out:?}"
+    );
+    let client = world.connect(None).await;
+    let again = call(&client, "create_booking", args).await;
+    assert!(!replayed(&again), "{again}");
+    client.cancel().await.unwrap();
+    assert_eq!(world.stored()["bookings"].as_array().unwrap().len(), 2);
+    assert_verified(&world);
+}
+
+/// An operator command whose reader closed early (`bookings-mcp stats | head -1`) exits 0 and
+/// says nothing: the command is done, and nobody is left to read an error.
+#[test]
+fn a_report_into_a_closed_pipe_exits_quietly() {
+    let world = World::new();
+    let out = world.operator(&["halt", "--reason", "incident 9"]);
+    assert!(out.status.success(), "{out:?}");
+    for args in [
+        &["resume"][..],
+        &["stats"],
+        &["stats", "--format", "json"],
+        &["verify"],
+        &["help"],
+    ] {
+        let (status, stderr) = world.operator_into_closed_pipe(args);
+        assert_eq!((status.code(), stderr.as_str()), (Some(0), ""), "{args:?}");
+    }
+    // The command itself ran: the resume is in force and recorded.
+    let out = world.operator(&["verify"]);
+    assert!(
+        String::from_utf8_lossy(&out.stdout).starts_with("verify: intact: 2 records"),
+        "{out:?}"
     );
 }

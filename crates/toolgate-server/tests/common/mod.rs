@@ -158,6 +158,31 @@ impl TestEnv {
     pub fn audit_text(&self) -> String {
         std::fs::read_to_string(self.audit_path()).unwrap_or_default()
     }
+
+    /// Moves the finish of every finished exactly-once record in the ledger `by` into the past,
+    /// as if it had been that long ago (for retention windows; no server may run on the ledger):
+    /// a new journal with the times rewritten replaces the store's. The lines are canonical JSON
+    /// with the times as 19-digit decimal strings, which stay 19 digits for any `by` of days.
+    pub fn age_effects(&self, by: Duration) {
+        let journal = self.ledger.join("effects").join("effects.journal");
+        let mut text = String::from_utf8(std::fs::read(&journal).unwrap()).unwrap();
+        let by = u64::try_from(by.as_nanos()).unwrap();
+        let marker = "\"finished_ns\":\"";
+        let (mut aged, mut from) = (0, 0);
+        while let Some(at) = text[from..].find(marker) {
+            let start = from + at + marker.len();
+            let end = start + text[start..].find('"').unwrap();
+            let new = (text[start..end].parse::<u64>().unwrap() - by).to_string();
+            assert_eq!(new.len(), end - start, "the aged time keeps its length");
+            text.replace_range(start..end, &new);
+            aged += 1;
+            from = end;
+        }
+        assert!(aged > 0, "no finished record in {}", journal.display());
+        let temporary = journal.with_extension("aged");
+        std::fs::write(&temporary, text).unwrap();
+        std::fs::rename(&temporary, &journal).unwrap();
+    }
 }
 
 /// A `Command` for the binary with the variables that steer it removed.
@@ -511,6 +536,38 @@ pub fn run_to_end(mut command: Command) -> Output {
         status,
         stdout,
         stderr,
+    }
+}
+
+/// [`run_to_end`] with stdout a pipe whose reader has already gone, as in `toolgate-server …
+/// | head -1` once head has its line: every write to stdout fails with EPIPE. The output's stdout
+/// is empty.
+pub fn run_into_closed_pipe(mut command: Command) -> Output {
+    let (reader, writer) = std::io::pipe().expect("pipe");
+    drop(reader);
+    let mut child = command
+        .stdin(Stdio::null())
+        .stdout(writer)
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn toolgate-server");
+    // The command's own copy of the writer is the only one left once `command` is dropped.
+    drop(command);
+    let mut stderr = child.stderr.take().expect("stderr");
+    let err_thread = std::thread::spawn(move || {
+        let mut buf = Vec::new();
+        let _ = std::io::Read::read_to_end(&mut stderr, &mut buf);
+        buf
+    });
+    let Some(status) = wait_exit(&mut child, TIMEOUT) else {
+        let _ = child.kill();
+        let _ = child.wait();
+        panic!("toolgate-server did not finish within {TIMEOUT:?}");
+    };
+    Output {
+        status,
+        stdout: Vec::new(),
+        stderr: err_thread.join().expect("collect stderr"),
     }
 }
 

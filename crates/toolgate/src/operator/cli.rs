@@ -13,6 +13,13 @@
 //! NAME help                                    this text
 //! ```
 //!
+//! `prune` reads the policy (`--policy`): a record is kept as long as the policy's longest
+//! `window_secs`, the retention the gate opens the store with ([`crate::ledger_effect_config`]),
+//! so a late retry within a tool's window replays whichever command line pruned the store.
+//!
+//! A report written into a closed pipe (`NAME stats | head -1`) ends the command quietly with
+//! exit 0, since the command is done and nobody is left to read an error.
+//!
 //! `--policy` and `--ledger` may stand anywhere and default to the environment variables
 //! `POLICY_PATH` and `LEDGER_DIR`, then `./policy.json` and `./.ledger` (the reference server's
 //! convention). Exit codes: 0 done, 1 a broken audit chain, 2 a usage or I/O error.
@@ -27,7 +34,7 @@ use std::process::ExitCode;
 use std::time::SystemTime;
 
 use toolgate_audit::{AuditConfig, FileAuditLog, VerifyOptions};
-use toolgate_commit::effect::{EffectConfig, EffectStore};
+use toolgate_commit::effect::EffectStore;
 use toolgate_rmcp::checks::KillSwitch;
 
 /// The default policy file when neither `--policy` nor `POLICY_PATH` is given.
@@ -41,7 +48,7 @@ pub const DEFAULT_LEDGER: &str = "./.ledger";
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct Cli {
-    /// The policy file to serve with.
+    /// The policy file to serve with (and whose replay windows `prune` keeps records for).
     pub policy: PathBuf,
     /// The ledger directory: audit log, exactly-once store and kill switch.
     pub ledger: PathBuf,
@@ -105,7 +112,7 @@ pub fn usage(server_name: &str) -> String {
          {n} resume                                  lift the halt (audited)\n  \
          {n} verify [--key-file F] [--format json]   verify the audit chain: exit 0 intact, 1 broken, 2 unusable\n  \
          {n} stats [--format json]                   counts per tool x decision x outcome\n  \
-         {n} prune                                   remove completed exactly-once records past their window (audited)\n\
+         {n} prune                                   remove completed exactly-once records past the policy's windows (audited)\n\
          --policy and --ledger may stand anywhere on the line."
     )
 }
@@ -284,8 +291,12 @@ impl Cli {
         let Some(command) = &self.command else {
             return 0;
         };
-        let code = match run_command(command, server_name, &self.ledger, out, err) {
+        let code = match run_command(command, server_name, self, out, err) {
             Ok(code) => code,
+            // The reader of the report went away (`| head`): nobody is left to tell, and the
+            // command itself is done (its report is written after the action), so exit quietly
+            // as other command-line tools do.
+            Err(error) if is_broken_pipe(error.as_ref()) => 0,
             Err(error) => {
                 let _ = writeln!(err, "{server_name}: {error}");
                 2
@@ -331,13 +342,22 @@ fn parse_and_run(server_name: &str) -> Result<Cli, u8> {
 /// Why a command failed (printed as one line).
 type CommandError = Box<dyn std::error::Error>;
 
+/// Whether `error`, or an error it was caused by, is a write to a closed pipe.
+fn is_broken_pipe(error: &(dyn std::error::Error + 'static)) -> bool {
+    std::iter::successors(Some(error), |e| e.source()).any(|e| {
+        e.downcast_ref::<std::io::Error>()
+            .is_some_and(|e| e.kind() == std::io::ErrorKind::BrokenPipe)
+    })
+}
+
 fn run_command(
     command: &Command,
     server_name: &str,
-    ledger: &Path,
+    cli: &Cli,
     out: &mut dyn Write,
     err: &mut dyn Write,
 ) -> Result<u8, CommandError> {
+    let ledger = cli.ledger.as_path();
     let audit_path = ledger.join(crate::LEDGER_AUDIT_FILE);
     let open_audit = || -> Result<FileAuditLog, CommandError> {
         FileAuditLog::open_with(AuditConfig::new(&audit_path)).map_err(|error| {
@@ -382,8 +402,11 @@ fn run_command(
             }
         }
         Command::Prune => {
-            let config = EffectConfig::new(ledger.join(crate::LEDGER_EFFECTS_DIR));
-            let effects = EffectStore::open(config)?;
+            // The records are kept as long as the policy's longest replay window, exactly as
+            // the gate opens the store: a prune with another window would let a late retry of
+            // a tool with a longer one run again.
+            let policy = toolgate_policy::Policy::load(&cli.policy)?;
+            let effects = EffectStore::open(crate::ledger_effect_config(ledger, &policy))?;
             let removed = super::prune_effects(&effects, &open_audit()?, SystemTime::now())?;
             writeln!(out, "prune: removed {removed} completed records")?;
         }
@@ -536,6 +559,37 @@ mod tests {
         assert!(error(&["stats", "--format", "yaml"]).contains("`text` or `json`"));
     }
 
+    /// A reader that went away: every write fails as a closed pipe does.
+    struct ClosedPipe;
+
+    impl Write for ClosedPipe {
+        fn write(&mut self, _: &[u8]) -> std::io::Result<usize> {
+            Err(std::io::ErrorKind::BrokenPipe.into())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Err(std::io::ErrorKind::BrokenPipe.into())
+        }
+    }
+
+    #[test]
+    fn a_report_into_a_closed_pipe_exits_quietly() {
+        let dir = tempfile::tempdir().unwrap();
+        let ledger = dir.path().to_str().unwrap();
+        for args in [&["help"][..], &["resume"], &["stats"], &["verify"]] {
+            let mut all = args.to_vec();
+            all.extend(["--ledger", ledger]);
+            let mut err = Vec::new();
+            let code = parse(&all)
+                .unwrap()
+                .run_code("bookings-mcp", &mut ClosedPipe, &mut err);
+            assert_eq!(
+                (code, String::from_utf8(err).unwrap()),
+                (0, String::new()),
+                "{args:?}"
+            );
+        }
+    }
+
     #[test]
     fn halt_resume_verify_stats_and_prune_run_on_a_ledger() {
         let dir = tempfile::tempdir().unwrap();
@@ -559,7 +613,13 @@ mod tests {
         let (_, out, _) = run(&cli(&["resume"]));
         assert!(out.contains("no halt was in force"), "{out}");
 
-        let (code, out, err) = run(&cli(&["prune"]));
+        // Prune reads the policy for its windows: without one it prunes nothing.
+        let (code, _, err) = run(&cli(&["prune"]));
+        assert_eq!(code, 2, "{err}");
+        assert!(err.contains("cannot read policy file"), "{err}");
+        let policy = dir.path().join("policy.json");
+        std::fs::write(&policy, r#"{"version":1,"allow":["t"]}"#).unwrap();
+        let (code, out, err) = run(&cli(&["prune", "--policy", policy.to_str().unwrap()]));
         assert_eq!(code, 0, "{err}");
         assert!(out.contains("removed 0 completed records"), "{out}");
 
