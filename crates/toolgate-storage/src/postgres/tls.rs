@@ -556,22 +556,11 @@ where
     type Error = Refused;
 
     fn make_tls_connect(&mut self, domain: &str) -> Result<PgTlsConnect, Refused> {
-        let mode = self.mode;
-        let refused = |reason: String| Refused { mode, reason };
-        let client = self.client.clone().ok_or_else(|| {
-            refused("TLS was asked for although sslmode=disable (a bug: please report it)".into())
-        })?;
-        let name = ServerName::try_from(domain.trim_start_matches('[').trim_end_matches(']'))
-            .map_err(|_| {
-                refused(format!(
-                    "the host {domain} is neither a DNS name nor an IP address a certificate can be checked against"
-                ))
-            })?
-            .to_owned();
+        // The driver makes a connector for every connection, also under `disable` (where it never
+        // calls it) and for a Unix socket (host ""): everything is checked when a handshake starts.
         Ok(PgTlsConnect {
-            client,
-            mode,
-            name,
+            client: self.client.clone(),
+            mode: self.mode,
             host: domain.to_owned(),
             roots: self.roots.clone(),
         })
@@ -581,9 +570,8 @@ where
 /// One handshake ([`PgTls`]).
 #[derive(Debug)]
 pub(crate) struct PgTlsConnect {
-    client: Arc<ClientConfig>,
+    client: Option<Arc<ClientConfig>>,
     mode: SslMode,
-    name: ServerName<'static>,
     host: String,
     roots: Arc<Roots>,
 }
@@ -598,8 +586,25 @@ where
 
     fn connect(self, stream: S) -> Self::Future {
         Box::pin(async move {
-            let connector = tokio_rustls::TlsConnector::from(self.client);
-            match connector.connect(self.name, stream).await {
+            let Some(client) = self.client else {
+                return Err(Refused {
+                    mode: self.mode,
+                    reason:
+                        "the driver asked for TLS under sslmode=disable (a bug: please report it)"
+                            .to_owned(),
+                });
+            };
+            let host = &self.host;
+            let name = ServerName::try_from(host.trim_start_matches('[').trim_end_matches(']'))
+                .map_err(|_| Refused {
+                    mode: self.mode,
+                    reason: format!(
+                        "the host {host} is neither a DNS name nor an IP address a certificate can be checked against"
+                    ),
+                })?
+                .to_owned();
+            let connector = tokio_rustls::TlsConnector::from(client);
+            match connector.connect(name, stream).await {
                 Ok(stream) => Ok(PgTlsStream(stream)),
                 Err(e) => Err(Refused {
                     mode: self.mode,
@@ -618,7 +623,7 @@ fn explain(e: &io::Error, host: &str, roots: &Roots) -> String {
     };
     match tls {
         rustls::Error::InvalidCertificate(C::UnknownIssuer | C::BadSignature) => format!(
-            "the server's certificate is not signed by a CA of {roots}; point sslrootcert at the CA that issued the server's certificate"
+            "the server's certificate is not signed by a CA in {roots}; point sslrootcert at the CA that issued the server's certificate"
         ),
         rustls::Error::InvalidCertificate(C::NotValidForName | C::NotValidForNameContext { .. }) => {
             format!(
