@@ -147,7 +147,7 @@ fn verify_full_with_the_right_ca_serves_and_a_wrong_ca_is_refused() {
     tls.assert_serves(&url);
     // A loopback host without sslmode or sslrootcert stays unencrypted, which this cluster
     // refuses (its pg_hba.conf has hostssl lines only).
-    let (db, url) = tls.database("127.0.0.1", "");
+    let (_, url) = tls.database("127.0.0.1", "");
     let output = common::run_to_end(tls.env.store_command(&url));
     assert!(!output.status.success(), "{}", output_text(&output));
     assert!(
@@ -156,7 +156,6 @@ fn verify_full_with_the_right_ca_serves_and_a_wrong_ca_is_refused() {
         output_text(&output)
     );
     assert!(!output_text(&output).contains(PASSWORD));
-    let _ = db;
 }
 
 #[test]
@@ -216,4 +215,47 @@ fn a_server_without_tls_is_refused_when_tls_is_asked_for() {
         )
         .unwrap();
     assert_eq!(tables, "0");
+}
+
+#[test]
+fn weak_or_contradictory_tls_options_stop_the_server_naming_the_option() {
+    let cluster = PgCluster::shared().unwrap();
+    let env = TestEnv::new();
+    let url = cluster.create_database("tlsopts").unwrap();
+    let db = url.rsplit('/').next().unwrap().to_owned();
+    let missing = env.path("no-such-ca.pem").display().to_string();
+    for (params, expected) in [
+        (
+            "sslmode=prefer",
+            "sslmode=prefer falls back to an unencrypted connection",
+        ),
+        (
+            "sslmode=allow",
+            "sslmode=allow falls back to an unencrypted connection",
+        ),
+        ("sslmode=verify_full", "sslmode must be one of"),
+        (
+            &*format!("sslmode=verify-full&sslrootcert={missing}"),
+            &*format!("sslrootcert={missing}"),
+        ),
+        (
+            &*format!("sslmode=disable&sslrootcert={missing}"),
+            "sslmode=disable turns TLS off",
+        ),
+    ] {
+        let output = common::run_to_end(env.store_command(&format!("{url}?{params}")));
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(2), "{params}: {stderr}");
+        assert_eq!(stderr.trim().lines().count(), 1, "{stderr}");
+        assert!(stderr.contains(expected), "{params}: {stderr}");
+        assert!(!stderr.contains(PASSWORD), "{stderr}");
+    }
+    let tables = cluster
+        .psql(
+            &db,
+            "SELECT count(*) FROM pg_catalog.pg_tables WHERE schemaname = 'public'",
+        )
+        .unwrap();
+    assert_eq!(tables, "0");
+    assert!(!env.audit_path().exists());
 }
