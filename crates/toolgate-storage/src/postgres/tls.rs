@@ -171,6 +171,14 @@ pub(crate) fn parse(url: &str) -> Result<Parsed, PgError> {
             ),
         });
     }
+    if mode != SslMode::Disable && config.get_hosts().is_empty() {
+        return Err(PgError::Url {
+            reason: format!(
+                "sslmode={} checks the server's certificate against a host name, and the URL gives only hostaddr; add the name (host=NAME, or postgres://USER@NAME/DB?hostaddr=ADDR)",
+                mode.name()
+            ),
+        });
+    }
     config.ssl_mode(if mode == SslMode::Disable {
         tokio_postgres::config::SslMode::Disable
     } else {
@@ -787,6 +795,7 @@ mod tests {
         for url in [
             "postgres://u@127.0.0.1/db?sslmode=disable&sslrootcert=/tmp/ca.pem",
             "host=/run/postgresql user=u sslmode=require",
+            "hostaddr=10.0.0.7 user=u",
         ] {
             let err = parse(url).err().unwrap();
             assert!(matches!(err, PgError::Url { .. }), "{err}");
