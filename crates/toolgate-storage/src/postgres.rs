@@ -10,7 +10,7 @@
 //!   under a transaction-scoped advisory lock, so replicas starting together apply each once. A
 //!   database whose version for a component is newer than this build knows is refused: a replica
 //!   never runs against a schema it does not understand.
-//! - **TLS through rustls** ([`tls`](self) module): `sslmode` (`disable`, `require`, `verify-ca`,
+//! - **TLS through rustls** (the private `tls` module): `sslmode` (`disable`, `require`, `verify-ca`,
 //!   `verify-full`) and `sslrootcert` of the URL; `verify-full` unless the host is loopback. A
 //!   certificate that does not verify stops [`PgStore::connect`] with [`PgError::Tls`], before any
 //!   statement runs.
