@@ -19,6 +19,11 @@
 //! cluster hands out), so a wrong one is refused as in a deployment; the harness's own `psql`
 //! uses the Unix socket in the cluster's directory.
 //!
+//! TLS: [`PgCluster::start_tls`] starts a cluster with `ssl=on` and a server certificate issued by
+//! a [`TestCa`], a certificate authority made at run time (rcgen; no key is ever committed). Its
+//! TCP connections must then use TLS (`hostssl` lines only in `pg_hba.conf`), so a client that
+//! silently went without TLS is refused rather than served.
+//!
 //! ```no_run
 //! let cluster = toolgate_pgtest::PgCluster::shared().unwrap();
 //! let url = cluster.create_database("effects").unwrap();
@@ -51,6 +56,12 @@ pub enum PgTestError {
         /// Its exit status and output, or why it could not run.
         detail: String,
     },
+    /// A test certificate could not be made.
+    #[error("making a test certificate failed: {detail}")]
+    Certificate {
+        /// rcgen's message.
+        detail: String,
+    },
     /// The temporary directory could not be prepared.
     #[error("preparing the cluster's directory {path}: {detail}")]
     Directory {
@@ -71,6 +82,90 @@ pub struct PgCluster {
     port: u16,
     /// The reaper of the shared cluster: it stops the server when this pipe closes.
     reaper: Mutex<Option<(Child, ChildStdin)>>,
+    /// The server runs with `ssl=on` and the certificate in its directory.
+    tls: bool,
+}
+
+/// A certificate authority made at run time, for TLS tests: it issues server certificates for
+/// the names asked for.
+pub struct TestCa {
+    issuer: rcgen::Issuer<'static, rcgen::KeyPair>,
+    pem: String,
+}
+
+impl std::fmt::Debug for TestCa {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TestCa").finish_non_exhaustive()
+    }
+}
+
+/// A server certificate and its private key, PEM-encoded ([`TestCa::issue`]).
+#[derive(Clone)]
+pub struct ServerCert {
+    /// The certificate.
+    pub cert_pem: String,
+    /// Its private key.
+    pub key_pem: String,
+}
+
+impl std::fmt::Debug for ServerCert {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ServerCert").finish_non_exhaustive()
+    }
+}
+
+fn certificate_error(e: rcgen::Error) -> PgTestError {
+    PgTestError::Certificate {
+        detail: e.to_string(),
+    }
+}
+
+impl TestCa {
+    /// A new CA (a self-signed certificate with a fresh key) named `name`.
+    pub fn new(name: &str) -> Result<TestCa, PgTestError> {
+        let key = rcgen::KeyPair::generate().map_err(certificate_error)?;
+        let mut params =
+            rcgen::CertificateParams::new(Vec::<String>::new()).map_err(certificate_error)?;
+        params
+            .distinguished_name
+            .push(rcgen::DnType::CommonName, name);
+        params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        params.key_usages = vec![
+            rcgen::KeyUsagePurpose::KeyCertSign,
+            rcgen::KeyUsagePurpose::CrlSign,
+        ];
+        let pem = params.self_signed(&key).map_err(certificate_error)?.pem();
+        Ok(TestCa {
+            issuer: rcgen::Issuer::new(params, key),
+            pem,
+        })
+    }
+
+    /// The CA's certificate (what a client's `sslrootcert` names).
+    pub fn cert_pem(&self) -> &str {
+        &self.pem
+    }
+
+    /// A server certificate for `names` (DNS names or IP addresses), signed by this CA.
+    pub fn issue(&self, names: &[&str]) -> Result<ServerCert, PgTestError> {
+        let key = rcgen::KeyPair::generate().map_err(certificate_error)?;
+        let mut params = rcgen::CertificateParams::new(
+            names.iter().map(|n| (*n).to_owned()).collect::<Vec<_>>(),
+        )
+        .map_err(certificate_error)?;
+        params.distinguished_name.push(
+            rcgen::DnType::CommonName,
+            names.first().copied().unwrap_or("server"),
+        );
+        params.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ServerAuth];
+        let cert = params
+            .signed_by(&key, &self.issuer)
+            .map_err(certificate_error)?;
+        Ok(ServerCert {
+            cert_pem: cert.pem(),
+            key_pem: key.serialize_pem(),
+        })
+    }
 }
 
 /// The password of the `postgres` user over TCP.
@@ -82,6 +177,16 @@ static DATABASES: AtomicU32 = AtomicU32::new(0);
 impl PgCluster {
     /// Initializes and starts a new cluster of its own.
     pub fn start() -> Result<Self, PgTestError> {
+        Self::start_with(None)
+    }
+
+    /// Initializes and starts a new cluster of its own with `ssl=on`, serving `cert`; its TCP
+    /// connections must use TLS (unencrypted ones are refused by `pg_hba.conf`).
+    pub fn start_tls(cert: &ServerCert) -> Result<Self, PgTestError> {
+        Self::start_with(Some(cert))
+    }
+
+    fn start_with(tls: Option<&ServerCert>) -> Result<Self, PgTestError> {
         let bin = locate()?;
         let as_postgres = std::fs::metadata("/proc/self")
             .map(|m| m.uid() == 0)
@@ -113,6 +218,7 @@ impl PgCluster {
             as_postgres,
             port: 0,
             reaper: Mutex::new(None),
+            tls: tls.is_some(),
         };
         let data = cluster.data_dir();
         let pwfile = cluster.dir.path().join("pwfile");
@@ -130,6 +236,9 @@ impl PgCluster {
                 .arg(format!("--pwfile={}", pwfile.display()))
                 .args(["-U", "postgres", "--no-sync"]),
         )?;
+        if let Some(cert) = tls {
+            cluster.install_certificate(cert)?;
+        }
         // A free port can be taken between asking and binding: try a few.
         let mut last = None;
         for _ in 0..5 {
@@ -231,12 +340,62 @@ impl PgCluster {
         self.dir.path().join("data")
     }
 
+    /// Writes `cert` where the server reads it (the key readable by its owner only, as the
+    /// server demands) and makes `pg_hba.conf` accept TCP connections over TLS only.
+    fn install_certificate(&self, cert: &ServerCert) -> Result<(), PgTestError> {
+        use std::os::unix::fs::PermissionsExt as _;
+        let write = |name: &str, text: &str| {
+            let path = self.dir.path().join(name);
+            std::fs::write(&path, text)
+                .and_then(|()| {
+                    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))
+                })
+                .map_err(|e| PgTestError::Directory {
+                    path: path.clone(),
+                    detail: e.to_string(),
+                })?;
+            Ok::<_, PgTestError>(path)
+        };
+        let files = [
+            write("server.crt", &cert.cert_pem)?,
+            write("server.key", &cert.key_pem)?,
+        ];
+        if self.as_postgres {
+            self.run(
+                "chown of the server's certificate",
+                Command::new("chown").arg("postgres:").args(&files),
+            )?;
+        }
+        let hba = self.data_dir().join("pg_hba.conf");
+        let text = std::fs::read_to_string(&hba).map_err(|e| PgTestError::Directory {
+            path: hba.clone(),
+            detail: e.to_string(),
+        })?;
+        let text: String = text
+            .lines()
+            .map(|line| match line.strip_prefix("host ") {
+                Some(rest) => format!("hostssl {rest}\n"),
+                None => format!("{line}\n"),
+            })
+            .collect();
+        std::fs::write(&hba, text).map_err(|e| PgTestError::Directory {
+            path: hba,
+            detail: e.to_string(),
+        })
+    }
+
     fn start_server(&self) -> Result<(), PgTestError> {
-        let options = format!(
+        let mut options = format!(
             "-k {} -p {} -c listen_addresses=127.0.0.1 -c fsync=on -c synchronous_commit=on -c max_connections=400",
             self.dir.path().display(),
             self.port
         );
+        if self.tls {
+            let dir = self.dir.path().display();
+            options.push_str(&format!(
+                " -c ssl=on -c ssl_cert_file={dir}/server.crt -c ssl_key_file={dir}/server.key"
+            ));
+        }
         let log = self.dir.path().join("log");
         let log = log.to_string_lossy();
         self.pg_ctl(&["start", "-w", "-t", "120", "-l", &log, "-o", &options])
@@ -444,5 +603,41 @@ mod auth {
                 .unwrap();
             assert_eq!(out.status.success(), ok, "{pw}: {:?}", out.stderr);
         }
+    }
+}
+
+#[cfg(test)]
+mod tls {
+    #![allow(clippy::unwrap_used)]
+
+    /// psql (libpq) against a cluster of [`super::PgCluster::start_tls`]: verified TLS with the
+    /// test CA is served, an unencrypted TCP connection is refused.
+    #[test]
+    fn a_tls_cluster_serves_verified_tls_only() {
+        let ca = super::TestCa::new("toolgate test CA").unwrap();
+        let cert = ca.issue(&["127.0.0.1"]).unwrap();
+        let cluster = super::PgCluster::start_tls(&cert).unwrap();
+        let root = cluster.dir().join("client-ca.pem");
+        std::fs::write(&root, ca.cert_pem()).unwrap();
+        for (mode, ok) in [("verify-full", true), ("disable", false)] {
+            let out = std::process::Command::new(cluster.bin.join("psql"))
+                .env("PGPASSWORD", super::PASSWORD)
+                .arg("-X")
+                .arg(format!(
+                    "host=127.0.0.1 port={} user=postgres dbname=postgres sslmode={mode} sslrootcert={}",
+                    cluster.port,
+                    root.display()
+                ))
+                .args(["-c", "select 1"])
+                .output()
+                .unwrap();
+            assert_eq!(
+                out.status.success(),
+                ok,
+                "{mode}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        assert_eq!(cluster.psql("postgres", "SHOW ssl").unwrap(), "on");
     }
 }

@@ -73,7 +73,8 @@ pub struct ServerOptions {
     /// that holds the exactly-once store, the audit chain, the kill switch, the rights, rate
     /// limits and pending confirmations instead of the
     /// ledger's files, shared by every replica on the same database. The ledger directory keeps
-    /// the notes. Needs the feature `postgres` (on by default).
+    /// the notes. Needs the feature `postgres` (on by default). TLS from the URL's `sslmode` and
+    /// `sslrootcert` (docs/postgres.md).
     pub store: Option<String>,
     /// The storage every store of the ledger writes through (default: the real filesystem).
     /// Tests pass a `toolgate::storage::FaultyStorage` to count the syncs of a call or fail one.

@@ -83,7 +83,8 @@ struct Cli {
     /// A PostgreSQL database for the exactly-once store, the audit chain, the kill switch, the
     /// rights, rate limits and pending confirmations, shared by every replica on it
     /// (postgres://USER[:PASSWORD]@HOST[:PORT]/DATABASE); the ledger keeps the notes. The
-    /// password is never logged.
+    /// password is never logged. TLS: ?sslmode=verify-full&sslrootcert=CA.pem (verify-full is the
+    /// default unless the host is loopback; docs/postgres.md).
     #[arg(long, env = "TOOLGATE_STORE", global = true, hide_env_values = true)]
     store: Option<String>,
     #[command(subcommand)]

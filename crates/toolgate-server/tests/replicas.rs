@@ -24,9 +24,7 @@ fn database(prefix: &str) -> String {
 
 /// `toolgate-server --policy P --ledger L` of `env` with `TOOLGATE_STORE=url`.
 fn command(env: &TestEnv, url: &str) -> Command {
-    let mut command = env.command();
-    command.env("TOOLGATE_STORE", url);
-    command
+    env.store_command(url)
 }
 
 fn stderr_path(env: &TestEnv) -> std::path::PathBuf {

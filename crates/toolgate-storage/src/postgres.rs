@@ -10,6 +10,10 @@
 //!   under a transaction-scoped advisory lock, so replicas starting together apply each once. A
 //!   database whose version for a component is newer than this build knows is refused: a replica
 //!   never runs against a schema it does not understand.
+//! - **TLS through rustls** (the private `tls` module): `sslmode` (`disable`, `require`, `verify-ca`,
+//!   `verify-full`) and `sslrootcert` of the URL; `verify-full` unless the host is loopback. A
+//!   certificate that does not verify stops [`PgStore::connect`] with [`PgError::Tls`], before any
+//!   statement runs.
 //! - **Errors without credentials**: the URL is only ever shown as `user@host:port/db`.
 //!
 //! Durability: PostgreSQL's own (`fsync=on`, `synchronous_commit=on`). A store may lower
@@ -18,10 +22,11 @@
 
 use std::fmt;
 use std::future::Future;
-use std::str::FromStr;
 use std::sync::Arc;
 use std::sync::mpsc;
 use std::time::Duration;
+
+mod tls;
 
 pub use deadpool_postgres::{Object as PgClient, Pool as PgPool};
 pub use tokio_postgres::types::ToSql as PgToSql;
@@ -57,6 +62,28 @@ pub enum PgError {
         database: String,
         /// The driver's or the pool's message.
         cause: String,
+    },
+    /// The trusted roots of `sslrootcert` (or the operating system's) cannot be used.
+    #[error(
+        "cannot use {roots} as the trusted roots of the PostgreSQL store: {reason}; give sslrootcert=PATH of a PEM file holding the CA certificate(s) that sign the server's certificate"
+    )]
+    RootCert {
+        /// The roots (`sslrootcert=PATH`, or the operating system's).
+        roots: String,
+        /// What is wrong with them.
+        reason: String,
+    },
+    /// The TLS connection to the server was refused under the URL's `sslmode`: the server's
+    /// certificate does not verify (wrong CA, wrong host name, expired), or the server offers no
+    /// TLS. Nothing was sent to the server but the TLS handshake.
+    #[error("refused the PostgreSQL server at {database} under sslmode={sslmode}: {reason}")]
+    Tls {
+        /// The database, without credentials.
+        database: String,
+        /// The `sslmode` in force (given or defaulted).
+        sslmode: &'static str,
+        /// Why, and what to do.
+        reason: String,
     },
     /// A statement or transaction failed.
     #[error("PostgreSQL at {database} failed to {what}: {cause}")]
@@ -100,6 +127,7 @@ struct Inner {
     runtime: Option<tokio::runtime::Runtime>,
     pool: PgPool,
     config: tokio_postgres::Config,
+    tls: tls::PgTls,
     database: String,
 }
 
@@ -124,12 +152,10 @@ impl fmt::Debug for PgStore {
 impl PgStore {
     /// Connects to the database of `url` (`postgres://user:password@host:port/db`, or the
     /// key=value form tokio-postgres accepts) and checks that a connection opens, so a wrong
-    /// password or an unreachable server fails here, at start-up, naming the cause.
+    /// password, an unreachable server or a certificate that does not verify fails here, at
+    /// start-up, naming the cause. `sslmode` and `sslrootcert` choose the TLS (module docs).
     pub fn connect(url: &str) -> Result<PgStore, PgError> {
-        let config = tokio_postgres::Config::from_str(url).map_err(|e| PgError::Url {
-            // The driver's parse errors quote no part of the URL.
-            reason: e.to_string(),
-        })?;
+        let tls::Parsed { config, tls } = tls::parse(url)?;
         let database = describe(&config);
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
@@ -144,7 +170,7 @@ impl PgStore {
         config.connect_timeout(CONNECT_TIMEOUT);
         let manager = deadpool_postgres::Manager::from_config(
             config.clone(),
-            tokio_postgres::NoTls,
+            tls.clone(),
             deadpool_postgres::ManagerConfig {
                 recycling_method: deadpool_postgres::RecyclingMethod::Fast,
             },
@@ -164,18 +190,25 @@ impl PgStore {
                 runtime: Some(runtime),
                 pool,
                 config,
+                tls,
                 database,
             }),
         };
-        store.run(|pool, database| async move {
-            let client = get(&pool, &database).await?;
+        let mode = store.inner.tls.mode();
+        store.run(move |pool, database| async move {
+            let client = pool.get().await.map_err(|e| match e {
+                deadpool_postgres::PoolError::Backend(e) => {
+                    connect_error(database.clone(), Some(mode), &e)
+                }
+                other => PgError::Connect {
+                    database: database.clone(),
+                    cause: other.to_string(),
+                },
+            })?;
             client
                 .simple_query("SELECT 1")
                 .await
-                .map_err(|e| PgError::Connect {
-                    database,
-                    cause: cause(&e),
-                })?;
+                .map_err(|e| connect_error(database, Some(mode), &e))?;
             Ok(())
         })??;
         Ok(store)
@@ -211,6 +244,7 @@ impl PgStore {
     /// session does (a session-level advisory lock: the effect store's liveness of this process).
     pub fn session(&self) -> Result<PgSession, PgError> {
         let config = self.inner.config.clone();
+        let tls = self.inner.tls.clone();
         let runtime = self
             .inner
             .runtime
@@ -220,14 +254,11 @@ impl PgStore {
             })?;
         let handle = runtime.handle().clone();
         self.run(move |_, database| async move {
-            let (client, connection) =
-                config
-                    .connect(tokio_postgres::NoTls)
-                    .await
-                    .map_err(|e| PgError::Connect {
-                        database,
-                        cause: cause(&e),
-                    })?;
+            let mode = tls.mode();
+            let (client, connection) = config
+                .connect(tls)
+                .await
+                .map_err(|e| connect_error(database, Some(mode), &e))?;
             // The connection's task ends when the client is dropped or the server goes away;
             // `PgSession::is_closed` tells the owner.
             handle.spawn(connection);
@@ -321,15 +352,54 @@ impl PgSession {
     }
 }
 
-/// A connection from the pool, or `Connect` naming why there is none.
+/// A connection from the pool, or `Connect` (`Tls`) naming why there is none.
 pub async fn get(pool: &PgPool, database: &str) -> Result<PgClient, PgError> {
-    pool.get().await.map_err(|e| PgError::Connect {
-        database: database.to_owned(),
-        cause: match e {
-            deadpool_postgres::PoolError::Backend(e) => cause(&e),
-            other => other.to_string(),
+    pool.get().await.map_err(|e| match e {
+        deadpool_postgres::PoolError::Backend(e) => connect_error(database.to_owned(), None, &e),
+        other => PgError::Connect {
+            database: database.to_owned(),
+            cause: other.to_string(),
         },
     })
+}
+
+/// A failed connection as [`PgError::Tls`] when TLS refused it, else [`PgError::Connect`].
+/// `mode` is the store's `sslmode` where the caller knows it (a server that declines TLS is
+/// named as such only then).
+fn connect_error(
+    database: String,
+    mode: Option<tls::SslMode>,
+    e: &tokio_postgres::Error,
+) -> PgError {
+    match tls_refusal(e, mode) {
+        Some((mode, reason)) => PgError::Tls {
+            database,
+            sslmode: mode.name(),
+            reason,
+        },
+        None => PgError::Connect {
+            database,
+            cause: cause(e),
+        },
+    }
+}
+
+/// Why the TLS of a connection failed, if it did: the connector's explanation, or the driver's
+/// when the server answered the TLS request with "no".
+fn tls_refusal(
+    e: &tokio_postgres::Error,
+    mode: Option<tls::SslMode>,
+) -> Option<(tls::SslMode, String)> {
+    let source = std::error::Error::source(e)?;
+    if let Some(refused) = source.downcast_ref::<tls::Refused>() {
+        return Some((refused.mode, refused.reason.clone()));
+    }
+    // tokio-postgres's own words for a server that declined the TLS request.
+    let mode = mode.filter(|_| source.to_string() == "server does not support TLS")?;
+    Some((
+        mode,
+        "the server does not offer TLS; turn `ssl` on in its configuration (or, on a network you trust, write sslmode=disable)".to_owned(),
+    ))
 }
 
 /// The mapping of a failed statement to [`PgError::Query`], naming the database (without
@@ -369,6 +439,8 @@ fn describe(config: &tokio_postgres::Config) -> String {
 
 #[cfg(test)]
 mod tests {
+    use std::str::FromStr as _;
+
     use super::*;
 
     #[test]

@@ -120,6 +120,13 @@ impl TestEnv {
         command
     }
 
+    /// The server's command line on the PostgreSQL store `url` (`TOOLGATE_STORE`).
+    pub fn store_command(&self, url: &str) -> Command {
+        let mut command = self.command();
+        command.env("TOOLGATE_STORE", url);
+        command
+    }
+
     /// Starts the stdio server.
     pub fn spawn(&self) -> Server {
         Server::spawn(self.command(), &self.path(&unique_name("stderr")))
