@@ -33,11 +33,11 @@ use std::collections::{HashSet, VecDeque};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 
 use rmcp::RoleClient;
+use rmcp::model::GetExtensions as _;
 use rmcp::model::{ClientNotification, JsonRpcMessage, RequestId};
 use rmcp::service::{RxJsonRpcMessage, TxJsonRpcMessage};
 use rmcp::transport::Transport;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt as _, BufReader};
-use rmcp::model::GetExtensions as _;
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, mpsc};
 
 use crate::stdio::{LineRead, LineReader};

@@ -38,18 +38,18 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
 use rmcp::model::{
-    CallToolRequest, CallToolRequestParams, CallToolResponse, CallToolResult, CancelledNotificationParam,
-    ContentBlock,
-    ClientCapabilities, ClientConfig, ClientRequest, CompleteRequest, CompleteRequestParams,
-    CompleteResult, CreateMessageRequestParams, CreateMessageResult, ElicitRequestParams,
-    ElicitResult, GetPromptRequest, GetPromptRequestParams, GetPromptResponse, Implementation,
-    ListPromptsRequest, ListPromptsResult, ListResourceTemplatesRequest,
-    ListResourceTemplatesResult, ListResourcesRequest, ListResourcesResult, ListRootsResult,
-    ListToolsResult, LoggingMessageNotificationParam, PaginatedRequestParams,
-    ProgressNotificationParam, ProgressToken, ProtocolVersion, ReadResourceRequest,
-    ReadResourceRequestParams, ReadResourceResponse, RequestId, ResourceUpdatedNotificationParam,
-    ResultType, ServerConfig, ServerNotification, ServerResult, SetLevelRequest,
-    SetLevelRequestParams, SubscriptionFilter, Tool,
+    CallToolRequest, CallToolRequestParams, CallToolResponse, CallToolResult,
+    CancelledNotificationParam, ClientCapabilities, ClientConfig, ClientRequest, CompleteRequest,
+    CompleteRequestParams, CompleteResult, ContentBlock, CreateMessageRequestParams,
+    CreateMessageResult, ElicitRequestParams, ElicitResult, GetPromptRequest,
+    GetPromptRequestParams, GetPromptResponse, Implementation, ListPromptsRequest,
+    ListPromptsResult, ListResourceTemplatesRequest, ListResourceTemplatesResult,
+    ListResourcesRequest, ListResourcesResult, ListRootsResult, ListToolsResult,
+    LoggingMessageNotificationParam, PaginatedRequestParams, ProgressNotificationParam,
+    ProgressToken, ProtocolVersion, ReadResourceRequest, ReadResourceRequestParams,
+    ReadResourceResponse, RequestId, ResourceUpdatedNotificationParam, ResultType, ServerConfig,
+    ServerNotification, ServerResult, SetLevelRequest, SetLevelRequestParams, SubscriptionFilter,
+    Tool,
 };
 use rmcp::service::{
     ClientLifecycleMode, NotificationContext, Peer, PeerRequestOptions, RequestContext,
@@ -143,8 +143,12 @@ impl Host {
         let audit = Arc::clone(&governed.audit);
         match toolgate::run_blocking(move || audit.append(&entry)).await {
             Ok(Ok(_)) => {}
-            Ok(Err(error)) => tracing::error!(%error, "cannot audit the proxy's decision about its upstream"),
-            Err(error) => tracing::error!(%error, "cannot audit the proxy's decision about its upstream"),
+            Ok(Err(error)) => {
+                tracing::error!(%error, "cannot audit the proxy's decision about its upstream")
+            }
+            Err(error) => {
+                tracing::error!(%error, "cannot audit the proxy's decision about its upstream")
+            }
         }
     }
 
@@ -239,7 +243,8 @@ impl ClientHandler for HostLink {
             )),
             Err(error) => Err(host_error(error)),
         };
-        self.forwarded(HostRequest::Elicitation, digest, &answer).await;
+        self.forwarded(HostRequest::Elicitation, digest, &answer)
+            .await;
         answer
     }
 

@@ -870,7 +870,10 @@ fn an_upstream_flood_is_dropped_and_recorded_once() {
         // The queue towards the host is bounded: no 600 MB proxy (a generous bound, not a
         // measurement).
         let rss = rss_kib(proxy.pid());
-        assert!(rss < 256 * 1024, "modern {modern}: the proxy holds {rss} KiB");
+        assert!(
+            rss < 256 * 1024,
+            "modern {modern}: the proxy holds {rss} KiB"
+        );
         // It serves on, and the next call is no flood.
         let echoed = proxy.call("echo", json!({"text": "after the flood"}));
         assert_eq!(upstream_text(&echoed), "after the flood");
@@ -912,7 +915,11 @@ fn the_upstreams_requests_to_the_host_need_its_capability_and_the_policy() {
             );
         }
         assert!(proxy.close().success());
-        assert_eq!(asked_of_host(&proxy), 0, "modern {modern}: the host was asked");
+        assert_eq!(
+            asked_of_host(&proxy),
+            0,
+            "modern {modern}: the host was asked"
+        );
         for method in ["sampling/createMessage", "elicitation/create"] {
             let records = scripted.records(method);
             assert_eq!(records.len(), 1, "modern {modern}: {records:?}");
@@ -940,7 +947,11 @@ fn the_upstreams_requests_to_the_host_need_its_capability_and_the_policy() {
             "modern {modern}: {text}"
         );
         assert!(proxy.close().success());
-        assert_eq!(asked_of_host(&proxy), 0, "modern {modern}: the host was asked");
+        assert_eq!(
+            asked_of_host(&proxy),
+            0,
+            "modern {modern}: the host was asked"
+        );
 
         // The policy lets sampling through: it reaches the host, whose answer reaches the
         // upstream; elicitation stays refused.
@@ -1038,14 +1049,21 @@ fn upstream_results_are_checked_against_their_pin_and_their_text_is_untrusted() 
             .map(|r| r["reason"].as_str().unwrap().to_owned())
             .collect();
         assert_eq!(reasons.len(), 2, "{reasons:?}");
-        assert!(reasons.iter().all(|r| r.starts_with("upstream_result_invalid: `report`")));
+        assert!(
+            reasons
+                .iter()
+                .all(|r| r.starts_with("upstream_result_invalid: `report`"))
+        );
         let outcomes: Vec<Value> = scripted
             .records("tools/call")
             .iter()
             .filter(|r| r["name"] == "report")
             .map(|r| r["outcome"].clone())
             .collect();
-        assert_eq!(outcomes, [json!("committed"), json!("error"), json!("error")]);
+        assert_eq!(
+            outcomes,
+            [json!("committed"), json!("error"), json!("error")]
+        );
         assert!(!scripted.proxy.audit_text().contains("three"));
 
         // The policy may trust a tool's text: then it comes as the upstream wrote it.

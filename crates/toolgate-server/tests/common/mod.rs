@@ -360,11 +360,13 @@ impl Server {
     /// go without `_meta` ([`Server::send_legacy`]).
     pub fn initialize(&mut self, capabilities: Value) -> Value {
         let id = self.next_id();
-        self.send(&json!({"jsonrpc": "2.0", "id": id, "method": "initialize", "params": {
-            "protocolVersion": "2025-11-25",
-            "capabilities": capabilities,
-            "clientInfo": {"name": "test-host", "version": "1.0.0"},
-        }}));
+        self.send(
+            &json!({"jsonrpc": "2.0", "id": id, "method": "initialize", "params": {
+                "protocolVersion": "2025-11-25",
+                "capabilities": capabilities,
+                "clientInfo": {"name": "test-host", "version": "1.0.0"},
+            }}),
+        );
         let reply = self.response(id);
         assert!(reply.get("result").is_some(), "initialize failed: {reply}");
         self.send(&json!({"jsonrpc": "2.0", "method": "notifications/initialized"}));
