@@ -74,6 +74,8 @@ pub struct Host {
     progress: Mutex<HashMap<ProgressToken, ProgressToken>>,
     /// The policy in force and the audit log, once the gate is built.
     governed: OnceLock<Governed>,
+    /// The comparisons after the upstream's `list_changed`.
+    list_checks: Mutex<ListChecks>,
 }
 
 /// What the proxy's own decisions about the upstream are made and recorded with.
@@ -311,7 +313,11 @@ impl ClientHandler for HostLink {
     }
 
     async fn on_tool_list_changed(&self, context: NotificationContext<RoleClient>) {
-        tool_list_changed(&self.host, &context.peer).await;
+        // The comparison waits for the upstream's answer to a list: the notification's place in
+        // flight is given back first, or a reader waiting for places could never read the answer.
+        let upstream = context.peer.clone();
+        drop(context);
+        tool_list_changed(&self.host, &upstream).await;
     }
 }
 
@@ -430,7 +436,43 @@ fn proxy_record(
 /// 2025-11-25 upstream, on the proxy's subscription from a 2026-07-28 one): the new list is
 /// compared with the pin at once, so a changed tool is hidden and refused before the host lists
 /// again (the host's list goes through the pin too); then the host is told.
+///
+/// Announcements that arrive while a comparison runs are coalesced into one more comparison, so a
+/// flood of `list_changed` costs two lists of the upstream, not one each.
 async fn tool_list_changed(host: &Host, upstream: &Peer<RoleClient>) {
+    {
+        let mut checks = host
+            .list_checks
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if checks.running {
+            checks.again = true;
+            return;
+        }
+        checks.running = true;
+    }
+    loop {
+        compare_and_announce(host, upstream).await;
+        let mut checks = host
+            .list_checks
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if !std::mem::take(&mut checks.again) {
+            checks.running = false;
+            return;
+        }
+    }
+}
+
+/// Whether a comparison after `list_changed` runs, and whether another was announced meanwhile.
+#[derive(Debug, Default)]
+struct ListChecks {
+    running: bool,
+    again: bool,
+}
+
+/// Lists the upstream's tools, compares them with the pin, then tells the host.
+async fn compare_and_announce(host: &Host, upstream: &Peer<RoleClient>) {
     if let Some(drift) = host.drift.get() {
         match upstream.list_all_tools().await {
             Ok(listed) => {
@@ -789,7 +831,10 @@ async fn subscribe_to_tool_changes(
     tokio::spawn(async move {
         while let Ok(Some(notification)) = subscription.next().await {
             if let ServerNotification::ToolListChangedNotification(_) = notification {
-                tool_list_changed(&host, &peer).await;
+                // Not awaited here: the subscription is drained at once (rmcp cancels one whose
+                // buffer fills), and announcements during a comparison are coalesced.
+                let (host, peer) = (Arc::clone(&host), peer.clone());
+                tokio::spawn(async move { tool_list_changed(&host, &peer).await });
             }
         }
     });

@@ -361,7 +361,7 @@ const SCRIPTED: &str = concat!(
 const SCRIPTED_POLICY: &str = r#"{
   "version": 1,
   "allow": ["echo", "echo_v2", "store", "progress", "rug_pull", "slow", "fault", "flood", "ask",
-            "inject", "report"],
+            "inject", "report", "announce"],
   "idempotency": {"store": {"key_argument": "key", "effect": "unsafe"}},
   "effects": {"store": "write"}
 }"#;
@@ -393,7 +393,7 @@ impl Scripted {
         };
         let said = pin_upstream(&scripted.proxy, &scripted.pin, &scripted.upstream_command());
         assert!(
-            said.contains("pinned 10 tools of scripted-upstream 1.0.0"),
+            said.contains("pinned 11 tools of scripted-upstream 1.0.0"),
             "{said}"
         );
         scripted
@@ -1076,5 +1076,31 @@ fn upstream_results_are_checked_against_their_pin_and_their_text_is_untrusted() 
         );
         assert!(proxy.close().success());
         assert!(scripted.proxy.audit_verify().status.success());
+    }
+}
+
+#[test]
+fn a_flood_of_list_changes_costs_a_few_lists_not_one_each() {
+    for modern in [false, true] {
+        let scripted = Scripted::speaking(modern);
+        let mut proxy = scripted.start(&[]);
+        let lists = || lines_of(&scripted.state.join("lists")).len();
+        let before = lists();
+        // 500 announcements, within the limit on pushes: each reaches the proxy.
+        let reply = proxy.call("announce", json!({"count": 500}));
+        assert_eq!(upstream_text(&reply), "announced", "{reply}");
+        // The host is told (at least once), after a comparison.
+        wait_for_notifications(&mut proxy, "notifications/tools/list_changed", 1);
+        // The upstream still serves its tools, and a rug pull after the flood is still caught.
+        let changed = proxy.call("rug_pull", json!({"change": "description"}));
+        assert_eq!(upstream_text(&changed), "changed", "{changed}");
+        scripted.wait_for_record(&mut proxy, "proxy/drift", "upstream.description_changed");
+        assert!(proxy.close().success());
+        // Announcements during a comparison are coalesced into one more: without that, 500.
+        let listed = lists() - before;
+        assert!(
+            (1..=50).contains(&listed),
+            "modern {modern}: the proxy listed the tools {listed} times"
+        );
     }
 }
