@@ -497,6 +497,15 @@ pub struct Upstream {
     link: Arc<Link>,
     info: ServerConfig,
     drift: Arc<Drift>,
+    /// The compiled pinned output schemas, by tool (compiled again when the schema differs).
+    validators: Mutex<HashMap<String, OutputValidator>>,
+}
+
+/// A pinned output schema and its validator (or why it does not compile).
+#[derive(Debug, Clone)]
+struct OutputValidator {
+    schema: Arc<rmcp::model::JsonObject>,
+    validator: Result<Arc<jsonschema::Validator>, String>,
 }
 
 /// The upstream's tools against their pin: which are approved, why the others are not, and which
@@ -1094,7 +1103,12 @@ impl Upstream {
             }
             None => ServerConfig::new(Default::default()),
         };
-        Upstream { link, info, drift }
+        Upstream {
+            link,
+            info,
+            drift,
+            validators: Mutex::default(),
+        }
     }
 
     /// Sends `request` upstream and waits for its answer within the timeout; the host's
@@ -1194,14 +1208,11 @@ impl Upstream {
                     .to_owned(),
             );
         };
-        let validator = match jsonschema::validator_for(&serde_json::Value::Object(
-            (*schema).clone(),
-        )) {
+        let validator = match self.validator(tool, &schema) {
             Ok(validator) => validator,
             Err(error) => {
                 return Some(format!(
-                    "its pinned outputSchema cannot be compiled ({}), so no result can be checked",
-                    error.masked()
+                    "its pinned outputSchema cannot be compiled ({error}), so no result can be checked"
                 ));
             }
         };
@@ -1214,6 +1225,34 @@ impl Upstream {
                 error.schema_path().as_str()
             )
         })
+    }
+
+    /// The validator of `tool`'s pinned output schema `schema`, compiled once.
+    fn validator(
+        &self,
+        tool: &str,
+        schema: &Arc<rmcp::model::JsonObject>,
+    ) -> Result<Arc<jsonschema::Validator>, String> {
+        let mut validators = self
+            .validators
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if let Some(found) = validators.get(tool)
+            && (Arc::ptr_eq(&found.schema, schema) || *found.schema == **schema)
+        {
+            return found.validator.clone();
+        }
+        let validator = jsonschema::validator_for(&serde_json::Value::Object((**schema).clone()))
+            .map(Arc::new)
+            .map_err(|e| e.masked().to_string());
+        validators.insert(
+            tool.to_owned(),
+            OutputValidator {
+                schema: Arc::clone(schema),
+                validator: validator.clone(),
+            },
+        );
+        validator
     }
 
     /// After a request timed out: pings the upstream, and ends the connection (so that it is
