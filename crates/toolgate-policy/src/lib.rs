@@ -46,7 +46,7 @@ pub use sections::{
 };
 pub use untrusted::{
     DEFAULT_UNTRUSTED_MAX_CHARS, MAX_UNTRUSTED_MAX_CHARS, TRUNCATION_MARK, UNTRUSTED_NOTE,
-    UntrustedOutput,
+    UntrustedOutput, untrusted_wrapper,
 };
 
 use principal::PrincipalSection;
@@ -230,7 +230,45 @@ pub struct Policy {
     pub(crate) results: BTreeMap<String, ResultFields>,
     /// Tool -> the OAuth scopes that grant it (any one suffices).
     pub(crate) scopes: BTreeMap<String, BTreeSet<String>>,
+    /// What a proxied upstream may ask of the host (`proxy.host_requests`).
+    pub(crate) host_requests: BTreeSet<HostRequest>,
+    /// Proxied tools whose text reaches the host unwrapped (`proxy.trusted_output`).
+    pub(crate) trusted_output: BTreeSet<String>,
     pub(crate) digest: Sha256Digest,
+}
+
+/// A request a proxied upstream sends to the host (`proxy.host_requests`). A proxy forwards one
+/// only when the host declared the capability and the policy lists it; by default none is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+#[non_exhaustive]
+pub enum HostRequest {
+    /// `sampling/createMessage`: the upstream asks the host's model to write a message.
+    Sampling,
+    /// `elicitation/create`: the upstream asks the person at the host for input.
+    Elicitation,
+    /// `roots/list`: the upstream asks which directories the host exposes.
+    Roots,
+}
+
+impl HostRequest {
+    /// The name used in the policy file (`sampling`, `elicitation`, `roots`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            HostRequest::Sampling => "sampling",
+            HostRequest::Elicitation => "elicitation",
+            HostRequest::Roots => "roots",
+        }
+    }
+
+    /// The JSON-RPC method of the request.
+    pub fn method(self) -> &'static str {
+        match self {
+            HostRequest::Sampling => "sampling/createMessage",
+            HostRequest::Elicitation => "elicitation/create",
+            HostRequest::Roots => "roots/list",
+        }
+    }
 }
 
 /// Whether re-running a tool's effect after its caller died mid-effect is harmless.
@@ -609,6 +647,18 @@ impl Policy {
     /// Which strings of `tool`'s structured results are third-party text.
     pub fn untrusted_output(&self, tool: &str) -> Option<&UntrustedOutput> {
         self.untrusted_output.get(tool)
+    }
+
+    /// Whether a proxied upstream may send `request` to the host (`proxy.host_requests`; none by
+    /// default). The proxy also refuses a request whose capability the host did not declare.
+    pub fn host_request_allowed(&self, request: HostRequest) -> bool {
+        self.host_requests.contains(&request)
+    }
+
+    /// Whether the text a proxied upstream's `tool` returns reaches the host as it is
+    /// (`proxy.trusted_output`); otherwise the proxy wraps it as untrusted third-party text.
+    pub fn trusted_output(&self, tool: &str) -> bool {
+        self.trusted_output.contains(tool)
     }
 
     /// The version argument of `tool`, when the policy says its calls must carry the version of

@@ -314,6 +314,23 @@ impl Policy {
             untrusted_output.insert(tool, compiled);
         }
 
+        let mut host_requests = BTreeSet::new();
+        let mut trusted_output = BTreeSet::new();
+        if let Some(proxy) = raw.proxy {
+            for request in proxy.host_requests {
+                if !host_requests.insert(request) {
+                    return Err(invalid(format!(
+                        "proxy.host_requests lists \"{}\" twice; list each kind once",
+                        request.as_str()
+                    )));
+                }
+            }
+            for tool in tool_names(proxy.trusted_output, "proxy.trusted_output")? {
+                reach.require("proxy.trusted_output", &tool)?;
+                trusted_output.insert(tool);
+            }
+        }
+
         let mut versions = BTreeMap::new();
         for (tool, settings) in raw.versions.0 {
             let tool = tool_name(&tool, "versions")?;
@@ -383,6 +400,8 @@ impl Policy {
             duplicates,
             results,
             scopes,
+            host_requests,
+            trusted_output,
             digest: Sha256Digest::of_json(&loose),
         })
     }

@@ -85,6 +85,18 @@ pub(crate) struct RawPolicy {
     pub(crate) results: UniqueMap<RawResults>,
     #[serde(default)]
     pub(crate) scopes: UniqueMap<Vec<String>>,
+    #[serde(default, deserialize_with = "present")]
+    pub(crate) proxy: Option<RawProxy>,
+}
+
+/// `proxy` as written: what a proxied upstream may ask of the host, and whose text is trusted.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawProxy {
+    #[serde(default)]
+    pub(crate) host_requests: Vec<crate::HostRequest>,
+    #[serde(default)]
+    pub(crate) trusted_output: Vec<String>,
 }
 
 /// `arg_rules.<tool>.<field>` as written.

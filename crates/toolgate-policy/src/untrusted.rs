@@ -149,6 +149,13 @@ fn clean(text: &str, max_chars: usize) -> String {
     out
 }
 
+/// `text` as wrapped third-party text: `{"untrusted_text": <text cleaned as by
+/// [`UntrustedOutput::clean`], cut at `max_chars`>, "note": UNTRUSTED_NOTE}` (the shape the
+/// `untrusted_output` section gives the fields it names; a proxy gives it to its upstream's text).
+pub fn untrusted_wrapper(text: &str, max_chars: usize) -> Value {
+    wrap(text, max_chars)
+}
+
 fn wrap(text: &str, max_chars: usize) -> Value {
     serde_json::json!({
         "untrusted_text": clean(text, max_chars),

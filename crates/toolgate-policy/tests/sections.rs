@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use serde_json::{Map, Value, json};
-use toolgate_policy::{BatchCall, BatchProblem, EffectClass, Policy, Rate};
+use toolgate_policy::{BatchCall, BatchProblem, EffectClass, HostRequest, Policy, Rate};
 
 fn load(value: Value) -> Policy {
     Policy::from_json(&value.to_string()).unwrap_or_else(|e| panic!("{value}: {e}"))
@@ -337,6 +337,60 @@ fn scopes_refuse_bad_names_and_unallowed_tools() {
         (
             json!({"version": 1, "allow": ["r"], "scopes": {"s": "r"}}),
             "expected a sequence",
+        ),
+    ] {
+        let error = Policy::from_json(&policy.to_string())
+            .err()
+            .unwrap_or_else(|| panic!("{policy} loaded"))
+            .to_string();
+        assert!(error.contains(needle), "{policy}: {error}");
+    }
+}
+
+#[test]
+fn proxy_lets_nothing_through_to_the_host_and_trusts_no_text_by_default() {
+    let plain = load(json!({"version": 1, "allow": ["r"]}));
+    for request in [
+        HostRequest::Sampling,
+        HostRequest::Elicitation,
+        HostRequest::Roots,
+    ] {
+        assert!(!plain.host_request_allowed(request), "{request:?}");
+    }
+    assert!(!plain.trusted_output("r"));
+
+    let proxy = load(json!({"version": 1, "allow": ["r"], "proxy": {
+        "host_requests": ["sampling", "roots"], "trusted_output": ["r"]
+    }}));
+    assert!(proxy.host_request_allowed(HostRequest::Sampling));
+    assert!(proxy.host_request_allowed(HostRequest::Roots));
+    assert!(!proxy.host_request_allowed(HostRequest::Elicitation));
+    assert!(proxy.trusted_output("r"));
+    assert!(!proxy.trusted_output("other"));
+}
+
+#[test]
+fn proxy_refuses_unknown_kinds_keys_repeats_and_unallowed_tools() {
+    for (policy, needle) in [
+        (
+            json!({"version": 1, "allow": ["r"], "proxy": {"host_requests": ["tasks"]}}),
+            "unknown variant `tasks`, expected one of `sampling`, `elicitation`, `roots`",
+        ),
+        (
+            json!({"version": 1, "allow": ["r"], "proxy": {"host_request": ["roots"]}}),
+            "unknown field `host_request`, expected `host_requests` or `trusted_output`",
+        ),
+        (
+            json!({"version": 1, "allow": ["r"], "proxy": {"host_requests": ["roots", "roots"]}}),
+            "lists \"roots\" twice",
+        ),
+        (
+            json!({"version": 1, "allow": ["r"], "proxy": {"trusted_output": ["other"]}}),
+            "`other`",
+        ),
+        (
+            json!({"version": 1, "allow": ["r"], "proxy": null}),
+            "invalid type: null",
         ),
     ] {
         let error = Policy::from_json(&policy.to_string())

@@ -21,16 +21,24 @@
 //! by rmcp): the protocol lets a server answer a request whose cancellation crossed its reply.
 //! Lines are read with the same bounded reader as [`crate::StdioTransport`], so a huge line is never
 //! held in memory beyond the limit.
+//!
+//! What the upstream pushes unasked (notifications, and requests to the client) is bounded twice
+//! ([`UpstreamLimits`]): at most `in_flight` of them are being handled at once (rmcp handles each
+//! in a task of its own; while that many are, the upstream's output is not read, so it waits on a
+//! full pipe: backpressure, as on the host side), and at most `pushes_per_answer` are passed on
+//! between two answers of the upstream. The rest are dropped, counted, and reported once per flood
+//! as a [`Flood`] (when the next answer arrives or the connection ends).
 
 use std::collections::{HashSet, VecDeque};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 
 use rmcp::RoleClient;
+use rmcp::model::GetExtensions as _;
 use rmcp::model::{ClientNotification, JsonRpcMessage, RequestId};
 use rmcp::service::{RxJsonRpcMessage, TxJsonRpcMessage};
 use rmcp::transport::Transport;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt as _, BufReader};
-use tokio::sync::{Notify, mpsc};
+use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, mpsc};
 
 use crate::stdio::{LineRead, LineReader};
 
@@ -40,6 +48,53 @@ pub const DEFAULT_UPSTREAM_MAX_LINE_BYTES: usize = 16 * 1024 * 1024;
 
 /// How many cancelled request ids are remembered, so that their late answers are accepted.
 const CANCELLED_REMEMBERED: usize = 4096;
+
+/// The default [`UpstreamLimits::pushes_per_answer`].
+pub const DEFAULT_PUSHES_PER_ANSWER: usize = 1000;
+
+/// The default [`UpstreamLimits::in_flight`].
+pub const DEFAULT_PUSHES_IN_FLIGHT: usize = 64;
+
+/// How many floods wait to be reported before more are only logged.
+const FLOODS_QUEUED: usize = 16;
+
+/// What an upstream may push unasked (notifications and requests to the client).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct UpstreamLimits {
+    /// The most pushes passed on between two answers of the upstream (and before its first);
+    /// further ones are dropped until it answers a request again.
+    pub pushes_per_answer: usize,
+    /// The most pushes being handled at once; the upstream's output is not read while this many
+    /// are.
+    pub in_flight: usize,
+}
+
+impl Default for UpstreamLimits {
+    fn default() -> Self {
+        UpstreamLimits {
+            pushes_per_answer: DEFAULT_PUSHES_PER_ANSWER,
+            in_flight: DEFAULT_PUSHES_IN_FLIGHT,
+        }
+    }
+}
+
+/// Pushes of the upstream dropped between two of its answers, over
+/// [`UpstreamLimits::pushes_per_answer`]: one report per flood.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Flood {
+    /// The pushes passed on (the limit).
+    pub passed: u64,
+    /// The pushes dropped.
+    pub dropped: u64,
+    /// Whether the flood ended with an answer (`false`: with the end of the connection).
+    pub answered: bool,
+}
+
+/// Holds one place of [`UpstreamLimits::in_flight`] while rmcp handles the push it came with (it
+/// travels in the message's extensions into the handler's context, and is released with it).
+#[derive(Debug, Clone)]
+struct InFlight(#[allow(dead_code)] Arc<OwnedSemaphorePermit>);
 
 /// Why an [`UpstreamTransport`] could not send a message.
 #[derive(Debug, thiserror::Error)]
@@ -132,6 +187,15 @@ pub struct UpstreamTransport<R> {
     output: mpsc::UnboundedSender<Vec<u8>>,
     outstanding: Arc<Mutex<Outstanding>>,
     end: Arc<UpstreamEnd>,
+    limits: UpstreamLimits,
+    in_flight: Arc<Semaphore>,
+    /// A push read and waiting for a place in flight (kept here: `receive` may be cancelled).
+    waiting: Option<RxJsonRpcMessage<RoleClient>>,
+    /// Pushes passed on since the last answer, and dropped since then.
+    passed: u64,
+    dropped: u64,
+    floods: mpsc::Sender<Flood>,
+    flood_reports: Option<mpsc::Receiver<Flood>>,
 }
 
 impl<R> UpstreamTransport<R>
@@ -170,6 +234,8 @@ where
             // Closed by the client: the upstream reads EOF on its stdin.
             let _ = output.shutdown().await;
         });
+        let limits = UpstreamLimits::default();
+        let (floods, flood_reports) = mpsc::channel(FLOODS_QUEUED);
         let transport = UpstreamTransport {
             input: BufReader::new(input),
             reader: LineReader::new(max_line_bytes),
@@ -177,14 +243,89 @@ where
             output: sender,
             outstanding: Arc::default(),
             end: Arc::clone(&end),
+            limits,
+            in_flight: Arc::new(Semaphore::new(limits.in_flight.max(1))),
+            waiting: None,
+            passed: 0,
+            dropped: 0,
+            floods,
+            flood_reports: Some(flood_reports),
         };
         (transport, end)
     }
 
+    /// The same transport with other limits on what the upstream pushes (at least one push is
+    /// handled at a time).
+    pub fn with_limits(mut self, limits: UpstreamLimits) -> Self {
+        self.limits = limits;
+        self.in_flight = Arc::new(Semaphore::new(limits.in_flight.max(1)));
+        self
+    }
+
+    /// The floods, as they end; `None` after the first call.
+    pub fn take_floods(&mut self) -> Option<mpsc::Receiver<Flood>> {
+        self.flood_reports.take()
+    }
+
     /// Ends the connection for `reason`: nothing more is read.
-    fn fault(&self, reason: String) -> Option<RxJsonRpcMessage<RoleClient>> {
+    fn fault(&mut self, reason: String) -> Option<RxJsonRpcMessage<RoleClient>> {
         self.end.end(reason);
+        self.flood_over(false);
         None
+    }
+
+    /// An answer arrived, or the connection ended: a flood since the last answer is reported.
+    fn flood_over(&mut self, answered: bool) {
+        if self.dropped > 0 {
+            let flood = Flood {
+                passed: self.passed,
+                dropped: self.dropped,
+                answered,
+            };
+            if self.floods.try_send(flood).is_err() {
+                tracing::warn!(
+                    dropped = self.dropped,
+                    "the upstream flooded the proxy and the flood could not be reported"
+                );
+            }
+        }
+        self.passed = 0;
+        self.dropped = 0;
+    }
+
+    /// Whether a push of the upstream may be passed on (counts it either way).
+    fn admit_push(&mut self) -> bool {
+        let limit = u64::try_from(self.limits.pushes_per_answer).unwrap_or(u64::MAX);
+        if self.passed < limit {
+            self.passed += 1;
+            return true;
+        }
+        if self.dropped == 0 {
+            tracing::warn!(
+                limit,
+                "the upstream pushes more notifications and requests than allowed between two answers; the rest are dropped until it answers"
+            );
+        }
+        self.dropped += 1;
+        false
+    }
+
+    /// Waits for a place in flight for `message` (kept in `self.waiting` meanwhile), and gives it
+    /// the place to carry.
+    async fn hand_over(&mut self) -> Option<RxJsonRpcMessage<RoleClient>> {
+        let permit = Arc::clone(&self.in_flight).acquire_owned().await.ok()?;
+        let mut message = self.waiting.take()?;
+        let held = InFlight(Arc::new(permit));
+        match &mut message {
+            JsonRpcMessage::Request(request) => {
+                request.request.extensions_mut().insert(held);
+            }
+            JsonRpcMessage::Notification(notification) => {
+                notification.notification.extensions_mut().insert(held);
+            }
+            JsonRpcMessage::Response(_) | JsonRpcMessage::Error(_) => {}
+        }
+        Some(message)
     }
 }
 
@@ -235,8 +376,12 @@ where
     }
 
     async fn receive(&mut self) -> Option<RxJsonRpcMessage<RoleClient>> {
-        // Cancellation safety: the only await is the line read, which keeps a partial line in
-        // `self.reader`; everything after it is synchronous.
+        // Cancellation safety: the awaits are the line read, which keeps a partial line in
+        // `self.reader`, and the wait for a place in flight, which keeps its push in
+        // `self.waiting`; everything between them is synchronous.
+        if self.waiting.is_some() {
+            return self.hand_over().await;
+        }
         loop {
             if self.end.reason().is_some() {
                 return None;
@@ -285,7 +430,13 @@ where
                 JsonRpcMessage::Request(_) | JsonRpcMessage::Notification(_) => None,
             };
             match answered {
-                None => {}
+                None => {
+                    if self.admit_push() {
+                        self.waiting = Some(message);
+                        return self.hand_over().await;
+                    }
+                    continue;
+                }
                 Some(None) => {
                     let error = match &message {
                         JsonRpcMessage::Error(error) => error.error.message.to_string(),
@@ -300,7 +451,7 @@ where
                         "the upstream answered request id {id}, which was not asked or was already answered"
                     ));
                 }
-                Some(Some(_)) => {}
+                Some(Some(_)) => self.flood_over(true),
             }
             return Some(message);
         }

@@ -11,7 +11,7 @@ use rmcp::model::{
 };
 use rmcp::transport::Transport;
 use tokio::io::{AsyncBufReadExt as _, AsyncWriteExt as _, BufReader, DuplexStream};
-use toolgate_rmcp::upstream::{UpstreamEnd, UpstreamTransport};
+use toolgate_rmcp::upstream::{UpstreamEnd, UpstreamLimits, UpstreamTransport};
 
 struct Pipe {
     transport: UpstreamTransport<DuplexStream>,
@@ -135,4 +135,55 @@ async fn the_upstream_closing_its_output_ends_the_connection() {
     drop(pipe.writes);
     assert!(pipe.transport.receive().await.is_none());
     assert!(pipe.end.reason().unwrap().contains("closed its output"));
+}
+
+/// Polls `future` once (no waiting): whether it is still pending.
+fn pending<F: std::future::Future>(future: F) -> bool {
+    let mut future = std::pin::pin!(future);
+    let mut context = std::task::Context::from_waker(std::task::Waker::noop());
+    future.as_mut().poll(&mut context).is_pending()
+}
+
+fn log_line(n: u32) -> String {
+    format!(
+        "{{\"jsonrpc\":\"2.0\",\"method\":\"notifications/message\",\"params\":{{\"level\":\"info\",\"data\":\"{n}\"}}}}\n"
+    )
+}
+
+#[tokio::test]
+async fn pushes_wait_for_a_place_in_flight_and_a_flood_is_dropped_and_reported_once() {
+    let mut pipe = pipe(1024);
+    pipe.transport = pipe.transport.with_limits(UpstreamLimits {
+        pushes_per_answer: 3,
+        in_flight: 2,
+    });
+    let mut floods = pipe.transport.take_floods().unwrap();
+    pipe.ask(1).await;
+    let mut lines: String = (1..=5).map(log_line).collect();
+    lines.push_str("{\"jsonrpc\":\"2.0\",\"id\":1,\"result\":{}}\n");
+    pipe.upstream_writes(lines.as_bytes()).await;
+
+    // Two pushes are handled (held here); the third waits for one of them, and a wait given up
+    // loses nothing.
+    let first = pipe.transport.receive().await.unwrap();
+    let second = pipe.transport.receive().await.unwrap();
+    assert!(matches!(first, JsonRpcMessage::Notification(_)));
+    assert!(matches!(second, JsonRpcMessage::Notification(_)));
+    assert!(pending(pipe.transport.receive()));
+    drop(first);
+    let third = pipe.transport.receive().await.unwrap();
+    let JsonRpcMessage::Notification(third) = third else {
+        panic!("not the third notification: {third:?}");
+    };
+    assert!(format!("{third:?}").contains("\"3\""), "{third:?}");
+    // The fourth and fifth are over the limit: dropped; the answer passes and ends the flood.
+    drop((second, third));
+    assert!(matches!(
+        pipe.transport.receive().await,
+        Some(JsonRpcMessage::Response(_))
+    ));
+    let flood = floods.try_recv().unwrap();
+    assert_eq!((flood.passed, flood.dropped, flood.answered), (3, 2, true));
+    assert!(floods.try_recv().is_err(), "one report per flood");
+    assert!(pipe.end.reason().is_none());
 }

@@ -724,7 +724,11 @@ pub async fn build_proxy(
         .await
         .map_err(|e| anyhow::anyhow!("{}", e.message))?;
     host.watch_drift(Arc::clone(&drift));
-    let link = Arc::new(proxy::Link::new(config.upstream.clone(), host, connection));
+    let link = Arc::new(proxy::Link::new(
+        config.upstream.clone(),
+        Arc::clone(&host),
+        connection,
+    ));
     let upstream = proxy::Upstream::new(Arc::clone(&link), Arc::clone(&drift));
     let mut server = finish_gate(
         Gated::builder(upstream)
@@ -736,6 +740,8 @@ pub async fn build_proxy(
         false,
         reload_policy_only,
     )?;
+    // The upstream's requests to the host and its results are decided by the policy in force.
+    host.govern(server.gated.policy_handle(), Arc::clone(&audit));
     let closing = Arc::clone(&link);
     server.watchdog = Some(Watchdog::new(
         proxy::supervise(link, drift, audit),

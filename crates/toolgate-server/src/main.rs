@@ -197,6 +197,10 @@ struct UpstreamArgs {
     /// The longest line the upstream may write, in bytes; a longer one ends the connection.
     #[arg(long, default_value_t = toolgate::upstream::DEFAULT_UPSTREAM_MAX_LINE_BYTES, value_parser = parse_line_limit)]
     upstream_max_line_bytes: usize,
+    /// The largest tool result of the upstream forwarded to the host, in bytes of JSON; a larger
+    /// one is an error to the host.
+    #[arg(long, default_value_t = toolgate_server::proxy::DEFAULT_MAX_RESULT_BYTES, value_parser = parse_line_limit)]
+    upstream_max_result_bytes: usize,
 }
 
 impl UpstreamArgs {
@@ -212,6 +216,8 @@ impl UpstreamArgs {
             timeout: std::time::Duration::from_secs(self.upstream_timeout),
             restarts,
             backoff: std::time::Duration::from_millis(backoff_ms),
+            limits: toolgate::upstream::UpstreamLimits::default(),
+            max_result_bytes: self.upstream_max_result_bytes,
         }
     }
 }

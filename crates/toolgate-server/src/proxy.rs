@@ -17,6 +17,14 @@
 //! without an answer in time is cancelled ([`UpstreamOptions::timeout`]). [`supervise`] then
 //! audits the end, and restarts the upstream with backoff or ends the proxy; a call lost with its
 //! upstream is `indeterminate` (`docs/proxy.md`).
+//!
+//! Nor is it trusted with what it sends. What it pushes unasked is bounded by the transport
+//! ([`UpstreamOptions::limits`]): a flood is dropped and recorded once as `proxy/flood`. Its
+//! requests to the host (sampling, elicitation, roots) are refused unless the host declared the
+//! capability and the policy's `proxy.host_requests` lists it, and each is audited. Its tool
+//! results are bounded ([`UpstreamOptions::max_result_bytes`]), checked against the pinned
+//! `outputSchema` (an invalid one is an error to the host, recorded as `proxy/result`), and their
+//! text is wrapped as untrusted third-party text unless `proxy.trusted_output` names the tool.
 
 // Sampling, roots and logging are deprecated in the 2026-07-28 protocol (SEP-2577), but upstreams
 // of the 2025-11-25 era send them, and a proxy forwards what its upstream speaks.
@@ -30,17 +38,18 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
 use rmcp::model::{
-    CallToolRequest, CallToolRequestParams, CallToolResponse, CancelledNotificationParam,
-    ClientCapabilities, ClientConfig, ClientRequest, CompleteRequest, CompleteRequestParams,
-    CompleteResult, CreateMessageRequestParams, CreateMessageResult, ElicitRequestParams,
-    ElicitResult, GetPromptRequest, GetPromptRequestParams, GetPromptResponse, Implementation,
-    ListPromptsRequest, ListPromptsResult, ListResourceTemplatesRequest,
-    ListResourceTemplatesResult, ListResourcesRequest, ListResourcesResult, ListRootsResult,
-    ListToolsResult, LoggingMessageNotificationParam, PaginatedRequestParams,
-    ProgressNotificationParam, ProgressToken, ProtocolVersion, ReadResourceRequest,
-    ReadResourceRequestParams, ReadResourceResponse, RequestId, ResourceUpdatedNotificationParam,
-    ResultType, ServerConfig, ServerNotification, ServerResult, SetLevelRequest,
-    SetLevelRequestParams, SubscriptionFilter, Tool,
+    CallToolRequest, CallToolRequestParams, CallToolResponse, CallToolResult,
+    CancelledNotificationParam, ClientCapabilities, ClientConfig, ClientRequest, CompleteRequest,
+    CompleteRequestParams, CompleteResult, ContentBlock, CreateMessageRequestParams,
+    CreateMessageResult, ElicitRequestParams, ElicitResult, GetPromptRequest,
+    GetPromptRequestParams, GetPromptResponse, Implementation, ListPromptsRequest,
+    ListPromptsResult, ListResourceTemplatesRequest, ListResourceTemplatesResult,
+    ListResourcesRequest, ListResourcesResult, ListRootsResult, ListToolsResult,
+    LoggingMessageNotificationParam, PaginatedRequestParams, ProgressNotificationParam,
+    ProgressToken, ProtocolVersion, ReadResourceRequest, ReadResourceRequestParams,
+    ReadResourceResponse, RequestId, ResourceUpdatedNotificationParam, ResultType, ServerConfig,
+    ServerNotification, ServerResult, SetLevelRequest, SetLevelRequestParams, SubscriptionFilter,
+    Tool,
 };
 use rmcp::service::{
     ClientLifecycleMode, NotificationContext, Peer, PeerRequestOptions, RequestContext,
@@ -50,7 +59,8 @@ use rmcp::{ClientHandler, ErrorData as McpError, RoleClient, RoleServer, ServerH
 use toolgate::audit::{AuditEntry, AuditSink, Decision, Outcome};
 use toolgate::canon::Sha256Digest;
 use toolgate::contract::upstream::{UpstreamPin, UpstreamTool};
-use toolgate::upstream::{UpstreamEnd, UpstreamTransport};
+use toolgate::policy::HostRequest;
+use toolgate::upstream::{Flood, UpstreamEnd, UpstreamLimits, UpstreamTransport};
 
 /// The host side, once known (the peer of the first request the host sent), the pin's
 /// comparison once the proxy serves, and the progress tokens of the calls in flight.
@@ -62,6 +72,17 @@ pub struct Host {
     drift: OnceLock<Arc<Drift>>,
     /// The upstream's progress token of a forwarded call -> the host's.
     progress: Mutex<HashMap<ProgressToken, ProgressToken>>,
+    /// The policy in force and the audit log, once the gate is built.
+    governed: OnceLock<Governed>,
+    /// The comparisons after the upstream's `list_changed`.
+    list_checks: Mutex<ListChecks>,
+}
+
+/// What the proxy's own decisions about the upstream are made and recorded with.
+#[derive(Debug, Clone)]
+struct Governed {
+    policy: toolgate::PolicyHandle,
+    audit: Arc<dyn AuditSink>,
 }
 
 impl Host {
@@ -91,6 +112,70 @@ impl Host {
     /// pin at once.
     pub fn watch_drift(&self, drift: Arc<Drift>) {
         let _first = self.drift.set(drift);
+    }
+
+    /// From now on, the upstream's requests to the host are decided by `policy` (its
+    /// `proxy.host_requests`), its text is wrapped unless `proxy.trusted_output` names the tool,
+    /// and the proxy's decisions about what the upstream sends are recorded in `audit`.
+    pub fn govern(&self, policy: toolgate::PolicyHandle, audit: Arc<dyn AuditSink>) {
+        let _first = self.governed.set(Governed { policy, audit });
+    }
+
+    /// Whether the policy in force lets the upstream send `request` (never before it is known).
+    fn allows(&self, request: HostRequest) -> bool {
+        self.governed
+            .get()
+            .is_some_and(|g| g.policy.policy().host_request_allowed(request))
+    }
+
+    /// Whether the policy in force passes `tool`'s text to the host unwrapped.
+    fn trusts_output(&self, tool: &str) -> bool {
+        self.governed
+            .get()
+            .is_some_and(|g| g.policy.policy().trusted_output(tool))
+    }
+
+    /// Appends `entry` to the audit log (off the async threads); a failure is logged, since the
+    /// decision it records is already made.
+    async fn record(&self, entry: AuditEntry) {
+        let Some(governed) = self.governed.get() else {
+            tracing::warn!(method = %entry.method, reason = ?entry.reason, "not audited: the proxy's audit log is not open yet");
+            return;
+        };
+        let audit = Arc::clone(&governed.audit);
+        match toolgate::run_blocking(move || audit.append(&entry)).await {
+            Ok(Ok(_)) => {}
+            Ok(Err(error)) => {
+                tracing::error!(%error, "cannot audit the proxy's decision about its upstream")
+            }
+            Err(error) => {
+                tracing::error!(%error, "cannot audit the proxy's decision about its upstream")
+            }
+        }
+    }
+
+    /// Records a flood of the upstream's pushes, once per flood.
+    async fn record_flood(&self, flood: Flood) {
+        let how = if flood.answered {
+            "until it answered again"
+        } else {
+            "until its connection ended"
+        };
+        let reason = format!(
+            "upstream_flood: the upstream pushed {} notifications and requests between two answers, over the limit of {}: {} were dropped, not forwarded to the host ({how}; each flood is recorded once)",
+            flood.passed + flood.dropped,
+            flood.passed,
+            flood.dropped
+        );
+        tracing::warn!("{reason}");
+        self.record(proxy_record(
+            "proxy/flood",
+            Decision::Deny,
+            Outcome::Refused,
+            Sha256Digest::of(reason.as_bytes()),
+            reason,
+        ))
+        .await;
     }
 
     fn peer(&self) -> Result<&Peer<RoleServer>, McpError> {
@@ -136,12 +221,11 @@ impl ClientHandler for HostLink {
         params: CreateMessageRequestParams,
         _context: RequestContext<RoleClient>,
     ) -> Result<CreateMessageResult, McpError> {
-        self.host
-            .requested()
-            .await?
-            .create_message(params)
-            .await
-            .map_err(host_error)
+        let digest = digest_of(&params);
+        let host = self.admit(HostRequest::Sampling, digest).await?;
+        let answer = host.create_message(params).await.map_err(host_error);
+        self.forwarded(HostRequest::Sampling, digest, &answer).await;
+        answer
     }
 
     async fn create_elicitation(
@@ -149,28 +233,32 @@ impl ClientHandler for HostLink {
         params: ElicitRequestParams,
         _context: RequestContext<RoleClient>,
     ) -> Result<ElicitResult, McpError> {
+        let digest = digest_of(&params);
+        let host = self.admit(HostRequest::Elicitation, digest).await?;
         let request =
             rmcp::model::ServerRequest::ElicitRequest(rmcp::model::ElicitRequest::new(params));
-        match self.host.requested().await?.send_request(request).await {
+        let answer = match host.send_request(request).await {
             Ok(rmcp::model::ClientResult::ElicitResult(result)) => Ok(result),
             Ok(_) => Err(McpError::internal_error(
                 "the host answered the elicitation with another kind of result",
                 None,
             )),
             Err(error) => Err(host_error(error)),
-        }
+        };
+        self.forwarded(HostRequest::Elicitation, digest, &answer)
+            .await;
+        answer
     }
 
     async fn list_roots(
         &self,
         _context: RequestContext<RoleClient>,
     ) -> Result<ListRootsResult, McpError> {
-        self.host
-            .requested()
-            .await?
-            .list_roots()
-            .await
-            .map_err(host_error)
+        let digest = Sha256Digest::of(b"");
+        let host = self.admit(HostRequest::Roots, digest).await?;
+        let answer = host.list_roots().await.map_err(host_error);
+        self.forwarded(HostRequest::Roots, digest, &answer).await;
+        answer
     }
 
     async fn on_progress(
@@ -225,15 +313,166 @@ impl ClientHandler for HostLink {
     }
 
     async fn on_tool_list_changed(&self, context: NotificationContext<RoleClient>) {
-        tool_list_changed(&self.host, &context.peer).await;
+        // The comparison waits for the upstream's answer to a list: the notification's place in
+        // flight is given back first, or a reader waiting for places could never read the answer.
+        let upstream = context.peer.clone();
+        drop(context);
+        tool_list_changed(&self.host, &upstream).await;
     }
+}
+
+impl HostLink {
+    /// Decides a request of the upstream to the host: refused (and audited) unless the host
+    /// declared its capability and the policy's `proxy.host_requests` lists it. Returns the host
+    /// to forward it to.
+    async fn admit(
+        &self,
+        request: HostRequest,
+        digest: Sha256Digest,
+    ) -> Result<Peer<RoleServer>, McpError> {
+        let host = self.host.requested().await?;
+        let refusal = if !declared(&host, request) {
+            Some(format!(
+                "host_capability_missing: the host did not declare the `{}` capability (a 2026-07-28 host takes no requests from a server at all), so the upstream may not ask it",
+                request.as_str()
+            ))
+        } else if !self.host.allows(request) {
+            Some(format!(
+                "policy: proxy.host_requests does not list \"{}\" (by default the upstream may ask the host nothing); add it to the policy to forward these requests",
+                request.as_str()
+            ))
+        } else {
+            None
+        };
+        let Some(reason) = refusal else {
+            return Ok(host);
+        };
+        tracing::warn!(method = request.method(), %reason, "refused the upstream's request to the host");
+        self.host
+            .record(proxy_record(
+                request.method(),
+                Decision::Deny,
+                Outcome::NotExecuted,
+                digest,
+                reason.clone(),
+            ))
+            .await;
+        Err(McpError::invalid_request(
+            format!(
+                "the proxy does not forward {} to the host: {reason}",
+                request.method()
+            ),
+            None,
+        ))
+    }
+
+    /// Records a request of the upstream that was forwarded to the host, and how the host
+    /// answered.
+    async fn forwarded<T>(
+        &self,
+        request: HostRequest,
+        digest: Sha256Digest,
+        answer: &Result<T, McpError>,
+    ) {
+        let (outcome, how) = match answer {
+            Ok(_) => (Outcome::Observed, "the host answered".to_owned()),
+            Err(error) => (
+                Outcome::Error,
+                format!("the host answered with error {}", error.code.0),
+            ),
+        };
+        self.host
+            .record(proxy_record(
+                request.method(),
+                Decision::Allow,
+                outcome,
+                digest,
+                format!(
+                    "forwarded: the host declared `{}` and proxy.host_requests lists it; {how}",
+                    request.as_str()
+                ),
+            ))
+            .await;
+    }
+}
+
+/// Whether `host` declared the capability `request` needs. Only a 2025-11-25 host declares
+/// capabilities for the session (`initialize`); the 2026-07-28 protocol forbids requests from a
+/// server to its client, so a host of that era has none for the upstream.
+fn declared(host: &Peer<RoleServer>, request: HostRequest) -> bool {
+    let Some(info) = host.peer_info() else {
+        return false;
+    };
+    let capabilities = &info.capabilities;
+    match request {
+        HostRequest::Sampling => capabilities.sampling.is_some(),
+        HostRequest::Elicitation => capabilities.elicitation.is_some(),
+        HostRequest::Roots => capabilities.roots.is_some(),
+        // A kind this proxy does not know is not declared.
+        _ => false,
+    }
+}
+
+/// The digest of a request's parameters, for its audit record (never the parameters).
+fn digest_of(params: &impl serde::Serialize) -> Sha256Digest {
+    Sha256Digest::of_json(&serde_json::to_value(params).unwrap_or_default())
+}
+
+/// A record of the proxy's own, about its upstream (`method` says which kind).
+fn proxy_record(
+    method: &str,
+    decision: Decision,
+    outcome: Outcome,
+    digest: Sha256Digest,
+    reason: String,
+) -> AuditEntry {
+    let mut entry =
+        AuditEntry::tool_call("proxy", "upstream", decision, outcome, digest).with_reason(reason);
+    entry.method = method.to_owned();
+    entry
 }
 
 /// The upstream's tools changed (its `notifications/tools/list_changed`, unsolicited from a
 /// 2025-11-25 upstream, on the proxy's subscription from a 2026-07-28 one): the new list is
 /// compared with the pin at once, so a changed tool is hidden and refused before the host lists
 /// again (the host's list goes through the pin too); then the host is told.
+///
+/// Announcements that arrive while a comparison runs are coalesced into one more comparison, so a
+/// flood of `list_changed` costs two lists of the upstream, not one each.
 async fn tool_list_changed(host: &Host, upstream: &Peer<RoleClient>) {
+    {
+        let mut checks = host
+            .list_checks
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if checks.running {
+            checks.again = true;
+            return;
+        }
+        checks.running = true;
+    }
+    loop {
+        compare_and_announce(host, upstream).await;
+        let mut checks = host
+            .list_checks
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if !std::mem::take(&mut checks.again) {
+            checks.running = false;
+            return;
+        }
+    }
+}
+
+/// Whether a comparison after `list_changed` runs, and whether another was announced meanwhile.
+#[derive(Debug, Default)]
+struct ListChecks {
+    running: bool,
+    again: bool,
+}
+
+/// Lists the upstream's tools, compares them with the pin, then tells the host.
+async fn compare_and_announce(host: &Host, upstream: &Peer<RoleClient>) {
     if let Some(drift) = host.drift.get() {
         match upstream.list_all_tools().await {
             Ok(listed) => {
@@ -258,6 +497,15 @@ pub struct Upstream {
     link: Arc<Link>,
     info: ServerConfig,
     drift: Arc<Drift>,
+    /// The compiled pinned output schemas, by tool (compiled again when the schema differs).
+    validators: Mutex<HashMap<String, OutputValidator>>,
+}
+
+/// A pinned output schema and its validator (or why it does not compile).
+#[derive(Debug, Clone)]
+struct OutputValidator {
+    schema: Arc<rmcp::model::JsonObject>,
+    validator: Result<Arc<jsonschema::Validator>, String>,
 }
 
 /// The upstream's tools against their pin: which are approved, why the others are not, and which
@@ -427,7 +675,15 @@ pub struct UpstreamOptions {
     /// The wait before the first restart, doubled for each further one in a row (at most
     /// [`MAX_BACKOFF`]).
     pub backoff: Duration,
+    /// What the upstream may push unasked (notifications, requests to the host).
+    pub limits: UpstreamLimits,
+    /// The largest tool result forwarded to the host, in bytes (as JSON); a larger one is an
+    /// error to the host.
+    pub max_result_bytes: usize,
 }
+
+/// The default [`UpstreamOptions::max_result_bytes`]: 4 MiB.
+pub const DEFAULT_MAX_RESULT_BYTES: usize = 4 * 1024 * 1024;
 
 /// The longest wait between two restarts.
 pub const MAX_BACKOFF: Duration = Duration::from_secs(30);
@@ -503,6 +759,16 @@ pub async fn connect(options: &UpstreamOptions, host: &Arc<Host>) -> anyhow::Res
         anyhow::bail!("the upstream `{program}` was started without pipes");
     };
     let (transport, end) = UpstreamTransport::new(stdout, stdin, options.max_line_bytes);
+    let mut transport = transport.with_limits(options.limits);
+    if let Some(mut floods) = transport.take_floods() {
+        let host = Arc::clone(host);
+        // Ends with the transport (the sender is dropped with it).
+        tokio::spawn(async move {
+            while let Some(flood) = floods.recv().await {
+                host.record_flood(flood).await;
+            }
+        });
+    }
     let link = HostLink {
         host: Arc::clone(host),
     };
@@ -574,7 +840,10 @@ async fn subscribe_to_tool_changes(
     tokio::spawn(async move {
         while let Ok(Some(notification)) = subscription.next().await {
             if let ServerNotification::ToolListChangedNotification(_) = notification {
-                tool_list_changed(&host, &peer).await;
+                // Not awaited here: the subscription is drained at once (rmcp cancels one whose
+                // buffer fills), and announcements during a comparison are coalesced.
+                let (host, peer) = (Arc::clone(&host), peer.clone());
+                tokio::spawn(async move { tool_list_changed(&host, &peer).await });
             }
         }
     });
@@ -702,16 +971,8 @@ impl Link {
 
 /// Where the proxy's lifecycle records go.
 fn lifecycle(decision: Decision, outcome: Outcome, reason: String) -> AuditEntry {
-    let mut entry = AuditEntry::tool_call(
-        "proxy",
-        "upstream",
-        decision,
-        outcome,
-        Sha256Digest::of(reason.as_bytes()),
-    )
-    .with_reason(reason);
-    entry.method = "proxy/upstream".to_owned();
-    entry
+    let digest = Sha256Digest::of(reason.as_bytes());
+    proxy_record("proxy/upstream", decision, outcome, digest, reason)
 }
 
 /// Watches the upstream: when it ends (exit, crash, a protocol breach, a hang), records why in
@@ -842,7 +1103,12 @@ impl Upstream {
             }
             None => ServerConfig::new(Default::default()),
         };
-        Upstream { link, info, drift }
+        Upstream {
+            link,
+            info,
+            drift,
+            validators: Mutex::default(),
+        }
     }
 
     /// Sends `request` upstream and waits for its answer within the timeout; the host's
@@ -889,6 +1155,104 @@ impl Upstream {
                 Err(Forwarded::Lost(upstream_error(error, &connection.end)))
             }
         }
+    }
+
+    /// Checks a tool result of the upstream before the gate presents it: bounded in size, and
+    /// matching the pinned `outputSchema` (an error to the host otherwise, recorded as
+    /// `proxy/result`); then its text is wrapped as untrusted unless the policy trusts the tool.
+    async fn vet(&self, tool: &str, result: &mut CallToolResult) -> Result<(), McpError> {
+        if let Some(problem) = self.problem(tool, result) {
+            let reason = format!("upstream_result_invalid: `{tool}`: {problem}");
+            tracing::warn!("{reason}");
+            self.link
+                .host
+                .record(proxy_record(
+                    "proxy/result",
+                    Decision::Deny,
+                    Outcome::Refused,
+                    Sha256Digest::of(reason.as_bytes()),
+                    reason,
+                ))
+                .await;
+            return Err(McpError::internal_error(
+                format!(
+                    "the upstream's result of `{tool}` was not forwarded: {problem}; the call ran upstream, so inspect its effect before retrying"
+                ),
+                None,
+            ));
+        }
+        if !self.link.host.trusts_output(tool) {
+            wrap_untrusted(result);
+        }
+        Ok(())
+    }
+
+    /// Why `result` may not reach the host, if it may not.
+    fn problem(&self, tool: &str, result: &CallToolResult) -> Option<String> {
+        let limit = self.link.options.max_result_bytes;
+        let bytes = serde_json::to_vec(result).map_or(usize::MAX, |json| json.len());
+        if bytes > limit {
+            return Some(format!(
+                "it is {bytes} bytes of JSON, over the limit of {limit} (--upstream-max-result-bytes)"
+            ));
+        }
+        // An error result is the tool's refusal; its structured content, if any, is not the
+        // result the schema describes.
+        if result.is_error == Some(true) {
+            return None;
+        }
+        let schema = self.get_tool(tool)?.output_schema?;
+        let Some(structured) = &result.structured_content else {
+            return Some(
+                "its pinned outputSchema requires structuredContent, and the result has none"
+                    .to_owned(),
+            );
+        };
+        let validator = match self.validator(tool, &schema) {
+            Ok(validator) => validator,
+            Err(error) => {
+                return Some(format!(
+                    "its pinned outputSchema cannot be compiled ({error}), so no result can be checked"
+                ));
+            }
+        };
+        validator.iter_errors(structured).next().map(|error| {
+            // The schema's path and keyword, never the value (it may be anything, and huge).
+            let at: String = error.instance_path().as_str().chars().take(200).collect();
+            format!(
+                "its structuredContent breaks the pinned outputSchema (keyword `{}` at schema path {}, instance path {at:?})",
+                error.kind().keyword(),
+                error.schema_path().as_str()
+            )
+        })
+    }
+
+    /// The validator of `tool`'s pinned output schema `schema`, compiled once.
+    fn validator(
+        &self,
+        tool: &str,
+        schema: &Arc<rmcp::model::JsonObject>,
+    ) -> Result<Arc<jsonschema::Validator>, String> {
+        let mut validators = self
+            .validators
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if let Some(found) = validators.get(tool)
+            && (Arc::ptr_eq(&found.schema, schema) || *found.schema == **schema)
+        {
+            return found.validator.clone();
+        }
+        let validator = jsonschema::validator_for(&serde_json::Value::Object((**schema).clone()))
+            .map(Arc::new)
+            .map_err(|e| e.masked().to_string());
+        validators.insert(
+            tool.to_owned(),
+            OutputValidator {
+                schema: Arc::clone(schema),
+                validator: validator.clone(),
+            },
+        );
+        validator
     }
 
     /// After a request timed out: pings the upstream, and ends the connection (so that it is
@@ -957,6 +1321,18 @@ impl Drop for ProgressRoute<'_> {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .remove(&self.upstream);
+    }
+}
+
+/// Wraps every text block of an upstream's result as untrusted third-party text (the shape of the
+/// policy's `untrusted_output`, uncut: the result's size is bounded already); structured content
+/// keeps its pinned shape (name its text fields in `untrusted_output` to wrap them too).
+fn wrap_untrusted(result: &mut CallToolResult) {
+    for block in &mut result.content {
+        if let ContentBlock::Text(text) = block {
+            let wrapped = toolgate::policy::untrusted_wrapper(&text.text, usize::MAX);
+            text.text = wrapped.to_string();
+        }
     }
 }
 
@@ -1036,10 +1412,12 @@ impl ServerHandler for Upstream {
         request: CallToolRequestParams,
         context: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, McpError> {
+        let tool = request.name.to_string();
         let call = ClientRequest::CallToolRequest(CallToolRequest::new(request));
         match self.forward(call, &context).await {
             Ok((ServerResult::CallToolResult(mut result), _)) => {
                 complete(&mut result.result_type);
+                self.vet(&tool, &mut result).await?;
                 Ok(CallToolResponse::Complete(result))
             }
             Ok((ServerResult::InputRequiredResult(result), _)) => {

@@ -387,6 +387,31 @@ impl Server {
         reply["result"].clone()
     }
 
+    /// The 2025-11-25 handshake (`initialize` declaring `capabilities`, then
+    /// `notifications/initialized`); asserts it succeeded and returns the result. Requests after it
+    /// go without `_meta` ([`Server::send_legacy`]).
+    pub fn initialize(&mut self, capabilities: Value) -> Value {
+        let id = self.next_id();
+        self.send(
+            &json!({"jsonrpc": "2.0", "id": id, "method": "initialize", "params": {
+                "protocolVersion": "2025-11-25",
+                "capabilities": capabilities,
+                "clientInfo": {"name": "test-host", "version": "1.0.0"},
+            }}),
+        );
+        let reply = self.response(id);
+        assert!(reply.get("result").is_some(), "initialize failed: {reply}");
+        self.send(&json!({"jsonrpc": "2.0", "method": "notifications/initialized"}));
+        reply["result"].clone()
+    }
+
+    /// Sends a 2025-11-25 request (no `_meta`) and returns its id.
+    pub fn send_legacy(&mut self, method: &str, params: Value) -> u64 {
+        let id = self.next_id();
+        self.send(&json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params}));
+        id
+    }
+
     /// `tools/list`; returns the tool names.
     pub fn list_tool_names(&mut self) -> Vec<String> {
         let reply = self.request("tools/list", json!({}));
