@@ -1,4 +1,4 @@
-//! Edge cases of the gate's bookkeeping: a handler that never returns normally still leaves an
+//! Edge cases of the gate's bookkeeping: a handler that panics is answered and still leaves an
 //! audit record and an expired permit, and a handler that cannot resolve its tools by name
 //! (no `get_tool`) lists nothing, since it could call nothing.
 
@@ -71,7 +71,7 @@ fn gate<H: ServerHandler>(inner: H, audit_path: &Path, allow: &str) -> Gated<H> 
 }
 
 #[tokio::test]
-async fn a_panicking_handler_still_leaves_an_audit_record_and_an_expired_permit() {
+async fn a_panicking_handler_is_answered_and_leaves_an_audit_record_and_an_expired_permit() {
     let dir = tempfile::tempdir().unwrap();
     let audit_path: PathBuf = dir.path().join("audit.jsonl");
     let kept = Arc::new(Mutex::new(None));
@@ -87,11 +87,15 @@ async fn a_panicking_handler_still_leaves_an_audit_record_and_an_expired_permit(
     });
     let client = ().serve(client_half).await.unwrap();
     let peer = client.peer().clone();
-    // The reply never comes (the handler task panicked); the call runs in the background while
-    // the test waits for the record.
-    let pending = tokio::spawn(async move {
-        let _ = peer.call_tool(CallToolRequestParams::new("boom")).await;
-    });
+    // The panic is answered -32603, without its message.
+    let answered = peer.call_tool(CallToolRequestParams::new("boom")).await;
+    match answered {
+        Err(rmcp::service::ServiceError::McpError(error)) => {
+            assert_eq!(error.code.0, -32603, "{error:?}");
+            assert!(!error.message.contains("handler bug"), "{error:?}");
+        }
+        other => panic!("not an internal error: {other:?}"),
+    }
 
     let deadline = Instant::now() + Duration::from_secs(60);
     let lines = loop {
@@ -109,7 +113,7 @@ async fn a_panicking_handler_still_leaves_an_audit_record_and_an_expired_permit(
     assert_eq!(lines[0]["name"], "boom");
     assert_eq!(lines[0]["decision"], "allow");
     assert_eq!(lines[0]["outcome"], "committed", "what the handler reached");
-    assert_eq!(lines[0]["reason"], "cancelled");
+    assert_eq!(lines[0]["reason"], "handler_panicked");
     assert!(
         toolgate_audit::verify_file(&audit_path)
             .unwrap()
@@ -126,7 +130,6 @@ async fn a_panicking_handler_still_leaves_an_audit_record_and_an_expired_permit(
         permit.record_outcome(Outcome::Replay),
         Err(PermitError::Expired { .. })
     ));
-    pending.abort();
     let _ = client.cancel().await;
 }
 

@@ -492,10 +492,11 @@ impl<H: ServerHandler> Gated<H> {
             Outcome::Committed
         };
         let outcome = match &response {
-            // Whatever the handler recorded before it panicked, nobody can tell how far its
+            // Whatever the handler recorded before it panicked, nothing stored says how far its
             // effect got: an exactly-once ticket is abandoned (indeterminate), not failed.
             _ if panicked && ticket.is_some() => Outcome::Indeterminate,
-            _ if panicked => Outcome::Error,
+            // Otherwise the record says what the handler reached, as for a cancelled call.
+            _ if panicked => recorded.unwrap_or(Outcome::Error),
             Ok(CallToolResponse::Complete(_)) if invalid_arguments => Outcome::InvalidArguments,
             Ok(CallToolResponse::Complete(result)) if result.is_error == Some(true) => {
                 recorded.unwrap_or(Outcome::Failed)
@@ -508,6 +509,9 @@ impl<H: ServerHandler> Gated<H> {
             Err(_) => recorded.unwrap_or(Outcome::Error),
         };
         let mut entry = with_outcome(allow, outcome);
+        if panicked {
+            entry = entry.with_reason("handler_panicked");
+        }
         let audit_failed = |error: String| {
             tracing::error!(tool = %name, %error, "could not audit an allowed call");
             Err(McpError::internal_error(
