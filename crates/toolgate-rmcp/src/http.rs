@@ -706,7 +706,13 @@ async fn record(
 }
 
 async fn append(door: &Door, entry: AuditEntry) {
-    let audit = Arc::clone(&door.audit);
+    append_to(&door.audit, entry).await;
+}
+
+/// Appends a record of the front door's to `audit` (on the blocking pool when the sink may
+/// block); a failure is logged, since the refusal stands either way.
+pub(crate) async fn append_to(audit: &Arc<dyn AuditSink>, entry: AuditEntry) {
+    let audit = Arc::clone(audit);
     let recorded = if audit.may_block() {
         crate::blocking::run(move || audit.append(&entry))
             .await

@@ -355,6 +355,22 @@ impl ServerHandler for Probe {
         _context: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, ErrorData> {
         self.calls.hit("call_tool");
+        // Asked for a task: the one the task methods below are forwarded for (the gate answers
+        // them only for a task its caller created through it).
+        if request
+            .arguments
+            .as_ref()
+            .is_some_and(|args| args.get("task") == Some(&json!(true)))
+        {
+            return Ok(CallToolResponse::Task(rmcp::model::CreateTaskResult::new(
+                Task::new(
+                    "probe-task-1",
+                    TaskStatus::Working,
+                    "2026-01-01T00:00:00Z",
+                    "2026-01-01T00:00:00Z",
+                ),
+            )));
+        }
         Ok(CallToolResult::success(vec![ContentBlock::text(format!(
             "probe-call-tool:{}",
             request.name
@@ -709,6 +725,16 @@ async fn check_initialize_session(calls: &Calls, ledger: &tempfile::TempDir) {
         other => panic!("expected the probe's custom result, got {other:?}"),
     }
     calls.assert_ran(mark, "on_custom_request");
+
+    // A task the gate did not see created is unknown; the one a gated call created is forwarded.
+    let mark = calls.len();
+    let unseen = client.get_task(GetTaskParams::new("probe-task-1")).await;
+    assert!(unseen.is_err(), "{unseen:?}");
+    assert!(calls.since(mark).is_empty(), "{:?}", calls.since(mark));
+    let mut params = CallToolRequestParams::new(PROBE_TOOL);
+    params.arguments = json!({"task": true}).as_object().cloned();
+    let created = client.call_tool_once(params).await.unwrap();
+    assert!(matches!(created, CallToolResponse::Task(_)), "{created:?}");
 
     let mark = calls.len();
     let task = client

@@ -363,6 +363,30 @@ impl ServerHandler for Blocking {
     }
 }
 
+/// Serves `handler` on `transport` under rmcp, and has `client` complete the 2025-11-25 handshake.
+async fn serve_initialized<H: ServerHandler>(
+    handler: H,
+    transport: Server,
+    client: &mut Client,
+) -> tokio::task::JoinHandle<()> {
+    let serving = tokio::spawn(async move {
+        let running = handler.serve(transport).await.unwrap();
+        let _ = running.waiting().await;
+    });
+    client
+        .send(&[
+            json!({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
+            "protocolVersion": "2025-11-25", "capabilities": {},
+            "clientInfo": {"name": "test", "version": "0"}}}),
+        ])
+        .await;
+    assert_eq!(client.reply().await["id"], 0);
+    client
+        .send(&[json!({"jsonrpc": "2.0", "method": "notifications/initialized"})])
+        .await;
+    serving
+}
+
 fn tool_call(n: i64) -> Value {
     json!({"jsonrpc": "2.0", "id": n, "method": "tools/call",
            "params": {"name": "block", "arguments": {"n": n}}})
@@ -388,22 +412,7 @@ async fn under_rmcp_at_most_n_calls_reach_the_handler() {
     };
     let (release, most) = (Arc::clone(&handler.release), Arc::clone(&handler.most));
     let (transport, mut client) = pair(StdioConfig::new().max_in_flight(nz(N)));
-    let serving = tokio::spawn(async move {
-        let running = handler.serve(transport).await.unwrap();
-        let _ = running.waiting().await;
-    });
-
-    client
-        .send(&[
-            json!({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
-            "protocolVersion": "2025-11-25", "capabilities": {},
-            "clientInfo": {"name": "test", "version": "0"}}}),
-        ])
-        .await;
-    assert_eq!(client.reply().await["id"], 0);
-    client
-        .send(&[json!({"jsonrpc": "2.0", "method": "notifications/initialized"})])
-        .await;
+    let serving = serve_initialized(handler, transport, &mut client).await;
 
     // Four calls pipelined: three reach the handler, and nothing more happens.
     client
@@ -518,21 +527,7 @@ async fn a_panicking_handler_is_answered_and_frees_its_slot() {
     .build()
     .unwrap();
     let (transport, mut client) = pair(StdioConfig::new().max_in_flight(nz(N)));
-    let serving = tokio::spawn(async move {
-        let running = gated.serve(transport).await.unwrap();
-        let _ = running.waiting().await;
-    });
-    client
-        .send(&[
-            json!({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
-            "protocolVersion": "2025-11-25", "capabilities": {},
-            "clientInfo": {"name": "test", "version": "0"}}}),
-        ])
-        .await;
-    assert_eq!(client.reply().await["id"], 0);
-    client
-        .send(&[json!({"jsonrpc": "2.0", "method": "notifications/initialized"})])
-        .await;
+    let serving = serve_initialized(gated, transport, &mut client).await;
 
     // Three times as many panics as there are slots, pipelined: each is answered -32603 without
     // the panic's message, and the connection still serves.

@@ -483,18 +483,7 @@ impl RefusalLog {
     }
 
     async fn append(&self, entry: AuditEntry) {
-        let audit = Arc::clone(&self.audit);
-        let recorded = if audit.may_block() {
-            crate::blocking::run(move || audit.append(&entry))
-                .await
-                .map_err(|e| e.to_string())
-                .and_then(|r| r.map_err(|e| e.to_string()))
-        } else {
-            audit.append(&entry).map_err(|e| e.to_string())
-        };
-        if let Err(error) = recorded {
-            tracing::error!(%error, "could not audit a request the HTTP front door refused");
-        }
+        super::append_to(&self.audit, entry).await;
     }
 }
 
