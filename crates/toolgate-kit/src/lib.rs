@@ -92,6 +92,6 @@ pub use launch::Launcher;
 pub use matrix::{CutOff, Kit, Overwrite, Seed, ToolFixtures};
 pub use observe::{Change, ChangeKind, Delta, FsObserver, Item, Observation, Observer, SavedState};
 pub use report::{
-    CaseKind, CaseReport, Claim, Claims, Contradiction, ObservedStep, Report, ToolReport,
-    ToolStatus,
+    CaseKind, CaseReport, Claim, ClaimGap, ClaimVerdict, Claims, Contradiction, LostUpdate,
+    ObservedStep, Report, ToolReport, ToolStatus, Verdict,
 };
