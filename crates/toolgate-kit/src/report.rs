@@ -811,6 +811,9 @@ pub(crate) fn judge(
             }
             if let Some(evidence) = &lost
                 && claims.destructive == Some(false)
+                && !contradictions
+                    .iter()
+                    .any(|c| c.claim == Claim::NonDestructive)
             {
                 contradict(
                     Claim::NonDestructive,
@@ -1011,7 +1014,12 @@ pub(crate) fn verdicts(claims: &Claims, cases: &[CaseReport]) -> Vec<ClaimVerdic
                 match claim {
                     Claim::ReadOnly => "calls that succeeded changed nothing observed",
                     Claim::Idempotent => "repeating completed operations added no effect",
-                    _ => "calls given existing state lost or replaced none of it",
+                    _ if by.contains(&CaseKind::Overwrite) => {
+                        "the overwrite case's call, given the seeded state, lost or replaced none of it, and no other call lost or replaced state"
+                    }
+                    _ => {
+                        "calls extended records that existed before them (appended, earlier content kept), and no call lost or replaced state; ToolFixtures::with_overwrite tests a call that modifies existing state"
+                    }
                 }
                 .to_owned(),
             )
@@ -1212,6 +1220,167 @@ mod tests {
         assert!(report.contradictions.is_empty(), "{}", report.result);
         assert_eq!(report.observed[0].step, "seed (not judged)");
         assert_eq!(report.observed[1].step, "call");
+    }
+
+    /// Case 5 with a restorable observer: the pair left one call's outcome (`compared` empty),
+    /// two calls in a row leave `sequential`, the pair's calls ended with `outcomes`.
+    fn pair(outcomes: [CallOutcome; 2], sequential: &[(&str, ChangeKind)]) -> CaseRun {
+        let mut pair = run(
+            CaseKind::Concurrent,
+            &[
+                ("one call", &[("state/n", Added)]),
+                ("both calls", &[("state/n", Added)]),
+            ],
+        );
+        pair.fresh = true;
+        pair.compared = Some(Delta::default());
+        pair.outcomes = outcomes.to_vec();
+        pair.sequential = Some(Sequential {
+            difference: delta(sequential),
+            both_ok: true,
+        });
+        pair
+    }
+
+    #[test]
+    fn a_lost_update_is_flagged_only_when_both_calls_succeed_and_two_in_a_row_leave_more() {
+        use CallOutcome::{Ok, ToolError};
+        let honest = claims(Some(false), Some(true), Some(false));
+        let lost = judge("t", &honest, pair([Ok, Ok], &[("state/n", Modified)]), None);
+        assert!(lost.contradictions.is_empty(), "{}", lost.result);
+        let flag = lost.lost_update.as_ref().expect("flagged");
+        assert_eq!((flag.tool.as_str(), flag.case), ("t", CaseKind::Concurrent));
+        assert!(
+            lost.result.starts_with(
+                "LOST UPDATE: both calls succeeded, but together they left the outcome of one call"
+            ),
+            "{}",
+            lost.result
+        );
+        // One of the pair failed: one effect is what two replies said.
+        let refused = judge(
+            "t",
+            &honest,
+            pair([Ok, ToolError], &[("state/n", Modified)]),
+            None,
+        );
+        assert!(refused.lost_update.is_none(), "{}", refused.result);
+        // Two calls in a row leave what one leaves: the operation is idempotent, nothing lost.
+        let same = judge("t", &honest, pair([Ok, Ok], &[]), None);
+        assert!(same.lost_update.is_none(), "{}", same.result);
+        assert!(
+            same.result
+                .contains("two identical calls at once left the same outcome as one call"),
+            "{}",
+            same.result
+        );
+        // A tool claiming only additive updates lost one: that contradicts destructiveHint.
+        let additive = claims(Some(false), Some(false), None);
+        let report = judge(
+            "t",
+            &additive,
+            pair([Ok, Ok], &[("state/n", Modified)]),
+            None,
+        );
+        let got: Vec<Claim> = report.contradictions.iter().map(|c| c.claim).collect();
+        assert_eq!(got, [Claim::NonDestructive], "{}", report.result);
+        assert!(report.lost_update.is_some());
+    }
+
+    #[test]
+    fn a_claim_is_held_only_when_a_case_exercised_it() {
+        use CallOutcome::{Ok, RpcError, ToolError};
+        let all = claims(Some(false), Some(false), Some(true));
+        let case = |kind: CaseKind, outcomes: &[CallOutcome], changes: &[(&str, ChangeKind)]| {
+            let mut r = run(kind, &[("call", changes)]);
+            r.outcomes = outcomes.to_vec();
+            judge("t", &all, r, None)
+        };
+        // Fresh records only: destructiveHint=false is untested, idempotentHint=true held.
+        let cases = vec![
+            case(CaseKind::Valid, &[Ok], &[("state/a", Added)]),
+            case(CaseKind::Repeat, &[Ok, Ok], &[]),
+        ];
+        let v = verdicts(&all, &cases);
+        let got: Vec<(Claim, Verdict)> = v.iter().map(|v| (v.claim, v.verdict)).collect();
+        assert_eq!(
+            got,
+            [
+                (Claim::Idempotent, Verdict::Held),
+                (Claim::NonDestructive, Verdict::Untested)
+            ]
+        );
+        assert_eq!(v[0].cases, [CaseKind::Repeat]);
+        assert!(v[1].reason.contains("with_overwrite"), "{}", v[1].reason);
+        assert_eq!(status(&all, &v), ToolStatus::Untested);
+        // A repeat of a failed call repeats nothing: idempotentHint=true untested too.
+        let failed = vec![case(CaseKind::Repeat, &[ToolError, Ok], &[])];
+        assert_eq!(verdicts(&all, &failed)[0].verdict, Verdict::Untested);
+        // An overwrite the tool refused (an error result) tested it; a JSON-RPC error did not.
+        for (outcome, expected) in [
+            (ToolError, Verdict::Held),
+            (Ok, Verdict::Held),
+            (RpcError, Verdict::Untested),
+        ] {
+            let cases = vec![case(CaseKind::Overwrite, &[outcome], &[])];
+            assert_eq!(verdicts(&all, &cases)[1].verdict, expected, "{outcome:?}");
+        }
+        // An append to a record that existed before the call tested it too.
+        let cases = vec![case(
+            CaseKind::Repeat,
+            &[Ok, Ok],
+            &[("state/log", Appended)],
+        )];
+        assert_eq!(verdicts(&all, &cases)[1].verdict, Verdict::Held);
+        // A read-only tool that never succeeded: untested, and so is the implied claim.
+        let reader = claims(Some(true), Some(false), None);
+        let r = |outcomes: &[CallOutcome]| {
+            let mut r = run(CaseKind::Valid, &[("call", &[])]);
+            r.outcomes = outcomes.to_vec();
+            vec![judge("t", &reader, r, None)]
+        };
+        let v = verdicts(&reader, &r(&[ToolError]));
+        assert_eq!(
+            v.iter().map(|v| v.verdict).collect::<Vec<_>>(),
+            [Verdict::Untested, Verdict::Untested]
+        );
+        let v = verdicts(&reader, &r(&[Ok]));
+        assert_eq!(
+            v.iter().map(|v| v.verdict).collect::<Vec<_>>(),
+            [Verdict::Held, Verdict::Held]
+        );
+        assert!(
+            v[1].reason.contains("implied by readOnlyHint=true"),
+            "{}",
+            v[1].reason
+        );
+        assert_eq!(status(&reader, &v), ToolStatus::Consistent);
+    }
+
+    #[test]
+    fn a_pair_that_could_not_be_compared_by_content_leaves_idempotent_hint_untested() {
+        let mut counted = run(
+            CaseKind::Concurrent,
+            &[("both calls", &[("state/x", Added)])],
+        );
+        counted.fresh = true;
+        counted.outcomes = vec![CallOutcome::Ok, CallOutcome::Ok];
+        let mut repeat = run(CaseKind::Repeat, &[("call", &[])]);
+        repeat.outcomes = vec![CallOutcome::Ok, CallOutcome::Ok];
+        let one = delta(&[("state/w", Added)]);
+        let cases = vec![
+            judge("t", &IDEMPOTENT, repeat, None),
+            judge("t", &IDEMPOTENT, counted, Some(&one)),
+        ];
+        let v = verdicts(&IDEMPOTENT, &cases);
+        assert_eq!(v[0].verdict, Verdict::Untested);
+        assert_eq!(v[0].cases, [CaseKind::Repeat, CaseKind::Concurrent]);
+        assert!(
+            v[0].reason
+                .contains("in case 'concurrent pair', the observer cannot restore state"),
+            "{}",
+            v[0].reason
+        );
     }
 
     #[test]

@@ -378,7 +378,7 @@ fn has(report: &Report, tool: &str, claim: Claim, case: CaseKind) -> bool {
 }
 
 async fn run(world: &World, cut_off: CutOff) -> Report {
-    all_fixtures(Kit::new(launcher(&world)))
+    all_fixtures(Kit::new(launcher(world)))
         .observer(FsObserver::new([&world.state]))
         .cut_off(cut_off)
         .run()
