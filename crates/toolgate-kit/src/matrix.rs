@@ -47,7 +47,7 @@ pub struct ToolFixtures {
     pub concurrent: Option<Value>,
     /// Case 6: a call that modifies state which exists before it, after the kit seeded that
     /// state. `None` to skip (then a tool that only ever writes fresh records in the other cases
-    /// cannot contradict `destructiveHint: false`).
+    /// cannot contradict `destructiveHint: false`, and the report marks that claim untested).
     pub overwrite: Option<Overwrite>,
 }
 
