@@ -349,12 +349,14 @@ impl Report {
         self.tools.iter().find(|t| t.name == tool)
     }
 
-    /// No declared claim was contradicted.
+    /// No declared claim was contradicted (some may be untested: see [`Report::untested`]).
     pub fn is_honest(&self) -> bool {
         self.contradictions().is_empty()
     }
 
-    /// Panics with the text report when any claim was contradicted (for tests).
+    /// Panics with the text report when any claim was contradicted (for tests). Untested claims
+    /// and lost updates do not make it panic: check [`Report::untested`] and
+    /// [`Report::lost_updates`] for those.
     #[track_caller]
     pub fn assert_honest(&self) {
         let found = self.contradictions().len();
