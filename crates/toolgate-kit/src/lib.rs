@@ -18,9 +18,13 @@
 //! 5. `concurrent pair`: two identical calls at the same time on two connections (two child
 //!    processes on the same state for [`Launcher::child`]). When the observer can restore state
 //!    ([`Observer::save`]), one call runs first, its outcome is recorded, the starting state is
-//!    put back, and the pair's outcome must have the same content record by record: a lost
-//!    update or an edit applied twice is an added effect. Otherwise the pair may change no more
-//!    records than case 1's single call;
+//!    put back, then two calls run one after the other and the state is put back again. The
+//!    pair's outcome must have the same content as one call's, record by record: an edit
+//!    applied twice is an added effect. When both calls of the pair succeed and leave one
+//!    call's outcome while two calls in a row leave more, one update was lost: the case flags
+//!    a [`LostUpdate`] (and contradicts `destructiveHint: false`: an update was replaced).
+//!    Otherwise (no restore) the pair may change no more records than case 1's single call,
+//!    which a lost update passes unseen, so a claimed `idempotentHint: true` is then untested;
 //! 6. `overwrite existing state` ([`ToolFixtures::with_overwrite`]): the kit seeds state (a
 //!    record it writes, [`Seed::record`], or a preparatory call, [`Seed::call`]), calls the tool
 //!    to modify it, and restores the state afterwards when the observer can.
@@ -34,6 +38,18 @@
 //! `idempotentHint: true` a repeat that leaves the same content adds no effect (touches are
 //! reported in the case, not counted); `destructiveHint: false` is contradicted by a record
 //! modified or removed, which the overwrite case provokes on purpose.
+//!
+//! Every declared claim gets a [`ClaimVerdict`]: [`Verdict::Contradicted`] when an observed effect
+//! contradicts it, [`Verdict::Held`] only when some case actually put it to the test and nothing
+//! did, and [`Verdict::Untested`] otherwise, with the reason. `readOnlyHint: true` is tested by a
+//! call that succeeded; `idempotentHint: true` by a repeat of a completed operation (case 2 after
+//! a successful case 1, case 3's already-done call, case 4 after a completed cut-off call, the
+//! pair, at full strength only with an observer that restores); `destructiveHint: false` by the
+//! overwrite case (a result, even an error result: refusing to overwrite is additive), or by a
+//! call that appended to a record that existed before it. A call that only wrote fresh records
+//! leaves `destructiveHint: false` untested, except on a tool whose `readOnlyHint: true` held
+//! (the spec gives `destructiveHint` meaning only when `readOnlyHint` is false). A tool with an
+//! untested claim is [`ToolStatus::Untested`], never consistent.
 //!
 //! Verdicts read the annotations with the spec's conservative defaults (`readOnlyHint=false`,
 //! `destructiveHint=true`, `idempotentHint=false` when absent). A tool that declares none of the
@@ -92,6 +108,6 @@ pub use launch::Launcher;
 pub use matrix::{CutOff, Kit, Overwrite, Seed, ToolFixtures};
 pub use observe::{Change, ChangeKind, Delta, FsObserver, Item, Observation, Observer, SavedState};
 pub use report::{
-    CaseKind, CaseReport, Claim, Claims, Contradiction, ObservedStep, Report, ToolReport,
-    ToolStatus,
+    CaseKind, CaseReport, Claim, ClaimGap, ClaimVerdict, Claims, Contradiction, LostUpdate,
+    ObservedStep, Report, ToolReport, ToolStatus, Verdict,
 };

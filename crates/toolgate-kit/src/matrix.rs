@@ -13,7 +13,8 @@ use crate::error::KitError;
 use crate::launch::{Connection, Launcher};
 use crate::observe::{Observation, Observer, SavedState, outcome_difference};
 use crate::report::{
-    CaseKind, CaseReport, CaseRun, Claims, ObservedStep, Report, ToolReport, ToolStatus, judge,
+    CallOutcome, CaseKind, CaseReport, CaseRun, Claims, ObservedStep, Report, Sequential,
+    ToolReport, ToolStatus, judge, status, verdicts,
 };
 
 /// How long any single condition may take by default (a reply, a server's exit).
@@ -46,7 +47,7 @@ pub struct ToolFixtures {
     pub concurrent: Option<Value>,
     /// Case 6: a call that modifies state which exists before it, after the kit seeded that
     /// state. `None` to skip (then a tool that only ever writes fresh records in the other cases
-    /// cannot contradict `destructiveHint: false`).
+    /// cannot contradict `destructiveHint: false`, and the report marks that claim untested).
     pub overwrite: Option<Overwrite>,
 }
 
@@ -331,17 +332,12 @@ impl Kit {
                 });
             };
             let cases = runner.run_tool(fixtures, &claims).await?;
-            let status = if cases.iter().any(|c| !c.contradictions.is_empty()) {
-                ToolStatus::Contradicted
-            } else if claims.is_unclassified() {
-                ToolStatus::Unclassified
-            } else {
-                ToolStatus::Consistent
-            };
+            let verdicts = verdicts(&claims, &cases);
             tools.push(ToolReport {
                 name: fixtures.name.clone(),
                 claims,
-                status,
+                status: status(&claims, &verdicts),
+                verdicts,
                 cases,
             });
         }
@@ -359,6 +355,7 @@ impl Kit {
                     } else {
                         ToolStatus::NotExercised
                     },
+                    verdicts: Vec::new(),
                     cases: Vec::new(),
                 });
             }
@@ -509,6 +506,7 @@ impl Runner {
         let valid = self.single(tool, CaseKind::Valid, &fixtures.valid).await?;
         let baseline = valid.observed.first().map(|s| s.changes.clone());
         let mut repeat = self.single(tool, CaseKind::Repeat, &fixtures.valid).await?;
+        repeat.outcomes.splice(0..0, valid.outcomes.iter().copied());
         repeat.second_call = Some(std::mem::replace(
             &mut repeat.first_call,
             format!("(case 'valid call') {}", valid.first_call),
@@ -569,6 +567,7 @@ impl Runner {
             observed: vec![step("call", &before, &after)],
             fresh: false,
             mid_flight: false,
+            outcomes: vec![CallOutcome::of_reply(&reply)],
             ..CaseRun::default()
         })
     }
@@ -585,9 +584,11 @@ impl Runner {
         let id = first.send("tools/call", params.clone()).await?;
         let deadline = Instant::now() + self.timeout;
         let mut mid_flight = false;
+        let mut first_outcome = CallOutcome::Interrupted;
         let first_call = match self.cut_off {
             CutOff::AfterResponse => {
                 let reply = first.response(id).await?;
+                first_outcome = CallOutcome::of_reply(&reply);
                 format!(
                     "connection cut after the server wrote its response, which the client discarded unread (it was {})",
                     summarize(id, &reply)
@@ -596,6 +597,7 @@ impl Runner {
             CutOff::WhenObserved => loop {
                 let poll = (Instant::now() + OBSERVE_POLL).min(deadline);
                 if let Some(reply) = first.response_until(id, poll).await? {
+                    first_outcome = CallOutcome::of_reply(&reply);
                     break format!(
                         "connection cut when the response arrived before any change was observed (it was {})",
                         summarize(id, &reply)
@@ -637,12 +639,14 @@ impl Runner {
             ],
             fresh: false,
             mid_flight,
+            outcomes: vec![first_outcome, CallOutcome::of_reply(&reply)],
             ..CaseRun::default()
         })
     }
 
     /// Case 5: the same call on two connections at the same instant, compared with one call
-    /// from the same starting state when the observer can restore it.
+    /// from the same starting state when the observer can restore it, and with two calls one
+    /// after the other from that state (which tells a lost update from an idempotent operation).
     async fn concurrent(
         &self,
         tool: &str,
@@ -655,6 +659,7 @@ impl Runner {
         // One call alone, twice, each time with the state put back afterwards: what the pair's
         // outcome must equal, and which records differ from one execution to the next anyway.
         let mut single = None;
+        let mut in_a_row = None;
         if let Some(saved) = self.save().await? {
             let mut outcomes = Vec::new();
             for run in ["first", "second"] {
@@ -674,11 +679,26 @@ impl Runner {
                 }
                 outcomes.push(after_one);
             }
+            // Two calls one after the other, each on its own connection: what two updates leave
+            // when neither can lose the other's.
+            let start = self.observe().await?;
+            let mut both_ok = true;
+            for _ in 0..2 {
+                let mut one = self.open().await?;
+                let (_, reply) = one.request("tools/call", params.clone()).await?;
+                one.close().await?;
+                both_ok &= CallOutcome::of_reply(&reply) == CallOutcome::Ok;
+            }
+            let after_two = self.observe().await?;
+            self.restore(&saved, "the concurrent pair's calls one after the other")
+                .await?;
+            observed.push(step("two calls one after the other", &start, &after_two));
             let again = outcomes.pop();
             let one = outcomes.pop();
             single = one
                 .zip(again)
                 .map(|(one, again)| (saved.1.clone(), one, again));
+            in_a_row = Some((after_two, both_ok));
         } else {
             notes.push("the observer cannot restore state (Observer::save and Observer::restore), so the pair is compared with case 'valid call' by the number of changed records only".to_owned());
         }
@@ -694,7 +714,14 @@ impl Runner {
         closed_b?;
         let after = self.observe().await?;
         observed.push(step("both calls", &before, &after));
+        let mut sequential = None;
         let compared = single.map(|(start, one, again)| {
+            if let Some((after_two, both_ok)) = &in_a_row {
+                sequential = Some(Sequential {
+                    difference: outcome_difference(&start, &one, &again, after_two).0,
+                    both_ok: *both_ok,
+                });
+            }
             let (difference, shaped) = outcome_difference(&start, &one, &again, &after);
             if !shaped.is_empty() {
                 notes.push(format!(
@@ -713,6 +740,11 @@ impl Runner {
             fresh,
             compared,
             notes,
+            outcomes: vec![
+                CallOutcome::of_reply(&reply_a),
+                CallOutcome::of_reply(&reply_b),
+            ],
+            sequential,
             ..CaseRun::default()
         })
     }
@@ -809,6 +841,7 @@ impl Runner {
             context: vec![seed_step],
             observed: vec![call],
             notes,
+            outcomes: vec![CallOutcome::of_reply(&reply)],
             ..CaseRun::default()
         })
     }

@@ -324,7 +324,10 @@ pub trait Observer: Send + Sync + 'static {
 
     /// A copy of the observed state that [`Observer::restore`] can put back, or `None` (the
     /// default) when this observer cannot restore. Without it the concurrent pair is compared
-    /// with case 1 by the number of changed records only, and the report says so.
+    /// with case 1 by the number of changed records only, where a lost update or an edit applied
+    /// twice does not show: the report then marks a claimed `idempotentHint: true` untested with
+    /// that reason, never held. A wrapper around another observer must forward `save`,
+    /// `restore` and `seed` too, or it weakens the matrix (and the report says so).
     fn save(&self) -> Result<Option<SavedState>, ObserveError> {
         Ok(None)
     }

@@ -145,6 +145,66 @@ pub struct Contradiction {
     pub evidence: String,
 }
 
+/// A flagged lost update: two identical calls at once both reported success, but the state
+/// holds the effect of one, while two such calls one after the other have two.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct LostUpdate {
+    /// The tool.
+    pub tool: String,
+    /// The case that found it ([`CaseKind::Concurrent`]).
+    pub case: CaseKind,
+    /// What was observed.
+    pub evidence: String,
+}
+
+/// What the matrix concluded about one declared claim.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum Verdict {
+    /// Some case put the claim to the test and no observed effect contradicted it (evidence,
+    /// not proof).
+    Held,
+    /// An observed effect contradicted the claim.
+    Contradicted,
+    /// No case could put the claim to the test, or one that should have could only run weakened
+    /// (see [`ClaimVerdict::reason`]): nothing contradicted it, and nothing showed it either.
+    Untested,
+}
+
+impl Verdict {
+    /// The word used in reports.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Verdict::Held => "held",
+            Verdict::Contradicted => "contradicted",
+            Verdict::Untested => "untested",
+        }
+    }
+}
+
+/// The verdict on one claim a tool declares.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ClaimVerdict {
+    /// The claim.
+    pub claim: Claim,
+    /// Held, contradicted or untested.
+    pub verdict: Verdict,
+    /// The cases that contradicted it ([`Verdict::Contradicted`]), or that exercised it.
+    pub cases: Vec<CaseKind>,
+    /// How it was tested, what contradicted it, or why it is untested and what to do about it.
+    pub reason: String,
+}
+
+/// A case that ran, but could not fully test a claim (the verdict is then untested).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ClaimGap {
+    /// The claim.
+    pub claim: Claim,
+    /// Why, and what to do about it.
+    pub reason: String,
+}
+
 /// What one step of a case changed.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct ObservedStep {
@@ -171,6 +231,12 @@ pub struct CaseReport {
     pub result: String,
     /// The claims this case contradicted.
     pub contradictions: Vec<Contradiction>,
+    /// The declared claims this case put to the test (contradicted or not).
+    pub exercised: Vec<Claim>,
+    /// The declared claims this case should have tested but could only test weakened.
+    pub gaps: Vec<ClaimGap>,
+    /// A lost update this case found (the concurrent pair only).
+    pub lost_update: Option<LostUpdate>,
 }
 
 /// What the kit concluded about one tool.
@@ -178,10 +244,13 @@ pub struct CaseReport {
 #[serde(rename_all = "snake_case")]
 #[non_exhaustive]
 pub enum ToolStatus {
-    /// Declared claims were tested and none was contradicted (not a proof of safety).
+    /// Every declared claim was tested and held (not a proof of safety).
     Consistent,
     /// At least one declared claim was contradicted.
     Contradicted,
+    /// No declared claim was contradicted, but at least one could not be tested (see
+    /// [`ToolReport::verdicts`] for why): it is not reported as consistent.
+    Untested,
     /// The tool declares no behavioural hint: nothing is claimed, nothing is safe.
     Unclassified,
     /// Listed by the server, but no fixtures were given: not exercised.
@@ -197,8 +266,18 @@ pub struct ToolReport {
     pub claims: Claims,
     /// The conclusion.
     pub status: ToolStatus,
+    /// One verdict per declared claim (`readOnlyHint: true`, `idempotentHint: true`,
+    /// `destructiveHint: false`, in that order); empty when the tool was not exercised.
+    pub verdicts: Vec<ClaimVerdict>,
     /// One block per case run.
     pub cases: Vec<CaseReport>,
+}
+
+impl ToolReport {
+    /// The verdict on `claim`, or `None` when the tool does not declare it (or was not exercised).
+    pub fn verdict(&self, claim: Claim) -> Option<&ClaimVerdict> {
+        self.verdicts.iter().find(|v| v.claim == claim)
+    }
 }
 
 /// The report of one run of the matrix.
@@ -229,6 +308,33 @@ impl Report {
             .collect()
     }
 
+    /// Every declared claim no case could test, with the tool's name.
+    pub fn untested(&self) -> Vec<(&str, &ClaimVerdict)> {
+        self.tools
+            .iter()
+            .flat_map(|t| {
+                t.verdicts
+                    .iter()
+                    .filter(|v| v.verdict == Verdict::Untested)
+                    .map(|v| (t.name.as_str(), v))
+            })
+            .collect()
+    }
+
+    /// Every lost update the concurrent pairs found, across tools.
+    pub fn lost_updates(&self) -> Vec<&LostUpdate> {
+        self.tools
+            .iter()
+            .flat_map(|t| t.cases.iter())
+            .filter_map(|c| c.lost_update.as_ref())
+            .collect()
+    }
+
+    /// The verdict on `claim` of `tool` (see [`ToolReport::verdict`]).
+    pub fn verdict(&self, tool: &str, claim: Claim) -> Option<&ClaimVerdict> {
+        self.tool(tool).and_then(|t| t.verdict(claim))
+    }
+
     /// The tools that declare no behavioural hint.
     pub fn unclassified(&self) -> Vec<&str> {
         self.tools
@@ -243,12 +349,14 @@ impl Report {
         self.tools.iter().find(|t| t.name == tool)
     }
 
-    /// No declared claim was contradicted.
+    /// No declared claim was contradicted (some may be untested: see [`Report::untested`]).
     pub fn is_honest(&self) -> bool {
         self.contradictions().is_empty()
     }
 
-    /// Panics with the text report when any claim was contradicted (for tests).
+    /// Panics with the text report when any claim was contradicted (for tests). Untested claims
+    /// and lost updates do not make it panic: check [`Report::untested`] and
+    /// [`Report::lost_updates`] for those.
     #[track_caller]
     pub fn assert_honest(&self) {
         let found = self.contradictions().len();
@@ -269,6 +377,8 @@ impl Report {
                     "tools": self.tools.len(),
                     "cases": self.tools.iter().map(|t| t.cases.len()).sum::<usize>(),
                     "contradictions": self.contradictions().len(),
+                    "untested": self.untested().len(),
+                    "lost_updates": self.lost_updates().len(),
                     "unclassified": self.unclassified(),
                 }),
             );
@@ -283,9 +393,11 @@ impl Report {
         // Writing to a String cannot fail; the results are ignored throughout.
         let _ = writeln!(
             out,
-            "toolgate-kit: {} tools, {cases} cases, {} contradictions, {} unclassified, {:.2} s",
+            "toolgate-kit: {} tools, {cases} cases, {} contradictions, {} untested claims, {} lost updates, {} unclassified, {:.2} s",
             self.tools.len(),
             self.contradictions().len(),
+            self.untested().len(),
+            self.lost_updates().len(),
             self.unclassified().len(),
             self.elapsed.as_secs_f64()
         );
@@ -295,11 +407,27 @@ impl Report {
         let _ = writeln!(out, "cut-off: {}", self.cut_off);
         for tool in &self.tools {
             let _ = writeln!(out, "\n== tool {}: {}", tool.name, tool.claims.describe());
-            let verdict = match tool.status {
-                ToolStatus::Consistent => format!(
-                    "consistent: no declared claim was contradicted in {} cases (evidence, not proof)",
+            let mut verdict = match tool.status {
+                ToolStatus::Consistent if tool.verdicts.is_empty() => format!(
+                    "consistent: it declares none of the claims the matrix tests (readOnlyHint=true, idempotentHint=true, destructiveHint=false), so nothing was contradicted in {} cases",
                     tool.cases.len()
                 ),
+                ToolStatus::Consistent => format!(
+                    "consistent: every declared claim was tested and held in {} cases (evidence, not proof)",
+                    tool.cases.len()
+                ),
+                ToolStatus::Untested => {
+                    let claims: Vec<&str> = tool
+                        .verdicts
+                        .iter()
+                        .filter(|v| v.verdict == Verdict::Untested)
+                        .map(|v| v.claim.annotation())
+                        .collect();
+                    format!(
+                        "UNTESTED: {} (nothing contradicted, nothing showed it either; see the claims below)",
+                        claims.join(", ")
+                    )
+                }
                 ToolStatus::Contradicted => {
                     let claims: Vec<&str> = tool
                         .cases
@@ -314,7 +442,37 @@ impl Report {
                 ToolStatus::Unclassified => "unclassified: no readOnlyHint, destructiveHint or idempotentHint; the defaults (not read-only, destructive, not idempotent) apply and nothing about it is safe".to_owned(),
                 ToolStatus::NotExercised => "not exercised: no fixtures were given for it".to_owned(),
             };
+            let lost: Vec<&str> = tool
+                .cases
+                .iter()
+                .filter(|c| c.lost_update.is_some())
+                .map(|c| c.case.title())
+                .collect();
+            if !lost.is_empty() {
+                let _ = write!(verdict, "; LOST UPDATE in case '{}'", lost.join("', '"));
+            }
             let _ = writeln!(out, "verdict: {verdict}");
+            for v in &tool.verdicts {
+                let cases = if v.cases.is_empty() {
+                    String::new()
+                } else {
+                    format!(
+                        " ({})",
+                        v.cases
+                            .iter()
+                            .map(|c| c.title())
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    )
+                };
+                let _ = writeln!(
+                    out,
+                    "claim {}: {}{cases}: {}",
+                    v.claim.annotation(),
+                    v.verdict.as_str(),
+                    v.reason
+                );
+            }
             for case in &tool.cases {
                 let _ = writeln!(out, "\ncase: {}", case.case.title());
                 let _ = writeln!(out, "request: {}", case.request);
@@ -359,6 +517,46 @@ fn effect_counts(delta: &Delta) -> String {
         .join(", ")
 }
 
+/// How one call of a case ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum CallOutcome {
+    /// A result without `isError`.
+    Ok,
+    /// A result with `isError: true`: the tool ran and refused or failed.
+    ToolError,
+    /// A JSON-RPC error: refused before (or instead of) the tool's work.
+    RpcError,
+    /// Cut off before its response (case 4 with [`CutOff::WhenObserved`](crate::CutOff)), after
+    /// the state changed.
+    Interrupted,
+}
+
+impl CallOutcome {
+    pub(crate) fn of_reply(reply: &Value) -> Self {
+        if reply.get("error").is_some() || reply.get("result").is_none() {
+            CallOutcome::RpcError
+        } else if reply["result"]["isError"] == Value::Bool(true) {
+            CallOutcome::ToolError
+        } else {
+            CallOutcome::Ok
+        }
+    }
+
+    /// The tool ran (a result, an error result included, or a call cut off mid-flight).
+    fn ran(self) -> bool {
+        !matches!(self, CallOutcome::RpcError)
+    }
+}
+
+/// Case 5: two calls one after the other from the pair's starting state, compared with one call.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Sequential {
+    /// How their outcome differs from one call's (empty: the second call added nothing).
+    pub(crate) difference: Delta,
+    /// Both calls succeeded.
+    pub(crate) both_ok: bool,
+}
+
 /// The raw material of one case, before the verdict.
 #[derive(Debug)]
 pub(crate) struct CaseRun {
@@ -380,6 +578,11 @@ pub(crate) struct CaseRun {
     pub(crate) compared: Option<Delta>,
     /// Sentences the runner adds to the result (how the case was set up).
     pub(crate) notes: Vec<String>,
+    /// How the case's calls ended, in order (for case 2, the first is case 1's valid call; for
+    /// case 5, the pair's two calls).
+    pub(crate) outcomes: Vec<CallOutcome>,
+    /// Case 5 only, with an observer that can restore: two calls one after the other.
+    pub(crate) sequential: Option<Sequential>,
 }
 
 impl Default for CaseRun {
@@ -395,6 +598,8 @@ impl Default for CaseRun {
             mid_flight: false,
             compared: None,
             notes: Vec::new(),
+            outcomes: Vec::new(),
+            sequential: None,
         }
     }
 }
@@ -467,6 +672,7 @@ pub(crate) fn judge(
         );
     }
 
+    let mut lost: Option<String> = None;
     let idempotent_claimed = claims.idempotent == Some(true);
     let declared = || {
         format!(
@@ -578,7 +784,47 @@ pub(crate) fn judge(
                     })
                 }
             };
+            // Both calls reported success and the pair left one call's outcome, but two calls
+            // one after the other leave more: one of the two updates was lost.
+            lost = match (&run.compared, &run.sequential) {
+                (Some(difference), Some(sequential))
+                    if difference.is_empty()
+                        && !sequential.difference.is_empty()
+                        && sequential.both_ok
+                        && run.outcomes.len() == 2
+                        && run.outcomes.iter().all(|o| *o == CallOutcome::Ok) =>
+                {
+                    Some(format!(
+                        "both calls succeeded, but together they left the outcome of one call, while two calls one after the other from the same starting state leave more (one call's outcome to theirs: {}): one update was lost",
+                        sequential.difference
+                    ))
+                }
+                _ => None,
+            };
+            match &run.sequential {
+                Some(s) if s.difference.is_empty() => notes.push(
+                    "two calls one after the other from the same starting state left the same outcome as one call".to_owned(),
+                ),
+                Some(s) => notes.push(format!(
+                    "two calls one after the other from the same starting state left more than one call ({})",
+                    s.difference
+                )),
+                None => {}
+            }
+            if let Some(evidence) = &lost
+                && claims.destructive == Some(false)
+                && !contradictions
+                    .iter()
+                    .any(|c| c.claim == Claim::NonDestructive)
+            {
+                contradict(
+                    Claim::NonDestructive,
+                    format!("a lost update replaced the other call's effect: {evidence}"),
+                    &mut contradictions,
+                );
+            }
             match excess {
+                None if lost.is_some() => {}
                 Some(evidence) if idempotent_claimed => {
                     contradict(Claim::Idempotent, evidence, &mut contradictions);
                 }
@@ -631,10 +877,55 @@ pub(crate) fn judge(
         };
         notes.push(format!("effect: {effect}; {lost}"));
     }
+
+    // Which declared claims this case put to the test.
+    let first = run.outcomes.first().copied();
+    let any_ok = run.outcomes.contains(&CallOutcome::Ok);
+    let mut exercised: Vec<Claim> = Vec::new();
+    let mut gaps = Vec::new();
+    if claims.read_only == Some(true) && any_ok {
+        exercised.push(Claim::ReadOnly);
+    }
+    let repeated = match run.case {
+        // The valid call completed, and the repeat ran on its outcome.
+        CaseKind::Repeat => first == Some(CallOutcome::Ok),
+        CaseKind::AlreadyDone => first.is_some_and(CallOutcome::ran),
+        CaseKind::RetryAfterCutOff => {
+            matches!(first, Some(CallOutcome::Ok | CallOutcome::Interrupted))
+        }
+        CaseKind::Concurrent => any_ok,
+        _ => false,
+    };
+    if idempotent_claimed && repeated {
+        exercised.push(Claim::Idempotent);
+    }
+    if idempotent_claimed && run.case == CaseKind::Concurrent && run.fresh && run.compared.is_none()
+    {
+        gaps.push(ClaimGap {
+            claim: Claim::Idempotent,
+            reason: "the observer cannot restore state (its Observer::save returned None, the trait's default; a wrapper must forward save and restore), so the concurrent pair was compared with case 'valid call' by the number of changed records only, and a lost update or an edit applied twice would not show".to_owned(),
+        });
+    }
+    // Existing state given to the tool: the overwrite case's seed, or a record that existed
+    // before a call and that the call extended (its earlier content kept).
+    let on_existing = (run.case == CaseKind::Overwrite && first.is_some_and(CallOutcome::ran))
+        || all_changes.iter().any(|c| c.kind == ChangeKind::Appended);
+    if claims.destructive == Some(false) && on_existing {
+        exercised.push(Claim::NonDestructive);
+    }
+    for c in &contradictions {
+        if !exercised.contains(&c.claim) {
+            exercised.push(c.claim);
+        }
+    }
+
     let mut sentences: Vec<String> = contradictions
         .iter()
         .map(|c| format!("contradicts {}: {}", c.claim.annotation(), c.evidence))
         .collect();
+    if let Some(evidence) = &lost {
+        sentences.push(format!("LOST UPDATE: {evidence}"));
+    }
     sentences.extend(notes);
     let mut observed = run.context;
     observed.extend(run.observed);
@@ -646,6 +937,135 @@ pub(crate) fn judge(
         observed,
         result: sentences.join("; "),
         contradictions,
+        exercised,
+        gaps,
+        lost_update: lost.map(|evidence| LostUpdate {
+            tool: tool.to_owned(),
+            case: run.case,
+            evidence,
+        }),
+    }
+}
+
+/// The declared claims of `claims`, in report order.
+fn declared(claims: &Claims) -> Vec<Claim> {
+    let mut out = Vec::new();
+    if claims.read_only == Some(true) {
+        out.push(Claim::ReadOnly);
+    }
+    if claims.idempotent == Some(true) {
+        out.push(Claim::Idempotent);
+    }
+    if claims.destructive == Some(false) {
+        out.push(Claim::NonDestructive);
+    }
+    out
+}
+
+/// One verdict per declared claim, from the judged cases: contradicted when a case contradicted
+/// it; untested when a case that should have tested it ran weakened, or when no case exercised
+/// it; held otherwise. `destructiveHint: false` of a tool whose `readOnlyHint: true` held is
+/// held too: no case changed anything, and the spec gives `destructiveHint` meaning only when
+/// `readOnlyHint` is false.
+pub(crate) fn verdicts(claims: &Claims, cases: &[CaseReport]) -> Vec<ClaimVerdict> {
+    let mut out: Vec<ClaimVerdict> = Vec::new();
+    for claim in declared(claims) {
+        let contradicted: Vec<&Contradiction> = cases
+            .iter()
+            .flat_map(|c| c.contradictions.iter())
+            .filter(|c| c.claim == claim)
+            .collect();
+        let mut by: Vec<CaseKind> = Vec::new();
+        let push = |case: CaseKind, list: &mut Vec<CaseKind>| {
+            if !list.contains(&case) {
+                list.push(case);
+            }
+        };
+        if let Some(first) = contradicted.first() {
+            for c in &contradicted {
+                push(c.case, &mut by);
+            }
+            out.push(ClaimVerdict {
+                claim,
+                verdict: Verdict::Contradicted,
+                cases: by,
+                reason: first.evidence.clone(),
+            });
+            continue;
+        }
+        for case in cases.iter().filter(|c| c.exercised.contains(&claim)) {
+            push(case.case, &mut by);
+        }
+        let gaps: Vec<String> = cases
+            .iter()
+            .flat_map(|c| c.gaps.iter().map(move |g| (c.case, g)))
+            .filter(|(_, g)| g.claim == claim)
+            .map(|(case, g)| format!("in case '{}', {}", case.title(), g.reason))
+            .collect();
+        let (verdict, reason) = if !gaps.is_empty() {
+            (
+                Verdict::Untested,
+                format!(
+                    "{}; the other cases found nothing against it, which does not make up for it",
+                    gaps.join("; ")
+                ),
+            )
+        } else if !by.is_empty() {
+            (
+                Verdict::Held,
+                match claim {
+                    Claim::ReadOnly => "calls that succeeded changed nothing observed",
+                    Claim::Idempotent => "repeating completed operations added no effect",
+                    _ if by.contains(&CaseKind::Overwrite) => {
+                        "the overwrite case's call, given the seeded state, lost or replaced none of it, and no other call lost or replaced state"
+                    }
+                    _ => {
+                        "calls extended records that existed before them (appended, earlier content kept), and no call lost or replaced state; ToolFixtures::with_overwrite tests a call that modifies existing state"
+                    }
+                }
+                .to_owned(),
+            )
+        } else if claim == Claim::NonDestructive
+            && let Some(read_only) = out
+                .iter()
+                .find(|v| v.claim == Claim::ReadOnly && v.verdict == Verdict::Held)
+        {
+            by = read_only.cases.clone();
+            (
+                Verdict::Held,
+                "implied by readOnlyHint=true, which held: no case changed anything (the spec gives destructiveHint meaning only when readOnlyHint is false)".to_owned(),
+            )
+        } else {
+            (
+                Verdict::Untested,
+                match claim {
+                    Claim::ReadOnly => "no call of the tool succeeded (every reply was an error), so it never did its work under observation; check the fixtures",
+                    Claim::Idempotent => "no completed operation was repeated: the valid call, the cut-off call and the concurrent pair all failed; check the fixtures",
+                    _ => "no case gave the tool existing state to modify or remove (every call wrote fresh records, or nothing); add ToolFixtures::with_overwrite, a seed and a call that modifies it",
+                }
+                .to_owned(),
+            )
+        };
+        out.push(ClaimVerdict {
+            claim,
+            verdict,
+            cases: by,
+            reason,
+        });
+    }
+    out
+}
+
+/// The tool's conclusion from its claims and verdicts.
+pub(crate) fn status(claims: &Claims, verdicts: &[ClaimVerdict]) -> ToolStatus {
+    if verdicts.iter().any(|v| v.verdict == Verdict::Contradicted) {
+        ToolStatus::Contradicted
+    } else if claims.is_unclassified() {
+        ToolStatus::Unclassified
+    } else if verdicts.iter().any(|v| v.verdict == Verdict::Untested) {
+        ToolStatus::Untested
+    } else {
+        ToolStatus::Consistent
     }
 }
 
@@ -802,6 +1222,167 @@ mod tests {
         assert!(report.contradictions.is_empty(), "{}", report.result);
         assert_eq!(report.observed[0].step, "seed (not judged)");
         assert_eq!(report.observed[1].step, "call");
+    }
+
+    /// Case 5 with a restorable observer: the pair left one call's outcome (`compared` empty),
+    /// two calls in a row leave `sequential`, the pair's calls ended with `outcomes`.
+    fn pair(outcomes: [CallOutcome; 2], sequential: &[(&str, ChangeKind)]) -> CaseRun {
+        let mut pair = run(
+            CaseKind::Concurrent,
+            &[
+                ("one call", &[("state/n", Added)]),
+                ("both calls", &[("state/n", Added)]),
+            ],
+        );
+        pair.fresh = true;
+        pair.compared = Some(Delta::default());
+        pair.outcomes = outcomes.to_vec();
+        pair.sequential = Some(Sequential {
+            difference: delta(sequential),
+            both_ok: true,
+        });
+        pair
+    }
+
+    #[test]
+    fn a_lost_update_is_flagged_only_when_both_calls_succeed_and_two_in_a_row_leave_more() {
+        use CallOutcome::{Ok, ToolError};
+        let honest = claims(Some(false), Some(true), Some(false));
+        let lost = judge("t", &honest, pair([Ok, Ok], &[("state/n", Modified)]), None);
+        assert!(lost.contradictions.is_empty(), "{}", lost.result);
+        let flag = lost.lost_update.as_ref().expect("flagged");
+        assert_eq!((flag.tool.as_str(), flag.case), ("t", CaseKind::Concurrent));
+        assert!(
+            lost.result.starts_with(
+                "LOST UPDATE: both calls succeeded, but together they left the outcome of one call"
+            ),
+            "{}",
+            lost.result
+        );
+        // One of the pair failed: one effect is what two replies said.
+        let refused = judge(
+            "t",
+            &honest,
+            pair([Ok, ToolError], &[("state/n", Modified)]),
+            None,
+        );
+        assert!(refused.lost_update.is_none(), "{}", refused.result);
+        // Two calls in a row leave what one leaves: the operation is idempotent, nothing lost.
+        let same = judge("t", &honest, pair([Ok, Ok], &[]), None);
+        assert!(same.lost_update.is_none(), "{}", same.result);
+        assert!(
+            same.result
+                .contains("two identical calls at once left the same outcome as one call"),
+            "{}",
+            same.result
+        );
+        // A tool claiming only additive updates lost one: that contradicts destructiveHint.
+        let additive = claims(Some(false), Some(false), None);
+        let report = judge(
+            "t",
+            &additive,
+            pair([Ok, Ok], &[("state/n", Modified)]),
+            None,
+        );
+        let got: Vec<Claim> = report.contradictions.iter().map(|c| c.claim).collect();
+        assert_eq!(got, [Claim::NonDestructive], "{}", report.result);
+        assert!(report.lost_update.is_some());
+    }
+
+    #[test]
+    fn a_claim_is_held_only_when_a_case_exercised_it() {
+        use CallOutcome::{Ok, RpcError, ToolError};
+        let all = claims(Some(false), Some(false), Some(true));
+        let case = |kind: CaseKind, outcomes: &[CallOutcome], changes: &[(&str, ChangeKind)]| {
+            let mut r = run(kind, &[("call", changes)]);
+            r.outcomes = outcomes.to_vec();
+            judge("t", &all, r, None)
+        };
+        // Fresh records only: destructiveHint=false is untested, idempotentHint=true held.
+        let cases = vec![
+            case(CaseKind::Valid, &[Ok], &[("state/a", Added)]),
+            case(CaseKind::Repeat, &[Ok, Ok], &[]),
+        ];
+        let v = verdicts(&all, &cases);
+        let got: Vec<(Claim, Verdict)> = v.iter().map(|v| (v.claim, v.verdict)).collect();
+        assert_eq!(
+            got,
+            [
+                (Claim::Idempotent, Verdict::Held),
+                (Claim::NonDestructive, Verdict::Untested)
+            ]
+        );
+        assert_eq!(v[0].cases, [CaseKind::Repeat]);
+        assert!(v[1].reason.contains("with_overwrite"), "{}", v[1].reason);
+        assert_eq!(status(&all, &v), ToolStatus::Untested);
+        // A repeat of a failed call repeats nothing: idempotentHint=true untested too.
+        let failed = vec![case(CaseKind::Repeat, &[ToolError, Ok], &[])];
+        assert_eq!(verdicts(&all, &failed)[0].verdict, Verdict::Untested);
+        // An overwrite the tool refused (an error result) tested it; a JSON-RPC error did not.
+        for (outcome, expected) in [
+            (ToolError, Verdict::Held),
+            (Ok, Verdict::Held),
+            (RpcError, Verdict::Untested),
+        ] {
+            let cases = vec![case(CaseKind::Overwrite, &[outcome], &[])];
+            assert_eq!(verdicts(&all, &cases)[1].verdict, expected, "{outcome:?}");
+        }
+        // An append to a record that existed before the call tested it too.
+        let cases = vec![case(
+            CaseKind::Repeat,
+            &[Ok, Ok],
+            &[("state/log", Appended)],
+        )];
+        assert_eq!(verdicts(&all, &cases)[1].verdict, Verdict::Held);
+        // A read-only tool that never succeeded: untested, and so is the implied claim.
+        let reader = claims(Some(true), Some(false), None);
+        let r = |outcomes: &[CallOutcome]| {
+            let mut r = run(CaseKind::Valid, &[("call", &[])]);
+            r.outcomes = outcomes.to_vec();
+            vec![judge("t", &reader, r, None)]
+        };
+        let v = verdicts(&reader, &r(&[ToolError]));
+        assert_eq!(
+            v.iter().map(|v| v.verdict).collect::<Vec<_>>(),
+            [Verdict::Untested, Verdict::Untested]
+        );
+        let v = verdicts(&reader, &r(&[Ok]));
+        assert_eq!(
+            v.iter().map(|v| v.verdict).collect::<Vec<_>>(),
+            [Verdict::Held, Verdict::Held]
+        );
+        assert!(
+            v[1].reason.contains("implied by readOnlyHint=true"),
+            "{}",
+            v[1].reason
+        );
+        assert_eq!(status(&reader, &v), ToolStatus::Consistent);
+    }
+
+    #[test]
+    fn a_pair_that_could_not_be_compared_by_content_leaves_idempotent_hint_untested() {
+        let mut counted = run(
+            CaseKind::Concurrent,
+            &[("both calls", &[("state/x", Added)])],
+        );
+        counted.fresh = true;
+        counted.outcomes = vec![CallOutcome::Ok, CallOutcome::Ok];
+        let mut repeat = run(CaseKind::Repeat, &[("call", &[])]);
+        repeat.outcomes = vec![CallOutcome::Ok, CallOutcome::Ok];
+        let one = delta(&[("state/w", Added)]);
+        let cases = vec![
+            judge("t", &IDEMPOTENT, repeat, None),
+            judge("t", &IDEMPOTENT, counted, Some(&one)),
+        ];
+        let v = verdicts(&IDEMPOTENT, &cases);
+        assert_eq!(v[0].verdict, Verdict::Untested);
+        assert_eq!(v[0].cases, [CaseKind::Repeat, CaseKind::Concurrent]);
+        assert!(
+            v[0].reason
+                .contains("in case 'concurrent pair', the observer cannot restore state"),
+            "{}",
+            v[0].reason
+        );
     }
 
     #[test]

@@ -22,36 +22,39 @@ use std::time::Duration;
 use serde_json::{Value, json};
 use toolgate_kit::{
     CaseKind, Claim, Claims, FsObserver, Kit, Launcher, Report, Seed, ToolFixtures, ToolStatus,
+    Verdict,
 };
 
-/// What the matrix must conclude about one declared claim.
+/// What the matrix must conclude about one claim.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Verdict {
-    /// The annotation makes the claim, the matrix tested it, and nothing contradicted it.
+enum Expected {
+    /// The annotation makes the claim, some case tested it, and nothing contradicted it.
     Holds,
     /// The annotation does not make the claim (false, or absent with the spec's default), so
     /// there is nothing to contradict.
     NotClaimed,
     /// The annotation makes the claim and an observed effect contradicts it.
     Contradicted,
+    /// The annotation makes the claim, nothing contradicted it, and no case could test it.
+    Untested,
 }
 
-use Verdict::{Holds, NotClaimed};
+use Expected::{Holds, NotClaimed};
 
 /// One tool: the verdict on `readOnlyHint: true`, `idempotentHint: true`,
 /// `destructiveHint: false`, in that order.
 struct Row {
     tool: &'static str,
-    read_only: Verdict,
-    idempotent: Verdict,
-    non_destructive: Verdict,
+    read_only: Expected,
+    idempotent: Expected,
+    non_destructive: Expected,
 }
 
 const fn row(
     tool: &'static str,
-    read_only: Verdict,
-    idempotent: Verdict,
-    non_destructive: Verdict,
+    read_only: Expected,
+    idempotent: Expected,
+    non_destructive: Expected,
 ) -> Row {
     Row {
         tool,
@@ -332,17 +335,29 @@ fn makes(claims: &Claims, claim: Claim) -> bool {
     }
 }
 
-/// The verdict the report gives `tool` on `claim`.
-fn verdict(report: &Report, tool: &str, claim: Claim) -> Verdict {
+/// The verdict the report gives `tool` on `claim` (checked against its contradictions).
+fn verdict(report: &Report, tool: &str, claim: Claim) -> Expected {
     let claims = report.tool(tool).unwrap().claims;
     let contradicted = report
         .contradictions()
         .iter()
         .any(|c| c.tool == tool && c.claim == claim);
-    match (makes(&claims, claim), contradicted) {
-        (_, true) => Verdict::Contradicted,
-        (true, false) => Holds,
-        (false, false) => NotClaimed,
+    let given = report.verdict(tool, claim).map(|v| v.verdict);
+    assert_eq!(
+        given.is_some(),
+        makes(&claims, claim),
+        "{tool} {claim:?}: a verdict exactly for each declared claim"
+    );
+    assert_eq!(
+        given == Some(Verdict::Contradicted),
+        contradicted,
+        "{tool} {claim:?}"
+    );
+    match given {
+        None => NotClaimed,
+        Some(Verdict::Held) => Holds,
+        Some(Verdict::Contradicted) => Expected::Contradicted,
+        Some(_) => Expected::Untested,
     }
 }
 
@@ -383,6 +398,12 @@ async fn the_filesystem_server_keeps_its_annotations() {
         }
     }
     report.assert_honest();
+    assert!(report.untested().is_empty(), "{text}");
+    // edit_file's concurrent pair loses one of its two insertions when both processes read
+    // before either writes (both succeed): flagged when it happens. No other tool loses one.
+    for lost in report.lost_updates() {
+        assert_eq!(lost.tool, "edit_file", "{text}");
+    }
 
     // The observer is live: the writers' effects were seen, and write_file's repeat, a rewrite
     // with the same bytes, was a touch that added no effect.
@@ -460,7 +481,7 @@ async fn liar(tool: &str, lie: Value, claim: Claim, by: &[CaseKind]) -> Report {
     );
     assert_eq!(
         verdict(&report, tool, claim),
-        Verdict::Contradicted,
+        Expected::Contradicted,
         "{text}"
     );
     for c in report.contradictions() {
@@ -522,5 +543,38 @@ async fn write_file_claiming_non_destructive_is_contradicted() {
         BTreeSet::from([CaseKind::Overwrite.title()]),
         "{}",
         report.to_text()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs Node and @modelcontextprotocol/server-filesystem: run by tests/interop/run.sh"]
+async fn destructive_hint_false_without_an_overwrite_case_is_untested() {
+    // create_directory's destructiveHint=false holds with the overwrite case (the whole matrix
+    // above). Without it, every call makes fresh directories: no case gives the tool existing
+    // state, so the claim is untested, and the tool is not reported as consistent.
+    let world = World::new();
+    let mut fixtures = world.fixture("create_directory");
+    fixtures.overwrite = None;
+    let report = run(&world, None, vec![fixtures]).await;
+    let text = report.to_text();
+    report.assert_honest();
+    let tool = report.tool("create_directory").unwrap();
+    assert_eq!(tool.status, ToolStatus::Untested, "{text}");
+    assert_eq!(
+        verdict(&report, "create_directory", Claim::Idempotent),
+        Holds,
+        "{text}"
+    );
+    let untested = tool.verdict(Claim::NonDestructive).unwrap();
+    assert_eq!(untested.verdict, Verdict::Untested, "{text}");
+    assert!(
+        untested
+            .reason
+            .contains("no case gave the tool existing state to modify or remove"),
+        "{text}"
+    );
+    assert!(
+        text.contains("verdict: UNTESTED: destructiveHint=false"),
+        "{text}"
     );
 }

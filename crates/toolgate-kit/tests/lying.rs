@@ -7,8 +7,10 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::io::Write as _;
-use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::time::Duration;
 
 use rmcp::handler::server::router::tool::ToolRouter;
 use rmcp::handler::server::wrapper::Parameters;
@@ -18,8 +20,8 @@ use schemars::JsonSchema;
 use serde::Deserialize;
 use serde_json::json;
 use toolgate_kit::{
-    CaseKind, ChangeKind, Claim, CutOff, FsObserver, Kit, KitError, Launcher, Report, Seed,
-    ToolFixtures, ToolStatus,
+    CaseKind, ChangeKind, Claim, CutOff, FsObserver, Kit, KitError, Launcher, Observation,
+    ObserveError, Observer, Report, Seed, ToolFixtures, ToolStatus, Verdict,
 };
 
 #[derive(Debug, Deserialize, JsonSchema)]
@@ -45,11 +47,69 @@ struct KeyValueArgs {
     value: String,
 }
 
-/// Three liars, two honest tools and one tool that claims nothing, over one state directory.
+/// What every handler instance of one world shares: how many connections are open, the
+/// rendezvous of two counter bumps in flight at once, and the locked counter's lock.
+#[derive(Debug, Default)]
+struct Shared {
+    connections: AtomicUsize,
+    waiting: std::sync::Mutex<Option<tokio::sync::oneshot::Sender<()>>>,
+    lock: tokio::sync::Mutex<()>,
+}
+
+impl Shared {
+    /// Waits until another call arrives here too (the first of two waits for the second), or
+    /// until [`RENDEZVOUS`] passed, then leaves no trace: a call that waited alone (a connection
+    /// counted a moment too long) only costs time.
+    async fn rendezvous(&self) {
+        let wait = {
+            let mut slot = self.waiting.lock().unwrap();
+            match slot.take() {
+                Some(first) => {
+                    let _ = first.send(());
+                    None
+                }
+                None => {
+                    let (tx, rx) = tokio::sync::oneshot::channel();
+                    *slot = Some(tx);
+                    Some(rx)
+                }
+            }
+        };
+        if let Some(rx) = wait
+            && tokio::time::timeout(RENDEZVOUS, rx).await.is_err()
+        {
+            self.waiting.lock().unwrap().take();
+        }
+    }
+}
+
+/// One open connection: counted while any clone of its handler lives.
+#[derive(Debug)]
+struct Connected(Arc<Shared>);
+
+impl Connected {
+    fn new(shared: Arc<Shared>) -> Self {
+        shared.connections.fetch_add(1, Ordering::SeqCst);
+        Connected(shared)
+    }
+}
+
+impl Drop for Connected {
+    fn drop(&mut self) {
+        self.0.connections.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// How long a bump waits for the other call of a concurrent pair (it proceeds alone after it).
+const RENDEZVOUS: Duration = Duration::from_secs(60);
+
+/// Three liars, two honest tools, one tool that claims nothing, and two counters (one losing
+/// updates), over one state directory.
 #[derive(Debug, Clone)]
 struct LyingServer {
     state: PathBuf,
     scratch: PathBuf,
+    connected: Arc<Connected>,
     tool_router: ToolRouter<Self>,
 }
 
@@ -61,12 +121,43 @@ static SCRATCH: AtomicU64 = AtomicU64::new(0);
 
 #[tool_router]
 impl LyingServer {
-    fn new(state: PathBuf, scratch: PathBuf) -> Self {
+    fn new(state: PathBuf, scratch: PathBuf, shared: Arc<Shared>) -> Self {
         LyingServer {
             state,
             scratch,
+            connected: Arc::new(Connected::new(shared)),
             tool_router: Self::tool_router(),
         }
+    }
+
+    /// Reads the counter `counters/<name>.txt`, then, when another connection is open (the
+    /// concurrent pair), waits until the other call has read it too; then writes the value
+    /// plus one. With `locked`, the read and the write hold a lock the other call waits for.
+    async fn bump_counter(&self, name: &str, locked: bool) -> Result<String, String> {
+        let shared = &self.connected.0;
+        let path = self.state.join("counters").join(format!("{name}.txt"));
+        let paired = shared.connections.load(Ordering::SeqCst) >= 2;
+        if paired && locked {
+            // Both calls arrive before either takes the lock: they run one after the other.
+            shared.rendezvous().await;
+        }
+        let _guard = if locked {
+            Some(shared.lock.lock().await)
+        } else {
+            None
+        };
+        let value: u64 = match std::fs::read_to_string(&path) {
+            Ok(text) => text.trim().parse().map_err(|e| format!("Error: {e}"))?,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => 0,
+            Err(e) => return Err(err(e)),
+        };
+        if paired && !locked {
+            // Both calls have read the same value before either writes it back.
+            shared.rendezvous().await;
+        }
+        std::fs::create_dir_all(path.parent().unwrap()).map_err(err)?;
+        std::fs::write(&path, format!("{}\n", value + 1)).map_err(err)?;
+        Ok(format!("{name} is now {}", value + 1))
     }
 
     /// Reads a file. LIES: it also bumps the mtime of an access marker (same bytes).
@@ -158,6 +249,27 @@ impl LyingServer {
         Ok(entries.count().to_string())
     }
 
+    /// Adds one to a counter. Honest annotations, but LOSES UPDATES: two calls at once both
+    /// read the old value and both write it plus one, and both report success.
+    #[tool(annotations(
+        read_only_hint = false,
+        destructive_hint = true,
+        idempotent_hint = false
+    ))]
+    async fn bump(&self, Parameters(args): Parameters<NameArgs>) -> Result<String, String> {
+        self.bump_counter(&args.name, false).await
+    }
+
+    /// Adds one to a counter, under a lock: two calls at once add two.
+    #[tool(annotations(
+        read_only_hint = false,
+        destructive_hint = true,
+        idempotent_hint = false
+    ))]
+    async fn bump_locked(&self, Parameters(args): Parameters<NameArgs>) -> Result<String, String> {
+        self.bump_counter(&args.name, true).await
+    }
+
     /// Claims nothing at all (and writes).
     #[tool]
     async fn mystery(&self, Parameters(args): Parameters<EventArgs>) -> Result<String, String> {
@@ -177,6 +289,7 @@ struct World {
     _dir: tempfile::TempDir,
     state: PathBuf,
     scratch: PathBuf,
+    shared: Arc<Shared>,
 }
 
 fn world() -> World {
@@ -192,12 +305,14 @@ fn world() -> World {
         _dir: dir,
         state,
         scratch,
+        shared: Arc::default(),
     }
 }
 
-fn launcher(state: &Path, scratch: &Path) -> Launcher {
-    let (state, scratch) = (state.to_path_buf(), scratch.to_path_buf());
-    Launcher::in_process(move || LyingServer::new(state.clone(), scratch.clone()))
+fn launcher(world: &World) -> Launcher {
+    let (state, scratch) = (world.state.clone(), world.scratch.clone());
+    let shared = world.shared.clone();
+    Launcher::in_process(move || LyingServer::new(state.clone(), scratch.clone(), shared.clone()))
 }
 
 fn all_fixtures(kit: Kit) -> Kit {
@@ -263,7 +378,7 @@ fn has(report: &Report, tool: &str, claim: Claim, case: CaseKind) -> bool {
 }
 
 async fn run(world: &World, cut_off: CutOff) -> Report {
-    all_fixtures(Kit::new(launcher(&world.state, &world.scratch)))
+    all_fixtures(Kit::new(launcher(world)))
         .observer(FsObserver::new([&world.state]))
         .cut_off(cut_off)
         .run()
@@ -322,13 +437,78 @@ async fn each_lie_is_caught_and_honest_tools_are_not_flagged() {
         ("peek", ToolStatus::Contradicted),
         ("append_event", ToolStatus::Contradicted),
         ("save_setting", ToolStatus::Contradicted),
-        ("put_once", ToolStatus::Consistent),
+        // No case here gives put_once existing state: its destructiveHint=false is untested.
+        ("put_once", ToolStatus::Untested),
         ("count_files", ToolStatus::Consistent),
         ("mystery", ToolStatus::Unclassified),
     ] {
         assert_eq!(report.tool(tool).unwrap().status, status, "{tool}\n{text}");
     }
     assert_eq!(report.unclassified(), ["mystery"], "{text}");
+
+    // Per claim: held, contradicted or untested, with the cases and the reason.
+    let verdict = |tool: &str, claim: Claim| report.verdict(tool, claim).unwrap().verdict;
+    for (tool, claim, expected) in [
+        ("peek", Claim::ReadOnly, Verdict::Contradicted),
+        ("append_event", Claim::Idempotent, Verdict::Contradicted),
+        // Its repeat appended to the log the first call created, and kept what was there.
+        ("append_event", Claim::NonDestructive, Verdict::Held),
+        ("save_setting", Claim::NonDestructive, Verdict::Contradicted),
+        ("put_once", Claim::Idempotent, Verdict::Held),
+        ("put_once", Claim::NonDestructive, Verdict::Untested),
+        ("count_files", Claim::ReadOnly, Verdict::Held),
+        ("count_files", Claim::Idempotent, Verdict::Held),
+        // Read-only, and that held: the spec gives destructiveHint no meaning then.
+        ("count_files", Claim::NonDestructive, Verdict::Held),
+    ] {
+        assert_eq!(verdict(tool, claim), expected, "{tool} {claim:?}\n{text}");
+    }
+    assert!(
+        report.verdict("peek", Claim::Idempotent).is_none(),
+        "{text}"
+    );
+    assert!(
+        report.tool("mystery").unwrap().verdicts.is_empty(),
+        "{text}"
+    );
+    let untested: Vec<(&str, Claim)> = report
+        .untested()
+        .iter()
+        .map(|(tool, v)| (*tool, v.claim))
+        .collect();
+    assert_eq!(untested, [("put_once", Claim::NonDestructive)], "{text}");
+    let put_once_nd = report.verdict("put_once", Claim::NonDestructive).unwrap();
+    assert!(put_once_nd.cases.is_empty(), "{text}");
+    assert!(
+        put_once_nd.reason.contains("ToolFixtures::with_overwrite"),
+        "{text}"
+    );
+    assert_eq!(
+        report
+            .verdict("append_event", Claim::Idempotent)
+            .unwrap()
+            .cases,
+        [
+            CaseKind::Repeat,
+            CaseKind::AlreadyDone,
+            CaseKind::RetryAfterCutOff,
+            CaseKind::Concurrent
+        ],
+        "{text}"
+    );
+    assert!(
+        text.contains("verdict: UNTESTED: destructiveHint=false"),
+        "{text}"
+    );
+    assert!(
+        text.contains("claim destructiveHint=false: untested: no case gave the tool existing state to modify or remove"),
+        "{text}"
+    );
+    assert!(
+        text.contains("claim readOnlyHint=true: held (valid call, byte-identical repeat"),
+        "{text}"
+    );
+    assert!(report.lost_updates().is_empty(), "{text}");
 
     // The honest writer really wrote (the observer is live), once per fresh key.
     let put_once = report.tool("put_once").unwrap();
@@ -361,6 +541,16 @@ async fn each_lie_is_caught_and_honest_tools_are_not_flagged() {
         json["summary"]["contradictions"].as_u64(),
         Some(report.contradictions().len() as u64)
     );
+    assert_eq!(json["summary"]["untested"], 1);
+    let put_once_json = json["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["name"] == "put_once")
+        .unwrap();
+    assert_eq!(put_once_json["status"], "untested");
+    assert_eq!(put_once_json["verdicts"][1]["claim"], "non_destructive");
+    assert_eq!(put_once_json["verdicts"][1]["verdict"], "untested");
     assert_eq!(json["tools"][0]["cases"][0]["case"], "valid");
     assert_eq!(json["tools"][0]["status"], "contradicted");
 
@@ -377,7 +567,7 @@ async fn each_lie_is_caught_and_honest_tools_are_not_flagged() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cut_on_the_first_observed_change_still_catches_the_appender() {
     let world = world();
-    let report = Kit::new(launcher(&world.state, &world.scratch))
+    let report = Kit::new(launcher(&world))
         .observer(FsObserver::new([&world.state]))
         .cut_off(CutOff::WhenObserved)
         .tool(ToolFixtures::new(
@@ -403,9 +593,18 @@ async fn a_cut_on_the_first_observed_change_still_catches_the_appender() {
         has(&report, "append_event", Claim::Idempotent, CaseKind::Repeat),
         "{text}"
     );
+    // Not contradicted; its destructiveHint=false is untested (no overwrite case here).
     assert_eq!(
         report.tool("put_once").unwrap().status,
-        ToolStatus::Consistent,
+        ToolStatus::Untested,
+        "{text}"
+    );
+    assert_eq!(
+        report
+            .verdict("put_once", Claim::Idempotent)
+            .unwrap()
+            .verdict,
+        Verdict::Held,
         "{text}"
     );
     assert!(
@@ -417,7 +616,7 @@ async fn a_cut_on_the_first_observed_change_still_catches_the_appender() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_overwrite_case_catches_a_false_destructive_hint_and_restores_the_state() {
     let world = world();
-    let report = Kit::new(launcher(&world.state, &world.scratch))
+    let report = Kit::new(launcher(&world))
         .observer(FsObserver::new([&world.state]))
         .tool(
             ToolFixtures::new(
@@ -492,12 +691,169 @@ async fn the_overwrite_case_catches_a_false_destructive_hint_and_restores_the_st
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_successful_calls_that_leave_one_effect_are_a_lost_update() {
+    let world = world();
+    let counter = |name: &str, fresh: &str| {
+        ToolFixtures::new(
+            name,
+            json!({"name": "a"}),
+            json!({"name": "b"}),
+            json!({"name": 1}),
+        )
+        .with_concurrent(json!({"name": fresh}))
+    };
+    let report = Kit::new(launcher(&world))
+        .observer(FsObserver::new([&world.state]))
+        .tool(counter("bump", "raced"))
+        .tool(counter("bump_locked", "locked"))
+        .run()
+        .await
+        .unwrap();
+    let text = report.to_text();
+    eprintln!("{text}");
+    // Both of bump's concurrent calls reported success, the counter says 1: flagged.
+    let lost: Vec<(&str, CaseKind)> = report
+        .lost_updates()
+        .iter()
+        .map(|l| (l.tool.as_str(), l.case))
+        .collect();
+    assert_eq!(lost, [("bump", CaseKind::Concurrent)], "{text}");
+    let pair = report
+        .tool("bump")
+        .unwrap()
+        .cases
+        .iter()
+        .find(|c| c.case == CaseKind::Concurrent)
+        .unwrap();
+    assert!(pair.first_call.contains(": ok: "), "{text}");
+    assert!(
+        pair.second_call.as_deref().unwrap().contains(": ok: "),
+        "{text}"
+    );
+    assert!(
+        pair.result.contains("LOST UPDATE: both calls succeeded, but together they left the outcome of one call, while two calls one after the other from the same starting state leave more (one call's outcome to theirs: modified state/counters/raced.txt)"),
+        "{text}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(world.state.join("counters/raced.txt")).unwrap(),
+        "1\n"
+    );
+    assert!(
+        text.contains("verdict: consistent: it declares none of the claims the matrix tests (readOnlyHint=true, idempotentHint=true, destructiveHint=false), so nothing was contradicted in 5 cases; LOST UPDATE in case 'concurrent pair'"),
+        "{text}"
+    );
+    assert_eq!(report.to_json()["summary"]["lost_updates"], 1);
+    // Honest annotations (destructive, not idempotent): nothing is contradicted.
+    report.assert_honest();
+    // The locked counter applied both: no update lost, and not idempotent, as it says.
+    assert_eq!(
+        std::fs::read_to_string(world.state.join("counters/locked.txt")).unwrap(),
+        "2\n"
+    );
+    let locked = report
+        .tool("bump_locked")
+        .unwrap()
+        .cases
+        .iter()
+        .find(|c| c.case == CaseKind::Concurrent)
+        .unwrap();
+    assert!(locked.lost_update.is_none(), "{text}");
+    assert!(
+        locked.result.contains("not idempotent under concurrency"),
+        "{text}"
+    );
+}
+
+/// An observer wrapper that forwards `observe` and `describe` only: `save`, `restore` and `seed`
+/// are the trait's defaults.
+struct Forgetful(FsObserver);
+
+impl Observer for Forgetful {
+    fn observe(&self) -> Result<Observation, ObserveError> {
+        self.0.observe()
+    }
+
+    fn describe(&self) -> Vec<String> {
+        self.0.describe()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_observer_that_cannot_restore_leaves_the_concurrent_claim_untested() {
+    let world = world();
+    let fixtures = ToolFixtures::new(
+        "put_once",
+        json!({"key": "a", "value": "1"}),
+        json!({"key": "b", "value": "2"}),
+        json!({}),
+    )
+    .with_concurrent(json!({"key": "c", "value": "3"}))
+    .with_overwrite(
+        Seed::call("put_once", json!({"key": "z", "value": "1"})),
+        json!({"key": "z", "value": "2"}),
+    );
+    let report = Kit::new(launcher(&world))
+        .observer(Forgetful(FsObserver::new([&world.state])))
+        .tool(fixtures)
+        .run()
+        .await
+        .unwrap();
+    let text = report.to_text();
+    eprintln!("{text}");
+    assert!(report.is_honest(), "{text}");
+    let tool = report.tool("put_once").unwrap();
+    assert_eq!(tool.status, ToolStatus::Untested, "{text}");
+    let idempotent = tool.verdict(Claim::Idempotent).unwrap();
+    assert_eq!(idempotent.verdict, Verdict::Untested, "{text}");
+    assert!(
+        idempotent.reason.contains("in case 'concurrent pair', the observer cannot restore state (its Observer::save returned None, the trait's default; a wrapper must forward save and restore)"),
+        "{text}"
+    );
+    // The cases that did run are named; the overwrite case still tested destructiveHint.
+    assert!(idempotent.cases.contains(&CaseKind::Repeat), "{text}");
+    assert_eq!(
+        tool.verdict(Claim::NonDestructive).unwrap().verdict,
+        Verdict::Held,
+        "{text}"
+    );
+    assert!(
+        text.contains("claim idempotentHint=true: untested (byte-identical repeat"),
+        "{text}"
+    );
+    // The same fixtures with the observer itself: every claim held.
+    let world = self::world();
+    let fixtures = ToolFixtures::new(
+        "put_once",
+        json!({"key": "a", "value": "1"}),
+        json!({"key": "b", "value": "2"}),
+        json!({}),
+    )
+    .with_concurrent(json!({"key": "c", "value": "3"}))
+    .with_overwrite(
+        Seed::call("put_once", json!({"key": "z", "value": "1"})),
+        json!({"key": "z", "value": "2"}),
+    );
+    let report = Kit::new(launcher(&world))
+        .observer(FsObserver::new([&world.state]))
+        .tool(fixtures)
+        .run()
+        .await
+        .unwrap();
+    assert_eq!(
+        report.tool("put_once").unwrap().status,
+        ToolStatus::Consistent,
+        "{}",
+        report.to_text()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn misuse_is_a_typed_error_naming_the_fix() {
     let world = world();
-    let no_observer = Kit::new(launcher(&world.state, &world.scratch)).run().await;
+    let no_observer = Kit::new(launcher(&world)).run().await;
     assert!(matches!(no_observer, Err(KitError::NoObserver)));
 
-    let unknown = Kit::new(launcher(&world.state, &world.scratch))
+    let unknown = Kit::new(launcher(&world))
         .observer(FsObserver::new([&world.state]))
         .tool(ToolFixtures::new("nope", json!({}), json!({}), json!({})))
         .run()
@@ -507,7 +863,7 @@ async fn misuse_is_a_typed_error_naming_the_fix() {
         other => panic!("expected ToolNotListed, got {other:?}"),
     }
 
-    let bad_fixture = Kit::new(launcher(&world.state, &world.scratch))
+    let bad_fixture = Kit::new(launcher(&world))
         .observer(FsObserver::new([&world.state]))
         .tool(ToolFixtures::new(
             "peek",
@@ -533,7 +889,7 @@ async fn misuse_is_a_typed_error_naming_the_fix() {
             json!({}),
         )
     };
-    let unlisted_seed = Kit::new(launcher(&world.state, &world.scratch))
+    let unlisted_seed = Kit::new(launcher(&world))
         .observer(FsObserver::new([&world.state]))
         .tool(fixtures().with_overwrite(Seed::call("nope", json!({})), json!({})))
         .run()
@@ -542,7 +898,7 @@ async fn misuse_is_a_typed_error_naming_the_fix() {
         matches!(&unlisted_seed, Err(KitError::ToolNotListed { tool }) if tool == "nope"),
         "{unlisted_seed:?}"
     );
-    let failing_seed = Kit::new(launcher(&world.state, &world.scratch))
+    let failing_seed = Kit::new(launcher(&world))
         .observer(FsObserver::new([&world.state]))
         .tool(fixtures().with_overwrite(
             Seed::call("put_once", json!({"key": "q", "value": 3})),
@@ -556,7 +912,7 @@ async fn misuse_is_a_typed_error_naming_the_fix() {
         }
         other => panic!("expected KitError::Seed, got {other:?}"),
     }
-    let outside = Kit::new(launcher(&world.state, &world.scratch))
+    let outside = Kit::new(launcher(&world))
         .observer(FsObserver::new([&world.state]))
         .tool(fixtures().with_overwrite(Seed::record("elsewhere/x.txt", "x"), json!({})))
         .run()
