@@ -20,7 +20,7 @@
 //!   binding ends only when rmcp ends the session (a DELETE it accepted, or its expiry). The
 //!   2026-07-28 flow is stateless; rmcp checks its `Mcp-Method` / `Mcp-Name` headers against the
 //!   body (400, JSON-RPC -32020).
-//! - **Transport checks** ([`transport`]), before authentication: `Host` (exactly one, on the
+//! - **Transport checks** (`http/transport.rs`), before authentication: `Host` (exactly one, on the
 //!   allow-list, loopback by default) and `Origin` (at most one, a bare origin on the allow-list,
 //!   loopback by default; anything else is 403); then, for a POST, a declared `Content-Length`
 //!   over the limit (413 at once), a media type other than JSON (415), and a body that is not one
@@ -292,6 +292,22 @@ struct Sessions {
 /// The least number of owner entries before they are pruned.
 const PRUNE_FLOOR: usize = 64;
 
+impl Sessions {
+    /// Binds session `id` to `principal` (a session keeps its first owner); whether the owners
+    /// are now due to be compared with rmcp's live sessions.
+    fn bind(&mut self, id: String, principal: &VerifiedPrincipal) -> bool {
+        self.owners.entry(id).or_insert_with(|| principal.clone());
+        self.owners.len() >= self.prune_at
+    }
+
+    /// Forgets the owners of sessions rmcp no longer holds (ended or expired), and sets the next
+    /// pruning at twice what is left.
+    fn prune(&mut self, live: &std::collections::HashSet<String>) {
+        self.owners.retain(|id, _| live.contains(id));
+        self.prune_at = (self.owners.len() * 2).max(PRUNE_FLOOR);
+    }
+}
+
 /// The axum router serving `gated` at [`MCP_PATH`] behind `auth`, with the protected resource
 /// metadata. Mount it in a server of your own, or serve it as is.
 ///
@@ -465,14 +481,7 @@ async fn authenticate(State(door): State<Arc<Door>>, request: Request, next: Nex
 /// Binds the new session `id` to `principal`, and now and then forgets the owners of sessions
 /// rmcp has ended (expired ones included), so the map never outgrows rmcp's own.
 async fn bind_session(door: &Door, id: String, principal: &VerifiedPrincipal) {
-    let prune = {
-        let mut sessions = sessions(door);
-        sessions
-            .owners
-            .entry(id)
-            .or_insert_with(|| principal.clone());
-        sessions.owners.len() >= sessions.prune_at
-    };
+    let prune = sessions(door).bind(id, principal);
     if prune {
         let live: std::collections::HashSet<String> = door
             .manager
@@ -482,9 +491,7 @@ async fn bind_session(door: &Door, id: String, principal: &VerifiedPrincipal) {
             .keys()
             .map(|id| id.to_string())
             .collect();
-        let mut sessions = sessions(door);
-        sessions.owners.retain(|id, _| live.contains(id));
-        sessions.prune_at = (sessions.owners.len() * 2).max(PRUNE_FLOOR);
+        sessions(door).prune(&live);
     }
 }
 
@@ -759,4 +766,42 @@ async fn refuse(door: &Door, rejection: oauth::Rejection, token_id: Option<Strin
             .insert(header::WWW_AUTHENTICATE, value);
     }
     response
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn owners_of_sessions_rmcp_no_longer_holds_are_forgotten() {
+        let mut sessions = Sessions {
+            owners: HashMap::new(),
+            prune_at: PRUNE_FLOOR,
+        };
+        let alice = VerifiedPrincipal::new("alice").unwrap_or_else(|e| panic!("{e}"));
+        let bob = VerifiedPrincipal::new("bob").unwrap_or_else(|e| panic!("{e}"));
+        // A session keeps its first owner.
+        assert!(!sessions.bind("s-0".to_owned(), &alice));
+        assert!(!sessions.bind("s-0".to_owned(), &bob));
+        assert_eq!(sessions.owners.get("s-0"), Some(&alice));
+        // Pruning is due once the floor is reached, not before.
+        let due: Vec<bool> = (1..PRUNE_FLOOR)
+            .map(|n| sessions.bind(format!("s-{n}"), &alice))
+            .collect();
+        assert_eq!(due.iter().filter(|due| **due).count(), 1);
+        assert!(due[PRUNE_FLOOR - 2]);
+        // rmcp still holds two of them (the others ended or expired): only their owners stay.
+        let live = ["s-0".to_owned(), "s-7".to_owned()].into_iter().collect();
+        sessions.prune(&live);
+        assert_eq!(sessions.owners.len(), 2);
+        assert_eq!(sessions.owners.get("s-7"), Some(&alice));
+        assert_eq!(sessions.prune_at, PRUNE_FLOOR);
+        // Above the floor, the next pruning comes at twice what was left.
+        for n in 0..100 {
+            sessions.bind(format!("t-{n}"), &bob);
+        }
+        let live: std::collections::HashSet<String> = sessions.owners.keys().cloned().collect();
+        sessions.prune(&live);
+        assert_eq!(sessions.prune_at, 2 * sessions.owners.len());
+    }
 }
