@@ -143,5 +143,66 @@ fn every_crate_forbids_unsafe_and_uses_workspace_lints() {
     }
 }
 
+#[test]
+fn every_published_crate_carries_its_metadata_and_its_dependencies_a_version() {
+    let root = workspace_root();
+    let workspace = read(&root.join("Cargo.toml"));
+    for key in ["license", "repository", "readme", "keywords", "categories"] {
+        assert!(
+            workspace.contains(&format!("\n{key} = ")),
+            "[workspace.package] must set {key}"
+        );
+    }
+    for file in ["LICENSE-MIT", "LICENSE-APACHE", "CHANGELOG.md", "README.md"] {
+        assert!(root.join(file).is_file(), "{file} is missing");
+    }
+    // Internal dependencies a published crate may name carry the version crates.io resolves.
+    for line in workspace.lines().filter(|l| l.starts_with("toolgate")) {
+        if line.starts_with("toolgate-pgtest") {
+            // Tests only: a path-only dev-dependency, stripped by `cargo publish`.
+            assert!(!line.contains("version"), "{line}");
+            continue;
+        }
+        assert!(
+            line.contains("version = \"0.1.0\""),
+            "a publishable internal dependency needs the workspace version: {line}"
+        );
+    }
+    let unpublished = ["toolgate-pgtest"];
+    for entry in std::fs::read_dir(root.join("crates")).expect("crates/ exists") {
+        let dir = entry.expect("readable entry").path();
+        let name = dir
+            .file_name()
+            .unwrap_or_default()
+            .to_string_lossy()
+            .into_owned();
+        let manifest = read(&dir.join("Cargo.toml"));
+        if unpublished.contains(&name.as_str()) {
+            assert!(
+                manifest.contains("publish = false"),
+                "{name} is test support only"
+            );
+            continue;
+        }
+        assert!(
+            manifest.contains("\ndescription = "),
+            "{name} has no description"
+        );
+        for key in [
+            "license",
+            "repository",
+            "readme",
+            "keywords",
+            "categories",
+            "publish",
+        ] {
+            assert!(
+                manifest.contains(&format!("\n{key}.workspace = true")),
+                "{name} must inherit {key} from the workspace"
+            );
+        }
+    }
+}
+
 // That `Gated` forwards every one of rmcp's 32 `ServerHandler` methods is checked behaviourally by
 // crates/toolgate-rmcp/tests/forwarding.rs, which calls each through a real client.
