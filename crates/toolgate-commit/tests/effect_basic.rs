@@ -9,7 +9,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde_json::{Value, json};
 use toolgate_canon::{Sha256Digest, canonical_value};
-use toolgate_commit::effect::{
+use toolgate_commit::{
     Attempt, Begin, EffectConfig, EffectError, EffectKind, EffectRequest, EffectStore, Resolution,
     Scope,
 };
@@ -671,7 +671,7 @@ fn a_result_too_large_for_a_journal_line_is_refused_and_nothing_is_written() {
         panic!("expected Execute")
     };
     let before = journal_bytes(dir.path());
-    let huge = Value::String("x".repeat(toolgate_commit::effect::MAX_LINE_BYTES as usize));
+    let huge = Value::String("x".repeat(toolgate_commit::MAX_LINE_BYTES as usize));
     let err = store.complete(ticket, &huge).unwrap_err();
     assert!(
         matches!(err, EffectError::RecordTooLarge { len, max, .. } if len > max),

@@ -11,7 +11,7 @@ use std::time::{Duration, SystemTime};
 
 use serde_json::{Value, json};
 use toolgate_canon::{Sha256Digest, canonical_value};
-use toolgate_commit::effect::{
+use toolgate_commit::{
     Begin, EffectConfig, EffectError, EffectKind, EffectRequest, EffectStore, Resolution, Scope,
     Ticket,
 };

@@ -12,7 +12,7 @@ use std::time::{Duration, SystemTime};
 
 use serde_json::{Value, json};
 use toolgate_canon::Sha256Digest;
-use toolgate_commit::effect::{
+use toolgate_commit::{
     Begin, EffectBackend, EffectConfig, EffectError, EffectKind, EffectRequest, EffectStatus,
     EffectStore, MemoryEffects, Resolution, Scope,
 };
@@ -39,7 +39,7 @@ fn backends(wait: Option<Duration>, ttl: Duration) -> Vec<Subject> {
             .create_database("effects")
             .unwrap();
         let store = toolgate_storage::postgres::PgStore::connect(&url).unwrap();
-        toolgate_commit::effect::PgEffects::open(store, &config).unwrap()
+        toolgate_commit::PgEffects::open(store, &config).unwrap()
     };
     vec![
         Subject {
@@ -93,7 +93,7 @@ fn execute(name: &str, backend: &dyn EffectBackend, r: &EffectRequest, kind: Eff
     }
 }
 
-fn ticket(begin: Begin) -> toolgate_commit::effect::Ticket {
+fn ticket(begin: Begin) -> toolgate_commit::Ticket {
     match begin {
         Begin::Execute(ticket) => ticket,
         other => panic!("expected Execute, got {other:?}"),
@@ -328,7 +328,7 @@ fn keys_are_scoped_to_principal_and_tool_and_checked() {
         }
         for key in [
             String::new(),
-            "x".repeat(toolgate_commit::effect::MAX_KEY_BYTES + 1),
+            "x".repeat(toolgate_commit::MAX_KEY_BYTES + 1),
             "a\u{7}b".to_owned(),
         ] {
             assert!(

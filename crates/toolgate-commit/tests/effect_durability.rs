@@ -18,7 +18,7 @@ use std::thread;
 
 use serde_json::{Value, json};
 use toolgate_canon::Sha256Digest;
-use toolgate_commit::effect::{
+use toolgate_commit::{
     Begin, EffectConfig, EffectError, EffectKind, EffectRequest, EffectStore, FsStorage, Storage,
 };
 
@@ -104,7 +104,7 @@ impl Storage for PageCache {
 
 fn req(key: &str) -> EffectRequest {
     EffectRequest {
-        scope: toolgate_commit::effect::Scope {
+        scope: toolgate_commit::Scope {
             principal: "alice".into(),
             tool: "writer".into(),
         },

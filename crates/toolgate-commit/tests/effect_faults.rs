@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use serde_json::{Value, json};
 use toolgate_canon::{Sha256Digest, canonical_value};
-use toolgate_commit::effect::{
+use toolgate_commit::{
     Begin, EffectConfig, EffectError, EffectKind, EffectRequest, EffectStore, FaultyStorage,
     FsStorage, Op, Resolution, Scope,
 };

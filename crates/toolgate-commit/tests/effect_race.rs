@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::json;
 use toolgate_canon::Sha256Digest;
-use toolgate_commit::effect::{
+use toolgate_commit::{
     Begin, EffectConfig, EffectError, EffectKind, EffectRequest, EffectStore, Scope,
 };
 

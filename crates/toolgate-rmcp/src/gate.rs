@@ -30,7 +30,7 @@ use rmcp::{ErrorData as McpError, RoleServer, ServerHandler};
 use serde_json::{Map, Value};
 use toolgate_audit::{AuditEntry, AuditSink, Decision as AuditDecision, Outcome};
 use toolgate_canon::{HmacKey, Sha256Digest};
-use toolgate_commit::effect::EffectBackend;
+use toolgate_commit::EffectBackend;
 use toolgate_contract::awareness::{InputContract, contract_awareness};
 use toolgate_contract::diff::Change;
 use toolgate_policy::Policy;
@@ -196,7 +196,7 @@ pub enum GateError {
     Contract(#[from] crate::contract::LiveContractError),
     /// The ledger's exactly-once store could not be opened.
     #[error("cannot open the ledger's effect store: {0}")]
-    Effects(#[from] toolgate_commit::effect::EffectError),
+    Effects(#[from] toolgate_commit::EffectError),
     /// The PostgreSQL store of [`GatedBuilder::store_url`] could not be reached or opened.
     #[cfg(feature = "postgres")]
     #[error("cannot open the PostgreSQL store: {0}")]
@@ -364,19 +364,19 @@ pub const LEDGER_WAIT_IN_PROGRESS: std::time::Duration = std::time::Duration::fr
 /// `dir/effects/`, a call waits up to [`LEDGER_WAIT_IN_PROGRESS`] for a live call holding its key,
 /// and completed results are kept for the longest `window_secs` the policy gives any tool (24 h
 /// when none does).
-pub fn ledger_effect_config(dir: &Path, policy: &Policy) -> toolgate_commit::effect::EffectConfig {
+pub fn ledger_effect_config(dir: &Path, policy: &Policy) -> toolgate_commit::EffectConfig {
     effect_config(dir.join(LEDGER_EFFECTS_DIR), policy)
 }
 
 /// The exactly-once settings every store of a gate gets from the policy (see
 /// [`ledger_effect_config`]); `dir` only matters to the file store.
-fn effect_config(dir: PathBuf, policy: &Policy) -> toolgate_commit::effect::EffectConfig {
+fn effect_config(dir: PathBuf, policy: &Policy) -> toolgate_commit::EffectConfig {
     let window = policy
         .allowed()
         .filter_map(|tool| policy.idempotency(tool).and_then(|s| s.window_secs))
         .max()
         .unwrap_or(24 * 60 * 60);
-    toolgate_commit::effect::EffectConfig::new(dir)
+    toolgate_commit::EffectConfig::new(dir)
         .wait_in_progress(LEDGER_WAIT_IN_PROGRESS)
         .completed_ttl(std::time::Duration::from_secs(window))
 }
@@ -713,7 +713,7 @@ impl<H: ServerHandler> GatedBuilder<H> {
             }
             if self.effects.is_none() {
                 let config = effect_config(PathBuf::new(), &policy);
-                self.effects = Some(Arc::new(toolgate_commit::effect::PgEffects::open(
+                self.effects = Some(Arc::new(toolgate_commit::PgEffects::open(
                     store.clone(),
                     &config,
                 )?));
@@ -746,12 +746,10 @@ impl<H: ServerHandler> GatedBuilder<H> {
                 self.audit = Some(Arc::new(toolgate_audit::FileAuditLog::open_with(config)?));
             }
             if self.effects.is_none() {
-                self.effects = Some(Arc::new(
-                    toolgate_commit::effect::EffectStore::open_with_storage(
-                        ledger_effect_config(dir, &policy),
-                        Arc::clone(&storage),
-                    )?,
-                ));
+                self.effects = Some(Arc::new(toolgate_commit::EffectStore::open_with_storage(
+                    ledger_effect_config(dir, &policy),
+                    Arc::clone(&storage),
+                )?));
             }
             if self.kill_switch.is_none() {
                 self.kill_switch = Some(self.named(KillSwitch::new(dir).with_storage(storage)));

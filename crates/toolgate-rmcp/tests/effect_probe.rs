@@ -21,7 +21,7 @@ use schemars::JsonSchema;
 use serde::Deserialize;
 use serde_json::{Value, json};
 use toolgate_audit::FileAuditLog;
-use toolgate_commit::effect::{EffectConfig, EffectStore};
+use toolgate_commit::{EffectConfig, EffectStore};
 use toolgate_policy::Policy;
 use toolgate_rmcp::{EffectProbe, Gated, Permit, ProbeAnswer};
 

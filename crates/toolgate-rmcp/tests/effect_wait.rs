@@ -21,7 +21,7 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 use tokio::sync::{Semaphore, mpsc};
 use toolgate_audit::FileAuditLog;
-use toolgate_commit::effect::{EffectConfig, EffectStore};
+use toolgate_commit::{EffectConfig, EffectStore};
 use toolgate_policy::Policy;
 use toolgate_rmcp::{Gated, Permit};
 

@@ -24,7 +24,7 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 use toolgate_audit::FileAuditLog;
 use toolgate_canon::Sha256Digest;
-use toolgate_commit::effect::{EffectConfig, EffectStore};
+use toolgate_commit::{EffectConfig, EffectStore};
 use toolgate_policy::Policy;
 use toolgate_rmcp::{Caller, Current, Gated, Preflight, Preparation, REPLAYED_META};
 

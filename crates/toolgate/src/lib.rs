@@ -39,7 +39,7 @@ pub mod audit {
 /// Exactly-once effects: the backend trait, the file store and the in-memory one
 /// (`toolgate-commit`).
 pub mod effect {
-    pub use toolgate_commit::effect::*;
+    pub use toolgate_commit::*;
 }
 
 /// The state the gate's checks consult on every call: the kill switch, rights file, rate limits,

@@ -12,7 +12,7 @@ use std::time::SystemTime;
 use serde_json::{Value, json};
 use toolgate_audit::{AuditEntry, AuditError, AuditSink, Decision, Outcome};
 use toolgate_canon::Sha256Digest;
-use toolgate_commit::effect::{EffectBackend, EffectError};
+use toolgate_commit::{EffectBackend, EffectError};
 use toolgate_rmcp::checks::{GuardError, Halt, KillSwitch};
 
 mod cli;
@@ -162,18 +162,18 @@ pub fn resolve_effect(
     principal: &str,
     tool: &str,
     key: &EffectKey,
-    resolution: toolgate_commit::effect::Resolution,
+    resolution: toolgate_commit::Resolution,
 ) -> Result<(), OperatorError> {
-    let scope = toolgate_commit::effect::Scope {
+    let scope = toolgate_commit::Scope {
         principal: principal.to_owned(),
         tool: tool.to_owned(),
     };
     let (outcome, what) = match &resolution {
-        toolgate_commit::effect::Resolution::Completed(_) => (
+        toolgate_commit::Resolution::Completed(_) => (
             Outcome::Committed,
             "the effect happened: later calls replay the given result",
         ),
-        toolgate_commit::effect::Resolution::Forget => (
+        toolgate_commit::Resolution::Forget => (
             Outcome::NotExecuted,
             "the effect did not happen: the next call runs",
         ),
@@ -221,7 +221,7 @@ pub fn set_rights(
 mod tests {
     use super::*;
     use toolgate_audit::{MemoryAuditLog, verify_reader};
-    use toolgate_commit::effect::MemoryEffects;
+    use toolgate_commit::MemoryEffects;
 
     fn records(audit: &MemoryAuditLog) -> Vec<Value> {
         let bytes = audit.bytes();

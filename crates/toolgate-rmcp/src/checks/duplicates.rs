@@ -18,7 +18,7 @@ use std::sync::Arc;
 use rmcp::model::{JsonObject, Tool};
 use serde_json::{Value, json};
 use toolgate_audit::AuditEntry;
-use toolgate_commit::effect::EffectBackend;
+use toolgate_commit::EffectBackend;
 use toolgate_policy::{DuplicateGuard, Policy};
 
 use super::exactly_once::{EarlierAnswer, Lookup, unless_answered};

@@ -16,7 +16,7 @@ use rmcp::model::{CallToolResult, ContentBlock, JsonObject, RequestMetaObject};
 use serde_json::{Value, json};
 use toolgate_audit::Outcome;
 use toolgate_canon::Sha256Digest;
-use toolgate_commit::effect::{
+use toolgate_commit::{
     Attempt, Begin, EffectBackend, EffectError, EffectKind, EffectRequest, EffectStatus,
     Resolution, Scope,
 };
@@ -345,7 +345,7 @@ fn store_refusal(text: &str, details: Value) -> CallToolResult {
 /// What the exactly-once step decided for a call.
 pub(crate) enum EffectAnswer {
     /// Run the handler; store its outcome with the ticket.
-    Execute(toolgate_commit::effect::Ticket),
+    Execute(toolgate_commit::Ticket),
     /// Answered without the handler (replay, conflict, in progress, indeterminate, a store
     /// failure); `recorded` says whether its allow record was appended.
     Answered {

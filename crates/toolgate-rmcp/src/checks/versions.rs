@@ -13,7 +13,7 @@ use std::sync::Arc;
 
 use serde_json::{Value, json};
 use toolgate_audit::{Decision as AuditDecision, Outcome};
-use toolgate_commit::effect::EffectBackend;
+use toolgate_commit::EffectBackend;
 
 use super::exactly_once::{EarlierAnswer, Lookup, unless_answered};
 use super::{Answer, Call, Check, Verdict};

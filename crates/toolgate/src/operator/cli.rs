@@ -34,7 +34,7 @@ use std::process::ExitCode;
 use std::time::SystemTime;
 
 use toolgate_audit::{AuditConfig, FileAuditLog, VerifyOptions};
-use toolgate_commit::effect::EffectStore;
+use toolgate_commit::EffectStore;
 use toolgate_rmcp::checks::KillSwitch;
 
 /// The default policy file when neither `--policy` nor `POLICY_PATH` is given.
