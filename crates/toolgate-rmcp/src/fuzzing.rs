@@ -73,7 +73,7 @@ impl ArgumentChecker {
             tool_contract_digests: Default::default(),
         };
         let meta = rmcp::model::RequestMetaObject::default();
-        let caller = crate::gate::Caller {
+        let caller = crate::world::Caller {
             principal: std::sync::Arc::from(principal),
             credential: None,
             client: None,

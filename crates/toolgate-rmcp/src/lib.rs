@@ -32,14 +32,13 @@ pub mod stdio;
 mod telemetry;
 mod unwind;
 pub mod upstream;
+mod world;
 
 pub use blocking::{Cancelled, run as run_blocking};
 pub use checks::exactly_once::{IDEMPOTENCY_KEY_META, MAX_IDEMPOTENCY_KEY_BYTES, REPLAYED_META};
 pub use gate::{
-    CONFIRM_ACTION, CONTRACT_DIGEST_META_KEY, Caller, Current, EffectProbe, GateError, Gated,
-    GatedBuilder, HALTED, LEDGER_AUDIT_FILE, LEDGER_EFFECTS_DIR, LEDGER_WAIT_IN_PROGRESS,
-    Preflight, Preparation, ProbeAnswer, REJECT_ACTION, TOOL_NOT_FOUND, UnavailableTools,
-    ledger_effect_config,
+    CONTRACT_DIGEST_META_KEY, GateError, Gated, GatedBuilder, LEDGER_AUDIT_FILE,
+    LEDGER_EFFECTS_DIR, LEDGER_WAIT_IN_PROGRESS, UnavailableTools, ledger_effect_config,
 };
 pub use permit::{Permit, PermitError};
 pub use principal::{
@@ -47,3 +46,7 @@ pub use principal::{
 };
 pub use state::{GateState, PolicyHandle, Reload, ReloadError, Reloaded};
 pub use stdio::{InFlight, StdioConfig, StdioError, StdioTransport};
+pub use world::{
+    CONFIRM_ACTION, Caller, Current, EffectProbe, HALTED, Preflight, Preparation, ProbeAnswer,
+    REJECT_ACTION, TOOL_NOT_FOUND,
+};

@@ -81,13 +81,27 @@ fn gate_results_schema() -> Value {
     })
 }
 
+/// Applies `rewrite` to `tool`'s output schema, if it has one (for `Check::describe`).
+pub(crate) fn rewrite_output_schema(
+    tool: &mut rmcp::model::Tool,
+    rewrite: impl FnOnce(&mut serde_json::Value),
+) {
+    if let Some(schema) = tool.output_schema.as_mut() {
+        let mut rewritten = serde_json::Value::Object(schema.as_ref().clone());
+        rewrite(&mut rewritten);
+        if let serde_json::Value::Object(map) = rewritten {
+            *schema = std::sync::Arc::new(map);
+        }
+    }
+}
+
 /// Extends a listed tool's `outputSchema` so it also admits the gate's own answers (refusals,
 /// previews, exactly-once conflicts), which carry their JSON as `structuredContent` too:
 /// `{"type": "object", "anyOf": [<the tool's schema>, <the gate's shapes>]}`, with the tool's
 /// `$schema`, `$defs` and `definitions` kept at the root so its `$ref`s still resolve. A tool
 /// without an output schema is left alone.
 pub(crate) fn admit_gate_results(tool: &mut rmcp::model::Tool) {
-    crate::checks::rewrite_output_schema(tool, |schema| {
+    rewrite_output_schema(tool, |schema| {
         let Value::Object(own) = schema else {
             return;
         };

@@ -9,8 +9,8 @@ use serde_json::{Value, json};
 use toolgate_policy::BatchCall;
 
 use super::{Call, Check, Verdict};
-use crate::Preflight;
 use crate::refusal::Refusal;
+use crate::world::Preflight;
 
 /// At most this many batch matches are returned with a count mismatch.
 const MAX_BATCH_MATCHES_SHOWN: usize = 100;

@@ -23,9 +23,9 @@ use toolgate_policy::{DuplicateGuard, Policy};
 
 use super::exactly_once::{EarlierAnswer, Lookup, unless_answered};
 use super::{Call, Check, Verdict};
-use crate::Preflight;
 use crate::refusal::Refusal;
 use crate::state::GateState;
+use crate::world::Preflight;
 
 /// The argument a caller sets to `true` to create an object although one with the same business
 /// key exists (tools under the policy's `duplicates`).

@@ -22,9 +22,9 @@ use toolgate_commit::{
 };
 use toolgate_policy::{EffectSafety, Idempotency, ReplayMarker};
 
-use crate::gate::{EffectProbe, ProbeAnswer};
 use crate::refusal::Refusal;
 use crate::state::GateState;
+use crate::world::{EffectProbe, ProbeAnswer};
 
 /// The `_meta` key a client may use to pass an idempotency key.
 pub const IDEMPOTENCY_KEY_META: &str = "io.toolgate/idempotencyKey";

@@ -393,7 +393,7 @@ impl KillSwitchCheck {
             None => "Retry after the operator lifts the halt".to_owned(),
         };
         Some(rmcp::ErrorData::new(
-            rmcp::model::ErrorCode(crate::HALTED),
+            rmcp::model::ErrorCode(crate::world::HALTED),
             format!(
                 "calls are halted by an operator ({}); nothing was executed. {retry}",
                 halt.reason

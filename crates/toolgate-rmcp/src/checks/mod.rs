@@ -87,7 +87,7 @@ pub(crate) struct Call<'a> {
     pub(crate) state: &'a GateState,
     pub(crate) principal: &'a str,
     /// Who calls: what every [`crate::Preflight`] question is asked for.
-    pub(crate) caller: &'a crate::gate::Caller,
+    pub(crate) caller: &'a crate::world::Caller,
     /// The caller's tenant, when its credential names one (the per-tenant kill switch).
     pub(crate) tenant: Option<&'a str>,
     pub(crate) name: &'a str,
@@ -204,17 +204,6 @@ pub(crate) trait Check: Send + Sync {
         entry: &mut AuditEntry,
     ) {
         let _ = (state, name, result, entry);
-    }
-}
-
-/// Applies `rewrite` to `tool`'s output schema, if it has one (for [`Check::describe`]).
-pub(crate) fn rewrite_output_schema(tool: &mut Tool, rewrite: impl FnOnce(&mut serde_json::Value)) {
-    if let Some(schema) = tool.output_schema.as_mut() {
-        let mut rewritten = serde_json::Value::Object(schema.as_ref().clone());
-        rewrite(&mut rewritten);
-        if let serde_json::Value::Object(map) = rewritten {
-            *schema = std::sync::Arc::new(map);
-        }
     }
 }
 

@@ -44,7 +44,7 @@ impl Check for ResultFilter {
     /// structured results, as the official SDKs do, would refuse them otherwise).
     fn describe(&self, state: &GateState, tool: &mut Tool) {
         if let Some(fields) = state.policy.results(&tool.name) {
-            super::rewrite_output_schema(tool, |schema| fields.rewrite_schema(schema));
+            crate::refusal::rewrite_output_schema(tool, |schema| fields.rewrite_schema(schema));
         }
     }
 

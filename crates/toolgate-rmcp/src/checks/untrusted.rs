@@ -20,7 +20,7 @@ impl Check for UntrustedOutput {
 
     fn describe(&self, state: &GateState, tool: &mut Tool) {
         if let Some(untrusted) = state.policy.untrusted_output(&tool.name) {
-            super::rewrite_output_schema(tool, |schema| untrusted.rewrite_schema(schema));
+            crate::refusal::rewrite_output_schema(tool, |schema| untrusted.rewrite_schema(schema));
         }
     }
 

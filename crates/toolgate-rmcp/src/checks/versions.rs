@@ -18,7 +18,7 @@ use toolgate_commit::EffectBackend;
 use super::exactly_once::{EarlierAnswer, Lookup, unless_answered};
 use super::{Answer, Call, Check, Verdict};
 use crate::refusal::Refusal;
-use crate::{Current, Preflight};
+use crate::world::{Current, Preflight};
 
 /// The version check, with the server's reader of current versions.
 #[derive(Default)]

@@ -28,7 +28,7 @@ use toolgate_canon::Sha256Digest;
 
 use super::{Answer, Call, Check, Verdict};
 use crate::state::GateState;
-use crate::{CONFIRM_ACTION, Preflight, Preparation, REJECT_ACTION};
+use crate::world::{CONFIRM_ACTION, Preflight, Preparation, REJECT_ACTION};
 use pending::{PendingAction, PendingActions};
 
 /// How the summary of a call without a preflight is written: the tool and its canonical
@@ -108,7 +108,7 @@ impl Confirmation {
     /// or describes it generically with the arguments as `sent`.
     async fn prepare(
         &self,
-        caller: &crate::gate::Caller,
+        caller: &crate::world::Caller,
         name: &str,
         arguments: JsonObject,
         sent: &JsonObject,
