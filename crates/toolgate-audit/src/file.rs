@@ -8,7 +8,6 @@
 //! [`toolgate_storage::Journal`] of the storage floor, which opens it, notices a replacement,
 //! reads its tail and appends and syncs through the log's `Storage`.
 
-use std::fs::File;
 use std::sync::Arc;
 
 use std::io::{self, BufRead, BufReader, Read};
@@ -27,7 +26,9 @@ use toolgate_canon::{HmacKey, Sha256Digest};
 use crate::ChainHead;
 use crate::checkpoint::Checkpoint;
 use crate::record::{MAX_LINE_BYTES, SeqField, check_line, representable, seal};
-use crate::segments::{checkpoints_path, list_segments, lock_path, parent_dir, segment_path};
+use crate::segments::{
+    checkpoints_path, io_err, list_segments, lock_path, open_read, parent_dir, segment_path,
+};
 use crate::{AppendReceipt, AuditEntry, AuditError, AuditSink, Decision};
 use toolgate_storage::{GroupCommit, LockFile};
 
@@ -223,14 +224,6 @@ impl std::fmt::Debug for FileAuditLog {
     }
 }
 
-fn io_err<'a>(action: &'static str, path: &'a Path) -> impl FnOnce(io::Error) -> AuditError + 'a {
-    move |source| AuditError::Io {
-        action,
-        path: path.to_path_buf(),
-        source,
-    }
-}
-
 /// Nanoseconds since the UNIX epoch, as RFC 8785 will write them; 0 if the clock is before 1970.
 pub(crate) fn now_ns() -> u64 {
     let nanos = SystemTime::now()
@@ -289,11 +282,6 @@ fn journal_err(e: JournalError) -> AuditError {
             source: io::Error::other(other.to_string()),
         },
     }
-}
-
-/// Opens a file of the chain (the log, a segment) for reading: a regular file, not a link.
-pub(crate) fn open_read(path: &Path) -> Result<File, AuditError> {
-    toolgate_storage::open_regular_read(path, Symlinks::Refuse).map_err(io_err("open", path))
 }
 
 fn max_line() -> u64 {

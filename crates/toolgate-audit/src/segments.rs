@@ -123,7 +123,7 @@ pub fn read_records(
     let files = chain_files(log_path)?;
     // Open the active file eagerly so a missing log is an error now, not a silent empty iterator.
     if files.len() == 1 {
-        crate::file::open_read(&files[0])?;
+        open_read(&files[0])?;
     }
     Ok(Records {
         files: files.into(),
@@ -200,6 +200,24 @@ impl Iterator for Records {
             });
         }
     }
+}
+
+/// The [`AuditError::Io`] of `action` on `path`.
+pub(crate) fn io_err<'a>(
+    action: &'static str,
+    path: &'a Path,
+) -> impl FnOnce(std::io::Error) -> AuditError + 'a {
+    move |source| AuditError::Io {
+        action,
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+/// Opens a file of the chain (the log, a segment) for reading: a regular file, not a link.
+pub(crate) fn open_read(path: &Path) -> Result<std::fs::File, AuditError> {
+    toolgate_storage::open_regular_read(path, toolgate_storage::Symlinks::Refuse)
+        .map_err(io_err("open", path))
 }
 
 #[cfg(test)]
