@@ -35,6 +35,7 @@ pub mod upstream;
 mod world;
 
 pub use blocking::{Cancelled, run as run_blocking};
+pub use checks::arguments::SchemaCache;
 pub use checks::exactly_once::{IDEMPOTENCY_KEY_META, MAX_IDEMPOTENCY_KEY_BYTES, REPLAYED_META};
 pub use gate::{
     CONTRACT_DIGEST_META_KEY, GateError, Gated, GatedBuilder, LEDGER_AUDIT_FILE,

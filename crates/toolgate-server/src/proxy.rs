@@ -498,14 +498,7 @@ pub struct Upstream {
     info: ServerConfig,
     drift: Arc<Drift>,
     /// The compiled pinned output schemas, by tool (compiled again when the schema differs).
-    validators: Mutex<HashMap<String, OutputValidator>>,
-}
-
-/// A pinned output schema and its validator (or why it does not compile).
-#[derive(Debug, Clone)]
-struct OutputValidator {
-    schema: Arc<rmcp::model::JsonObject>,
-    validator: Result<Arc<jsonschema::Validator>, String>,
+    validators: toolgate::SchemaCache,
 }
 
 /// The upstream's tools against their pin: which are approved, why the others are not, and which
@@ -1107,7 +1100,7 @@ impl Upstream {
             link,
             info,
             drift,
-            validators: Mutex::default(),
+            validators: toolgate::SchemaCache::default(),
         }
     }
 
@@ -1208,7 +1201,7 @@ impl Upstream {
                     .to_owned(),
             );
         };
-        let validator = match self.validator(tool, &schema) {
+        let validator = match self.validators.validator(tool, &schema) {
             Ok(validator) => validator,
             Err(error) => {
                 return Some(format!(
@@ -1225,34 +1218,6 @@ impl Upstream {
                 error.schema_path().as_str()
             )
         })
-    }
-
-    /// The validator of `tool`'s pinned output schema `schema`, compiled once.
-    fn validator(
-        &self,
-        tool: &str,
-        schema: &Arc<rmcp::model::JsonObject>,
-    ) -> Result<Arc<jsonschema::Validator>, String> {
-        let mut validators = self
-            .validators
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        if let Some(found) = validators.get(tool)
-            && (Arc::ptr_eq(&found.schema, schema) || *found.schema == **schema)
-        {
-            return found.validator.clone();
-        }
-        let validator = jsonschema::validator_for(&serde_json::Value::Object((**schema).clone()))
-            .map(Arc::new)
-            .map_err(|e| e.masked().to_string());
-        validators.insert(
-            tool.to_owned(),
-            OutputValidator {
-                schema: Arc::clone(schema),
-                validator: validator.clone(),
-            },
-        );
-        validator
     }
 
     /// After a request timed out: pings the upstream, and ends the connection (so that it is

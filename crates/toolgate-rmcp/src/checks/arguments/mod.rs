@@ -6,7 +6,7 @@
 mod schema;
 mod shape;
 
-pub(crate) use schema::SchemaCache;
+pub use schema::SchemaCache;
 pub(crate) use shape::InputShape;
 
 use toolgate_policy::Decision;

@@ -12,9 +12,11 @@ use serde_json::{Map, Value, json};
 
 use crate::refusal::{Refusal, quotable};
 
-/// Compiled validators, keyed by tool name; an entry is reused while the tool's schema is equal.
+/// Compiled JSON Schema validators, keyed by tool name; an entry is reused while the tool's
+/// schema is equal. The gate checks arguments with it; a proxy checks its upstream's results
+/// against their pinned output schemas with the same cache.
 #[derive(Default)]
-pub(crate) struct SchemaCache {
+pub struct SchemaCache {
     validators: Mutex<HashMap<String, Compiled>>,
 }
 
@@ -80,6 +82,16 @@ impl SchemaCache {
                 }),
             }),
         }
+    }
+
+    /// The validator of `tool`'s `schema`, compiled on first use; `Err` names why the schema does
+    /// not compile.
+    pub fn validator(
+        &self,
+        tool: &str,
+        schema: &Arc<JsonObject>,
+    ) -> Result<Arc<jsonschema::Validator>, String> {
+        self.compiled(tool, schema).validator
     }
 
     fn compiled(&self, tool: &str, schema: &Arc<JsonObject>) -> Compiled {
