@@ -7,8 +7,6 @@
 //! - [`Permit`] is the handler-side proof of a decision. Only the gate can create one, so a handler
 //!   that takes it cannot run undecided. Exactly-once is the gate's: tools the policy opts in
 //!   (`idempotency`) run at most once per key through the effect store.
-//! - [`StdioTransport`] serves JSON-RPC lines over stdio (or any byte stream): every line it
-//!   cannot serve is answered, lines and requests in flight are bounded ([`stdio`]).
 //! - [`harness`] runs a mutation, observes the state and decides CONTINUE / STOP / ROLLBACK.
 
 #![forbid(unsafe_code)]
@@ -27,11 +25,9 @@ mod permit;
 mod principal;
 mod refusal;
 mod state;
-pub mod stdio;
 #[cfg(feature = "otel")]
 mod telemetry;
 mod unwind;
-pub mod upstream;
 mod world;
 
 pub use blocking::{Cancelled, run as run_blocking};
@@ -46,7 +42,6 @@ pub use principal::{
     FixedPrincipal, FromExtensions, InvalidPrincipal, PrincipalSource, VerifiedPrincipal,
 };
 pub use state::{GateState, PolicyHandle, Reload, ReloadError, Reloaded};
-pub use stdio::{InFlight, StdioConfig, StdioError, StdioTransport};
 pub use world::{
     CONFIRM_ACTION, Caller, Current, EffectProbe, HALTED, Preflight, Preparation, ProbeAnswer,
     REJECT_ACTION, TOOL_NOT_FOUND,

@@ -24,6 +24,13 @@
 #![forbid(unsafe_code)]
 
 pub use toolgate_rmcp::*;
+pub use toolgate_stdio::{InFlight, StdioConfig, StdioError, StdioTransport, upstream};
+
+/// The stdio transports: the server side ([`StdioTransport`]) and the client side to an untrusted
+/// upstream process ([`upstream`]) (`toolgate-stdio`).
+pub mod stdio {
+    pub use toolgate_stdio::*;
+}
 
 /// The policy: its file format, loading and decisions (`toolgate-policy`).
 pub mod policy {

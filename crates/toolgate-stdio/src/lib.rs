@@ -52,9 +52,13 @@
 //!
 //! Long-lived requests (`subscriptions/listen`) hold their slot while they are open. rmcp never
 //! answers a request whose handler panicked, so its slot would stay taken until the connection
-//! ends; under [`crate::Gated`] a panic of the inner handler is answered -32603 (and a call's
-//! record says `error`, or `indeterminate` with an exactly-once ticket), which frees the slot. A
-//! cancelled request's handler may still be running when its slot is reused.
+//! ends; under the gate (`toolgate_rmcp::Gated`) a panic of the inner handler is answered -32603
+//! (and a call's record says `error`, or `indeterminate` with an exactly-once ticket), which frees
+//! the slot. A cancelled request's handler may still be running when its slot is reused.
+
+#![forbid(unsafe_code)]
+
+pub mod upstream;
 
 use std::collections::HashMap;
 use std::num::NonZeroUsize;

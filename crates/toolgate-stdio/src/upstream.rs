@@ -40,7 +40,7 @@ use rmcp::transport::Transport;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt as _, BufReader};
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, mpsc};
 
-use crate::stdio::{LineRead, LineReader};
+use crate::{LineRead, LineReader};
 
 /// The default line limit of an upstream: 16 MiB, rmcp's own default (an upstream's results, such
 /// as a file read, are larger than a client's requests).

@@ -11,7 +11,7 @@ use rmcp::model::{
 };
 use rmcp::transport::Transport;
 use tokio::io::{AsyncBufReadExt as _, AsyncWriteExt as _, BufReader, DuplexStream};
-use toolgate_rmcp::upstream::{UpstreamEnd, UpstreamLimits, UpstreamTransport};
+use toolgate_stdio::upstream::{UpstreamEnd, UpstreamLimits, UpstreamTransport};
 
 struct Pipe {
     transport: UpstreamTransport<DuplexStream>,
