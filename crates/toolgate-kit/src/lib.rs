@@ -98,6 +98,7 @@
 #![forbid(unsafe_code)]
 
 mod error;
+pub mod harness;
 mod launch;
 mod matrix;
 mod observe;

@@ -1,5 +1,5 @@
 //! The only toolgate crate that knows MCP: it puts policy, audit and exactly-once at the
-//! tool-call boundary of any `rmcp` server, and drives execute-verify-stop from the client side.
+//! tool-call boundary of any `rmcp` server.
 //!
 //! - [`Gated`] wraps a `ServerHandler`: `tools/list` shows only what the policy allows, and
 //!   `tools/call` is decided before dispatch. Denied and unknown tools get the same JSON-RPC error
@@ -7,7 +7,6 @@
 //! - [`Permit`] is the handler-side proof of a decision. Only the gate can create one, so a handler
 //!   that takes it cannot run undecided. Exactly-once is the gate's: tools the policy opts in
 //!   (`idempotency`) run at most once per key through the effect store.
-//! - [`harness`] runs a mutation, observes the state and decides CONTINUE / STOP / ROLLBACK.
 
 #![forbid(unsafe_code)]
 
@@ -18,7 +17,6 @@ pub mod contract;
 #[doc(hidden)]
 pub mod fuzzing;
 mod gate;
-pub mod harness;
 #[cfg(feature = "http")]
 pub mod http;
 mod permit;

@@ -85,6 +85,11 @@ pub mod kit {
     pub use toolgate_kit::*;
 }
 
+/// Execute-verify-stop on the client side: run one mutation, observe what remained, and decide
+/// CONTINUE, STOP or ROLLBACK (`toolgate_kit::harness`, feature `kit`).
+#[cfg(feature = "kit")]
+pub use toolgate_kit::harness;
+
 pub mod operator;
 
 /// What a gated server uses, in one import: `use toolgate::prelude::*;`.

@@ -19,12 +19,12 @@ use rmcp::{Json, ServerHandler, ServiceExt as _, tool, tool_handler, tool_router
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
-use toolgate_audit::FileAuditLog;
-use toolgate_policy::Policy;
-use toolgate_rmcp::Gated;
-use toolgate_rmcp::harness::{
+use toolgate::Gated;
+use toolgate::audit::FileAuditLog;
+use toolgate::harness::{
     CallOutcome, Postcondition, Step, ToolCall, Verdict, expect_contains, run_step,
 };
+use toolgate::policy::Policy;
 
 /// Every tool of the store is allowed except `wipe`, which is on the deny list.
 const POLICY: &str = r#"{
