@@ -41,7 +41,7 @@ mod tasks;
 use crate::checks::arguments::InputShape;
 use crate::checks::{Checks, KillSwitch, PendingActions, RightsFile};
 use crate::permit::Permit;
-use crate::principal::{FixedPrincipal, PrincipalSource};
+use crate::principal::{FixedPrincipal, FromExtensions, PrincipalSource};
 use crate::state::{GateState, PolicyHandle};
 use crate::world::{CONFIRM_ACTION, Caller, EffectProbe, Preflight, REJECT_ACTION, TOOL_NOT_FOUND};
 
@@ -711,6 +711,18 @@ impl<H: ServerHandler> Gated<H> {
         self.state.clone()
     }
 
+    /// The gate for a transport that verifies a credential on every request (Streamable HTTP):
+    /// a fixed principal (the builder's [`GatedBuilder::principal`], `local` by default) is
+    /// replaced by [`FromExtensions`], so no caller is ever served as the fixed name; a
+    /// per-request source is kept. Whether the fixed principal was replaced is the second value.
+    pub fn with_verified_principals(mut self) -> (Self, bool) {
+        let replaced = self.principals.without_request().is_some();
+        if replaced {
+            self.principals = Arc::new(FromExtensions);
+        }
+        (self, replaced)
+    }
+
     /// The text appended to an argument refusal: the tool's current input contract and, when a
     /// previous lockfile was given, what changed since.
     fn contract_note(&self, tool: &str, input: &InputShape) -> String {
@@ -792,10 +804,9 @@ impl<H: ServerHandler> Gated<H> {
 
     /// The JSON-RPC error that refuses a call of `tool` now because the kill switch (or the switch
     /// of `tenant`) is on; `None` when the call may go on (no halt, or the policy exempts the
-    /// tool). Reads the switch (a
-    /// file or the database): call it off the async threads.
-    #[cfg(feature = "http")]
-    pub(crate) fn halted_for(&self, tool: &str, tenant: Option<&str>) -> Option<McpError> {
+    /// tool). A transport asks it before the call reaches rmcp (the HTTP front door answers 503).
+    /// Reads the switch (a file or the database): call it off the async threads.
+    pub fn halted_for(&self, tool: &str, tenant: Option<&str>) -> Option<McpError> {
         if self.state.snapshot().policy.halt_exempt(tool) {
             return None;
         }

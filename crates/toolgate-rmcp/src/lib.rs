@@ -17,8 +17,6 @@ pub mod contract;
 #[doc(hidden)]
 pub mod fuzzing;
 mod gate;
-#[cfg(feature = "http")]
-pub mod http;
 mod permit;
 mod principal;
 mod refusal;

@@ -200,14 +200,11 @@ impl VerifiedPrincipal {
 /// extensions of the HTTP request's parts that rmcp attaches (where the authentication layer put
 /// it).
 pub(crate) fn verified(extensions: &Extensions) -> Option<&VerifiedPrincipal> {
-    let verified = extensions.get::<VerifiedPrincipal>();
-    #[cfg(feature = "http")]
-    let verified = verified.or_else(|| {
+    extensions.get::<VerifiedPrincipal>().or_else(|| {
         extensions
-            .get::<axum::http::request::Parts>()
+            .get::<http::request::Parts>()
             .and_then(|parts| parts.extensions.get::<VerifiedPrincipal>())
-    });
-    verified
+    })
 }
 
 /// The principal is the [`VerifiedPrincipal`] in the request's extensions; a request without one

@@ -131,7 +131,7 @@ where
         toolgate::http::MCP_PATH
     );
     axum::serve(listener, router)
-        .with_graceful_shutdown(toolgate_server::shutdown_signal())
+        .with_graceful_shutdown(toolgate::http::shutdown_signal())
         .await
         .context("the HTTP server failed")
 }
@@ -177,7 +177,7 @@ fn parse_args() -> anyhow::Result<Args> {
 
 fn run(args: Args) -> anyhow::Result<()> {
     // `toolgate-server serve --http`'s runtime.
-    let runtime = toolgate_server::http_runtime()?;
+    let runtime = toolgate::http::http_runtime(toolgate_server::BLOCKING_THREADS)?;
     runtime.block_on(async {
         let listener = tokio::net::TcpListener::bind(args.addr)
             .await

@@ -926,17 +926,10 @@ async fn shut_down(effects: Arc<dyn EffectBackend>, audit: AuditStore) -> anyhow
 /// stderr (`serving Streamable HTTP at http://HOST:PORT/mcp`, the port resolved when `ADDR`
 /// asks for port 0).
 #[cfg(feature = "http")]
-pub async fn serve_http(server: BuiltServer, config: HttpConfig) -> anyhow::Result<()> {
-    let HttpConfig {
-        addr,
-        public_url,
-        oauth,
-        request_timeout,
-        header_read_timeout,
-        allowed_origins,
-        allowed_hosts,
-        refusal_audit_limit,
-    } = config;
+pub async fn serve_http(
+    server: BuiltServer,
+    config: toolgate::http::HttpConfig,
+) -> anyhow::Result<()> {
     let BuiltServer {
         gated,
         audit,
@@ -946,98 +939,23 @@ pub async fn serve_http(server: BuiltServer, config: HttpConfig) -> anyhow::Resu
         watchdog: _,
     } = server;
     spawn_reload_on_sighup(options.clone(), gated.policy_handle(), reload)?;
-    let listener = tokio::net::TcpListener::bind(addr)
+    let listener = tokio::net::TcpListener::bind(config.addr)
         .await
-        .with_context(|| format!("cannot listen on {addr}"))?;
+        .with_context(|| format!("cannot listen on {}", config.addr))?;
     let local = listener
         .local_addr()
         .context("cannot read the bound address")?;
-    let resource =
-        public_url.unwrap_or_else(|| format!("http://{local}{}", toolgate::http::MCP_PATH));
-    let mut http = toolgate::http::HttpOptions::new(resource.clone());
-    http.request_timeout = request_timeout;
-    if let Some(records) = refusal_audit_limit {
-        http.refusal_audit.records = records;
-    }
-    if !allowed_origins.is_empty() {
-        http.allowed_origins = allowed_origins;
-    }
-    http.allowed_hosts.extend(allowed_hosts);
-    if let Some(host) = resource
-        .parse::<axum::http::Uri>()
-        .ok()
-        .and_then(|uri| uri.authority().map(|a| a.host().to_owned()))
-    {
-        http.allowed_hosts.push(host);
-    }
-    let mut auth = toolgate::http::Authentication::new().api_tokens(api_tokens(&options));
-    if let Some(mut oauth) = oauth {
-        if oauth.audience.is_empty() {
-            oauth.audience.clone_from(&resource);
-        }
-        auth = auth.oauth(toolgate::http::oauth::JwtVerifier::new(oauth)?);
-    }
-    let router = toolgate::http::router(gated, auth, audit.sink(), &http);
+    let door = config.front_door(local, api_tokens(&options))?;
+    let router = toolgate::http::router(gated, door.auth, audit.sink(), &door.options);
+    let resource = door.resource;
     // The one line a supervisor (or a test) reads to find the port.
     tracing::info!(%resource, "serving Streamable HTTP");
     #[allow(clippy::print_stderr)]
     {
         eprintln!("{SERVER_NAME}: serving Streamable HTTP at {resource}");
     }
-    serve_connections(listener, router, header_read_timeout).await;
+    toolgate::http::serve_connections(listener, router, config.header_read_timeout).await;
     shut_down(effects, audit).await
-}
-
-/// How long in-flight HTTP requests may take to finish once a shutdown is asked for.
-#[cfg(feature = "http")]
-const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(10);
-
-/// Serves HTTP/1 connections of `listener` with `router` until SIGINT or SIGTERM, then lets the
-/// requests in flight finish (up to [`SHUTDOWN_GRACE`]). A client that does not send a request's
-/// headers within `header_read_timeout`, or keeps a connection idle that long, is disconnected.
-#[cfg(feature = "http")]
-async fn serve_connections(
-    listener: tokio::net::TcpListener,
-    router: axum::Router,
-    header_read_timeout: std::time::Duration,
-) {
-    use hyper_util::rt::{TokioIo, TokioTimer};
-    let service = hyper_util::service::TowerToHyperService::new(router);
-    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
-    let mut builder = hyper::server::conn::http1::Builder::new();
-    builder
-        .timer(TokioTimer::new())
-        .header_read_timeout(header_read_timeout);
-    let shutdown = shutdown_signal();
-    tokio::pin!(shutdown);
-    loop {
-        tokio::select! {
-            accepted = listener.accept() => match accepted {
-                Ok((stream, _)) => {
-                    let connection =
-                        graceful.watch(builder.serve_connection(TokioIo::new(stream), service.clone()));
-                    tokio::spawn(async move {
-                        if let Err(error) = connection.await {
-                            tracing::debug!(%error, "an HTTP connection ended with an error");
-                        }
-                    });
-                }
-                Err(error) => {
-                    // Mostly out of descriptors: give open connections a moment to close.
-                    tracing::warn!(%error, "cannot accept an HTTP connection");
-                    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-                }
-            },
-            () = &mut shutdown => break,
-        }
-    }
-    drop(listener);
-    if tokio::time::timeout(SHUTDOWN_GRACE, graceful.shutdown())
-        .await
-        .is_err()
-    {
-        tracing::warn!("HTTP connections still open after the shutdown grace period are closed");
-    }
 }
 
 /// The serving runtime's blocking threads: the stores' writes and fsyncs run there, so this bounds
@@ -1047,63 +965,10 @@ async fn serve_connections(
 /// them allocate from the one heap above. `benches/calls.rs` measures the concurrent rate.
 pub const BLOCKING_THREADS: usize = 16;
 
-/// The HTTP server's runtime: one worker per core, since connections are served concurrently,
-/// and there the gate's blocking work (the audit log's and the stores' writes) runs in place on
-/// the worker (`block_in_place`) instead of being handed to another thread and back.
-#[cfg(feature = "http")]
-pub fn http_runtime() -> std::io::Result<tokio::runtime::Runtime> {
-    tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .max_blocking_threads(BLOCKING_THREADS)
-        .build()
-}
-
-/// Where and how `serve --http` serves.
-#[cfg(feature = "http")]
-#[derive(Debug, Clone)]
-pub struct HttpConfig {
-    /// The address to listen on (port 0 picks a free port).
-    pub addr: std::net::SocketAddr,
-    /// The server's public canonical URI (behind a proxy); default `http://ADDR/mcp`.
-    pub public_url: Option<String>,
-    /// OAuth access tokens accepted besides the API tokens; an empty audience means the
-    /// server's canonical URI.
-    pub oauth: Option<toolgate::http::oauth::OAuthOptions>,
-    /// How long a request may take until its response starts (then 503, the call cancelled).
-    pub request_timeout: std::time::Duration,
-    /// How long a client may take to send a request's headers, and keep a connection idle.
-    pub header_read_timeout: std::time::Duration,
-    /// The `Origin` values accepted instead of the loopback ones (empty: loopback only).
-    pub allowed_origins: Vec<String>,
-    /// `Host` values accepted besides the loopback names and the public URL's host.
-    pub allowed_hosts: Vec<String>,
-    /// Refused requests audited one by one per minute (default 100, `toolgate::http::RefusalAuditLimit`).
-    pub refusal_audit_limit: Option<u32>,
-}
-
 /// The API tokens of the ledger, written through the configured storage.
 #[cfg(feature = "http")]
 fn api_tokens(options: &ServerOptions) -> toolgate::http::tokens::ApiTokens {
     toolgate::http::tokens::ApiTokens::new(&options.ledger).with_storage(options.storage())
-}
-
-/// Resolves at SIGINT or SIGTERM.
-#[cfg(feature = "http")]
-pub async fn shutdown_signal() {
-    use tokio::signal::unix::{SignalKind, signal};
-    match (
-        signal(SignalKind::interrupt()),
-        signal(SignalKind::terminate()),
-    ) {
-        (Ok(mut interrupt), Ok(mut terminate)) => {
-            tokio::select! {
-                _ = interrupt.recv() => {}
-                _ = terminate.recv() => {}
-            }
-        }
-        // No signal handling: serve until killed.
-        _ => std::future::pending().await,
-    }
 }
 
 /// Creates an API token as `spec` says and records `admin/token` with its id (never the

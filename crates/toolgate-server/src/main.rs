@@ -538,7 +538,7 @@ fn serve_http(paths: &ServerOptions, addr: std::net::SocketAddr, web: HttpArgs) 
         oauth
     });
     let seconds = std::time::Duration::from_secs;
-    let config = toolgate_server::HttpConfig {
+    let config = toolgate::http::HttpConfig {
         addr,
         public_url: web.public_url,
         oauth,
@@ -554,7 +554,7 @@ fn serve_http(paths: &ServerOptions, addr: std::net::SocketAddr, web: HttpArgs) 
         Ok(server) => server,
         Err(error) => return fail(&error),
     };
-    let runtime = match toolgate_server::http_runtime() {
+    let runtime = match toolgate::http::http_runtime(toolgate_server::BLOCKING_THREADS) {
         Ok(runtime) => runtime,
         Err(error) => return fail(&error.into()),
     };

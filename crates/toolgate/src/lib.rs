@@ -78,6 +78,13 @@ pub mod canon {
     pub use toolgate_canon::*;
 }
 
+/// The Streamable HTTP front door: the router, API tokens, OAuth, the accept loop
+/// (`toolgate-http`, feature `http`).
+#[cfg(feature = "http")]
+pub mod http {
+    pub use toolgate_http::*;
+}
+
 /// The annotation kit: drives a server under test and checks that its annotations do not lie
 /// (`toolgate-kit`, feature `kit`).
 #[cfg(feature = "kit")]

@@ -1,4 +1,4 @@
-//! Streamable HTTP (feature `http`): the gated handler behind rmcp's `StreamableHttpService`,
+//! Streamable HTTP: the gated handler behind rmcp's `StreamableHttpService`,
 //! mounted at `/mcp` of an axum router, with every request authenticated before it reaches rmcp.
 //!
 //! - **Authentication** ([`Authentication`]): `Authorization: Bearer <token>` on every request,
@@ -7,7 +7,7 @@
 //!   without a valid token gets 401 with `WWW-Authenticate: Bearer resource_metadata="…",
 //!   error="invalid_token"` and is audited (the reason code, never the token); nothing reaches
 //!   rmcp. The verified principal (with its tenant and scopes) goes into the request's extensions
-//!   as a [`crate::VerifiedPrincipal`], where the gate's [`crate::FromExtensions`] finds it: the
+//!   as a [`VerifiedPrincipal`], where the gate's [`FromExtensions`](toolgate_rmcp::FromExtensions) finds it: the
 //!   principal comes from the credential only.
 //! - **Scopes**: a `tools/call` of a tool the policy puts under scopes (`scopes`) that the
 //!   credential does not hold gets 403 with `error="insufficient_scope", scope="…"`; tools/list
@@ -20,18 +20,26 @@
 //!   binding ends only when rmcp ends the session (a DELETE it accepted, or its expiry). The
 //!   2026-07-28 flow is stateless; rmcp checks its `Mcp-Method` / `Mcp-Name` headers against the
 //!   body (400, JSON-RPC -32020).
-//! - **Transport checks** (`http/transport.rs`), before authentication: `Host` (exactly one, on the
+//! - **Transport checks** (`transport.rs`), before authentication: `Host` (exactly one, on the
 //!   allow-list, loopback by default) and `Origin` (at most one, a bare origin on the allow-list,
 //!   loopback by default; anything else is 403); then, for a POST, a declared `Content-Length`
 //!   over the limit (413 at once), a media type other than JSON (415), and a body that is not one
 //!   JSON-RPC message (400 with -32700 or -32600). Every refusal is audited, bounded per window
 //!   ([`RefusalAuditLimit`]).
 //! - **Protected resource metadata** (RFC 9728) at `/.well-known/oauth-protected-resource`.
+//! - **Serving** ([`serve_connections`], [`HttpConfig`]): hyper's HTTP/1 connections with a
+//!   header-read and idle timeout, drained on SIGINT or SIGTERM.
+
+#![forbid(unsafe_code)]
 
 pub mod oauth;
+mod serve;
 pub mod tokens;
 mod transport;
 
+pub use serve::{
+    FrontDoor, HttpConfig, SHUTDOWN_GRACE, http_runtime, serve_connections, shutdown_signal,
+};
 pub use transport::RefusalAuditLimit;
 
 use std::collections::HashMap;
@@ -50,9 +58,9 @@ use serde_json::{Value, json};
 use toolgate_audit::{AuditEntry, AuditSink, Decision, Outcome};
 use toolgate_canon::Sha256Digest;
 
-use crate::{FromExtensions, Gated, VerifiedPrincipal};
 use oauth::JwtVerifier;
 use tokens::ApiTokens;
+use toolgate_rmcp::{Gated, VerifiedPrincipal};
 use transport::{RefusalLog, TransportRefusal};
 
 /// The MCP endpoint's path.
@@ -312,10 +320,10 @@ impl Sessions {
 /// metadata. Mount it in a server of your own, or serve it as is.
 ///
 /// Each request's principal is the one its credential names: a gate built with a fixed principal
-/// ([`crate::GatedBuilder::principal`], `local` by default) gets [`FromExtensions`] instead, so
+/// ([`toolgate_rmcp::GatedBuilder::principal`], `local` by default) gets [`FromExtensions`](toolgate_rmcp::FromExtensions) instead, so
 /// that no HTTP caller is ever served as the fixed name. A custom per-request source is kept.
 pub fn router<H>(
-    mut gated: Gated<H>,
+    gated: Gated<H>,
     auth: Authentication,
     audit: Arc<dyn AuditSink>,
     options: &HttpOptions,
@@ -323,11 +331,11 @@ pub fn router<H>(
 where
     H: ServerHandler + Send + Sync + 'static,
 {
-    if gated.principals.without_request().is_some() {
+    let (gated, replaced) = gated.with_verified_principals();
+    if replaced {
         tracing::info!(
             "the gate's fixed principal does not apply over HTTP: each request is served as its credential's principal"
         );
-        gated.principals = Arc::new(FromExtensions);
     }
     let gated = Arc::new(gated);
     let mut config = StreamableHttpServerConfig::default();
@@ -604,7 +612,7 @@ async fn screen(
             let gate = Arc::clone(&door.gate);
             let tool = call.name.clone();
             let tenant = principal.tenant().map(str::to_owned);
-            crate::blocking::run(move || gate.halted_for(&tool, tenant.as_deref()))
+            toolgate_rmcp::run_blocking(move || gate.halted_for(&tool, tenant.as_deref()))
                 .await
                 .unwrap_or_else(|cancelled| {
                     Some(rmcp::ErrorData::internal_error(cancelled.to_string(), None))
@@ -721,7 +729,7 @@ async fn append(door: &Door, entry: AuditEntry) {
 pub(crate) async fn append_to(audit: &Arc<dyn AuditSink>, entry: AuditEntry) {
     let audit = Arc::clone(audit);
     let recorded = if audit.may_block() {
-        crate::blocking::run(move || audit.append(&entry))
+        toolgate_rmcp::run_blocking(move || audit.append(&entry))
             .await
             .map_err(|e| e.to_string())
             .and_then(|r| r.map_err(|e| e.to_string()))

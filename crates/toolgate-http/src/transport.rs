@@ -483,7 +483,7 @@ impl RefusalLog {
     }
 
     async fn append(&self, entry: AuditEntry) {
-        super::append_to(&self.audit, entry).await;
+        crate::append_to(&self.audit, entry).await;
     }
 }
 

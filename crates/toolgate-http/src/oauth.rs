@@ -2,7 +2,7 @@
 //! issuer's JSON Web Key Set, `exp` and `nbf` (60 s of leeway), `iss` equal to the configured
 //! issuer, and an `aud` naming this server's canonical URI (RFC 8707). The subject (a configurable
 //! claim, `sub` by default) becomes the request's principal, namespaced by the issuer (its
-//! authority: `ISSUER#sub`, see [`crate::VerifiedPrincipal::key`]) unless the configuration maps
+//! authority: `ISSUER#sub`, see [`VerifiedPrincipal::key`](toolgate_rmcp::VerifiedPrincipal::key)) unless the configuration maps
 //! it to a principal of this server ([`OAuthOptions::local_principals`]); a configured tenant claim
 //! its tenant; `scope` (space-separated) or `scp` its scopes.
 //!
@@ -35,8 +35,8 @@ use jsonwebtoken::jwk::{AlgorithmParameters, EllipticCurve, Jwk};
 use jsonwebtoken::{Algorithm, DecodingKey, Validation, errors::ErrorKind};
 use serde_json::{Map, Value};
 
-use super::Refusal;
-use crate::VerifiedPrincipal;
+use crate::Refusal;
+use toolgate_rmcp::VerifiedPrincipal;
 
 /// The largest key set read, in bytes.
 const MAX_JWKS_BYTES: usize = 1024 * 1024;

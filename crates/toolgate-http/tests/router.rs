@@ -1,7 +1,6 @@
-//! `http::router` as a library user mounts it: a gate built with the default fixed principal
+//! `toolgate_http::router` as a library user mounts it: a gate built with the default fixed principal
 //! (`local`) is served per request as each credential's principal, never as `local`.
 
-#![cfg(feature = "http")]
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::sync::Arc;
@@ -16,10 +15,10 @@ use rmcp::{ErrorData, RoleServer, ServerHandler};
 use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use toolgate_audit::MemoryAuditLog;
+use toolgate_http::tokens::{ApiTokens, TokenSpec};
+use toolgate_http::{Authentication, HttpOptions, router};
 use toolgate_policy::Policy;
 use toolgate_rmcp::Gated;
-use toolgate_rmcp::http::tokens::{ApiTokens, TokenSpec};
-use toolgate_rmcp::http::{Authentication, HttpOptions, router};
 
 #[derive(Clone)]
 struct Tools;

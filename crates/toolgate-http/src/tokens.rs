@@ -24,8 +24,8 @@ use subtle::ConstantTimeEq as _;
 use toolgate_canon::Sha256Digest;
 use toolgate_storage::{FsStorage, LockFile, Storage, Symlinks};
 
-use super::Refusal;
-use crate::VerifiedPrincipal;
+use crate::Refusal;
+use toolgate_rmcp::VerifiedPrincipal;
 
 /// The type prefix of a toolgate API token.
 pub const TOKEN_PREFIX: &str = "tgt_";
