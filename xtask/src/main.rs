@@ -4,7 +4,7 @@
 //! compiled tool router, entitlements from scanning the handlers' source, gate stages and policy
 //! fingerprints under `fixtures/policy.json`) and writes `toolgate.lock`. `cargo xtask lock --check`
 //! recomputes it and compares: exit 0 on a match, 1 on drift or a contract violation (with the diff
-//! grouped by verdict), 2 on usage or I/O errors. Both are `toolgate_rmcp::contract::check_lock`,
+//! grouped by verdict), 2 on usage or I/O errors. Both are `toolgate::contract::check_lock`,
 //! the call any server's own test makes; this file only chooses the inputs and the fix hint.
 //! `cargo xtask scan ROOTS..` prints what the entitlement scanner finds in any Rust sources.
 
@@ -15,8 +15,8 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand, ValueEnum};
+use toolgate::contract::{LockCheck, LockMode, check_lock};
 use toolgate_contract::check::ReportFormat;
-use toolgate_rmcp::contract::{LockCheck, LockMode, check_lock};
 
 /// What `lock --check` tells its reader to do when toolgate.lock is stale.
 const FIX_HINT: &str = "run `cargo xtask lock` and commit the result";

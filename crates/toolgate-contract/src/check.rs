@@ -1,5 +1,5 @@
 //! The mechanics of a lock check (`cargo xtask lock --check`, or a server's own test through
-//! `toolgate_rmcp::contract::check_lock`): compare a live lockfile with the committed one, render
+//! `toolgate::contract::check_lock`): compare a live lockfile with the committed one, render
 //! the result for people, machines or GitHub Actions, and write a new lockfile durably.
 //!
 //! Nothing here names a command: the caller says how its users regenerate the lockfile (the fix

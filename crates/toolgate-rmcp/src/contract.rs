@@ -1,6 +1,6 @@
-//! The bridge from rmcp's tool model to toolgate-contract's plain one, the gate's part of a
-//! tool's contract (its stages and policy fingerprint), and the lock check as a library call
-//! ([`check_lock`]).
+//! The bridge from rmcp's tool model to toolgate-contract's plain one, and the gate's part of a
+//! tool's contract (its stages and policy fingerprint). The lock check that scans a server's
+//! sources against it is the facade's (`toolgate::contract::check_lock`, feature `lock`).
 
 use rmcp::ServerHandler;
 use rmcp::model::Tool;
@@ -11,20 +11,11 @@ use toolgate_contract::check::Violation;
 use toolgate_contract::contract::{ServerContract, ToolContract};
 use toolgate_contract::{Annotations, Entitlements, HandlerFacts, ToolDefinition};
 use toolgate_policy::Policy;
-#[cfg(feature = "lock")]
-use toolgate_scan::{ScanError, check_claims, find_tool_handlers, scan_handlers};
 
 use crate::Gated;
 
-#[cfg(feature = "lock")]
-mod lock;
-#[cfg(feature = "lock")]
-pub use lock::{
-    LockCheck, LockError, LockMode, LockOutcome, LockReport, UPDATE_LOCK_ENV, check_lock,
-};
-
-/// The toolgate version recorded in the lockfiles this crate writes (not part of any digest).
-const TOOLGATE_VERSION: &str = env!("CARGO_PKG_VERSION");
+/// The toolgate version recorded in the lockfiles toolgate writes (not part of any digest).
+pub const TOOLGATE_VERSION: &str = env!("CARGO_PKG_VERSION");
 
 /// `tool` as toolgate-contract sees it: name, description, schemas and the annotations as declared
 /// (absent hints stay absent; the contract applies the spec's defaults).
@@ -204,41 +195,6 @@ impl<H: ServerHandler> Gated<H> {
     pub fn gate_stages(&self, tool: &str) -> Vec<String> {
         gate_stages(&self.policy(), tool)
     }
-}
-
-/// Scans the handlers of `tools` in `source_roots` (every `#[tool]` fn) and returns their
-/// entitlements, plus a violation for every tool whose annotations claim `readOnlyHint: true`
-/// while its handler writes files, spawns a process or opens a connection.
-#[cfg(feature = "lock")]
-pub fn scan_sources(
-    source_roots: &[std::path::PathBuf],
-    tools: &[Tool],
-) -> Result<(BTreeMap<String, ScannedHandler>, Vec<Violation>), ScanError> {
-    let handlers = find_tool_handlers(source_roots)?;
-    let reports = scan_handlers(source_roots, &handlers)?;
-    let mut violations = Vec::new();
-    for tool in tools {
-        if let Some(report) = reports.get(tool.name.as_ref())
-            && let Some(violation) = check_claims(&tool_definition(tool), report)
-        {
-            violations.push(Violation {
-                tool: violation.tool.clone(),
-                message: violation.to_string(),
-            });
-        }
-    }
-    let scans = reports
-        .into_iter()
-        .map(|(tool, report)| {
-            let scan = ScannedHandler {
-                entitlements: report.entitlements,
-                evasion: report.evasion_kinds(),
-                unresolved: report.unresolved_calls(),
-            };
-            (tool, scan)
-        })
-        .collect();
-    Ok((scans, violations))
 }
 
 /// Where a policy's declared effect class contradicts what the tool's contract says about it:

@@ -1,6 +1,6 @@
 //! The reference server's own contract at start, from the entitlements build.rs scanned, so a
 //! running server knows its digest without its source tree. (`cargo xtask lock` computes the same
-//! contract from the source with `toolgate_rmcp::contract::check_lock`.)
+//! contract from the source with `toolgate::contract::check_lock`.)
 
 use anyhow::Context as _;
 use std::collections::BTreeMap;

@@ -197,16 +197,27 @@ fn every_published_crate_carries_its_metadata_and_its_dependencies_a_version() {
         for key in [
             "license",
             "repository",
-            "readme",
             "keywords",
             "categories",
             "publish",
+            "rust-version",
         ] {
             assert!(
                 manifest.contains(&format!("\n{key}.workspace = true")),
                 "{name} must inherit {key} from the workspace"
             );
         }
+        // The workspace's README, or a page of the crate's own (the facade's crates.io page).
+        assert!(
+            manifest.contains("\nreadme.workspace = true")
+                || (manifest.contains("\nreadme = \"README.md\"")
+                    && dir.join("README.md").is_file()),
+            "{name} must inherit readme from the workspace or have its own README.md"
+        );
+        assert!(
+            manifest.contains("\n[package.metadata.docs.rs]\nall-features = true"),
+            "{name} must tell docs.rs to document every feature"
+        );
     }
 }
 

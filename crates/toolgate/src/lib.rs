@@ -3,7 +3,7 @@
 //!
 //! ```toml
 //! [dependencies]
-//! toolgate = { git = "https://github.com/toolgate/toolgate" }
+//! toolgate = "0.1"
 //! rmcp = { version = "3.11", features = ["server", "macros", "transport-io"] }
 //! ```
 //!
@@ -24,6 +24,10 @@
 #![forbid(unsafe_code)]
 
 pub use toolgate_rmcp::*;
+
+/// The rmcp this toolgate is built with: depend on it through here (`toolgate::rmcp`) or pin the
+/// same version, so that the handler you wrap and the gate agree on rmcp's types.
+pub use rmcp;
 pub use toolgate_stdio::{InFlight, StdioConfig, StdioError, StdioTransport, upstream};
 
 /// The stdio transports: the server side ([`StdioTransport`]) and the client side to an untrusted
@@ -61,12 +65,23 @@ pub mod contract {
     pub use toolgate_contract::*;
     pub use toolgate_rmcp::contract::*;
 
+    /// The lock check (feature `lock`): [`check_lock`] with [`LockCheck`], and the scan of a
+    /// server's handlers it runs ([`scan_sources`]).
+    #[cfg(feature = "lock")]
+    pub use crate::lock::{
+        LockCheck, LockError, LockMode, LockOutcome, LockReport, UPDATE_LOCK_ENV, check_lock,
+        scan_sources,
+    };
+
     /// The entitlement scanner (`toolgate-scan`, feature `lock`).
     #[cfg(feature = "lock")]
     pub mod scan {
         pub use toolgate_scan::*;
     }
 }
+
+#[cfg(feature = "lock")]
+mod lock;
 
 /// The storage floor every store sits on (`toolgate-storage`).
 pub mod storage {
@@ -116,3 +131,8 @@ pub mod prelude {
 #[doc = include_str!("../../../README.md")]
 #[cfg(doctest)]
 pub struct ReadmeDoctests;
+
+/// The crates.io page's example, compiled likewise.
+#[doc = include_str!("../README.md")]
+#[cfg(doctest)]
+pub struct CratePageDoctests;

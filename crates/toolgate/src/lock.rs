@@ -7,18 +7,19 @@
 //! # fn my_tools() -> Vec<rmcp::model::Tool> { Vec::new() }
 //! // The body of a #[test] in the server's tests/lock.rs: the crate's policy.json, src/ and
 //! // toolgate.lock; TOOLGATE_UPDATE_LOCK=1 rewrites the lockfile.
-//! let check = toolgate_rmcp::contract::LockCheck::in_crate(
+//! let check = toolgate::contract::LockCheck::in_crate(
 //!     env!("CARGO_MANIFEST_DIR"),
 //!     "my-server",
 //!     my_tools(),
 //! );
-//! let report = toolgate_rmcp::contract::check_lock(&check).unwrap();
+//! let report = toolgate::contract::check_lock(&check).unwrap();
 //! assert!(report.passed(), "{report}");
 //! ```
 //!
 //! A server that ships without its sources publishes its contract digest with
-//! [`super::live_lockfile`] instead, which needs no scanner.
+//! [`toolgate_rmcp::contract::live_lockfile`] instead, which needs no scanner.
 
+use std::collections::BTreeMap;
 use std::fmt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -32,16 +33,51 @@ use toolgate_contract::check::{
 use toolgate_contract::diff::{Change, Verdict};
 use toolgate_contract::lockfile::Lockfile;
 use toolgate_policy::{Policy, PolicyError};
-use toolgate_scan::ScanError;
 use toolgate_storage::{FsStorage, Storage};
 
-use super::{ContractBuildError, effect_class_violations, scan_sources, server_contract};
+use toolgate_rmcp::contract::{
+    ContractBuildError, ScannedHandler, TOOLGATE_VERSION, effect_class_violations, server_contract,
+    tool_definition,
+};
+use toolgate_scan::{ScanError, check_claims, find_tool_handlers, scan_handlers};
+
+/// Scans the handlers of `tools` in `source_roots` (every `#[tool]` fn) and returns their
+/// entitlements, plus a violation for every tool whose annotations claim `readOnlyHint: true`
+/// while its handler writes files, spawns a process or opens a connection.
+pub fn scan_sources(
+    source_roots: &[std::path::PathBuf],
+    tools: &[Tool],
+) -> Result<(BTreeMap<String, ScannedHandler>, Vec<Violation>), ScanError> {
+    let handlers = find_tool_handlers(source_roots)?;
+    let reports = scan_handlers(source_roots, &handlers)?;
+    let mut violations = Vec::new();
+    for tool in tools {
+        if let Some(report) = reports.get(tool.name.as_ref())
+            && let Some(violation) = check_claims(&tool_definition(tool), report)
+        {
+            violations.push(Violation {
+                tool: violation.tool.clone(),
+                message: violation.to_string(),
+            });
+        }
+    }
+    let scans = reports
+        .into_iter()
+        .map(|(tool, report)| {
+            let scan = ScannedHandler {
+                entitlements: report.entitlements,
+                evasion: report.evasion_kinds(),
+                unresolved: report.unresolved_calls(),
+            };
+            (tool, scan)
+        })
+        .collect();
+    Ok((scans, violations))
+}
 
 /// The environment variable that puts [`LockMode::from_env`] in update mode: run the lock test
 /// with `TOOLGATE_UPDATE_LOCK=1` to rewrite the lockfile, review the diff, commit it.
 pub const UPDATE_LOCK_ENV: &str = "TOOLGATE_UPDATE_LOCK";
-
-use super::TOOLGATE_VERSION;
 
 /// Whether [`check_lock`] compares or rewrites.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -9,12 +9,12 @@ use std::sync::Arc;
 
 use rmcp::model::{Tool, ToolAnnotations};
 use serde_json::{Value, json};
-use toolgate_contract::check::{CheckOutcome, DriftReason, ReportFormat};
-use toolgate_contract::diff::Verdict;
-use toolgate_policy::Policy;
-use toolgate_rmcp::contract::{
+use toolgate::contract::check::{CheckOutcome, DriftReason, ReportFormat};
+use toolgate::contract::diff::Verdict;
+use toolgate::contract::{
     LiveContractError, LockCheck, LockError, LockMode, LockOutcome, check_lock, live_lockfile,
 };
+use toolgate::policy::Policy;
 
 /// The handlers: `list_rooms` reads nothing, `book_room` writes a file.
 const SOURCE: &str = r#"
@@ -112,8 +112,8 @@ fn a_missing_lockfile_fails_the_check_and_names_the_fix() {
 #[test]
 fn update_writes_durably_and_then_the_check_is_clean() {
     let fx = Fixture::new();
-    let storage = Arc::new(toolgate_storage::FaultyStorage::new(Arc::new(
-        toolgate_storage::FsStorage,
+    let storage = Arc::new(toolgate::storage::FaultyStorage::new(Arc::new(
+        toolgate::storage::FsStorage,
     )));
     let report = check_lock(&fx.check(tools(), LockMode::Update).storage(storage.clone())).unwrap();
     assert!(report.passed(), "{report}");
@@ -337,7 +337,7 @@ fn in_crate_follows_the_crate_layout_and_names_the_package_in_its_fix() {
     // cargo sets CARGO_PKG_NAME when it runs a test; the hint names this package.
     assert!(
         text.contains(
-            "run `TOOLGATE_UPDATE_LOCK=1 cargo test -p toolgate-rmcp` and commit toolgate.lock"
+            "run `TOOLGATE_UPDATE_LOCK=1 cargo test -p toolgate` and commit toolgate.lock"
         ),
         "{text}"
     );
@@ -389,7 +389,7 @@ fn gate_behaviour_changes_are_classified_and_the_gates_own_tools_are_locked() {
             .iter()
             .map(|t| (t.name.to_string(), Default::default()))
             .collect();
-        toolgate_rmcp::contract::server_contract("rooms", &tools(), &policy, &scans).unwrap()
+        toolgate::contract::server_contract("rooms", &tools(), &policy, &scans).unwrap()
     };
     let guarded = contract(
         r#"{"version":1,"allow":["list_rooms","book_room"],
@@ -411,11 +411,11 @@ fn gate_behaviour_changes_are_classified_and_the_gates_own_tools_are_locked() {
         "{:?}",
         stages.gate_stages()
     );
-    assert!(guarded.tools.contains_key(toolgate_rmcp::CONFIRM_ACTION));
-    assert!(guarded.tools.contains_key(toolgate_rmcp::REJECT_ACTION));
-    assert!(!weakened.tools.contains_key(toolgate_rmcp::CONFIRM_ACTION));
+    assert!(guarded.tools.contains_key(toolgate::CONFIRM_ACTION));
+    assert!(guarded.tools.contains_key(toolgate::REJECT_ACTION));
+    assert!(!weakened.tools.contains_key(toolgate::CONFIRM_ACTION));
 
-    let lost = toolgate_contract::diff::diff(&guarded, &weakened);
+    let lost = toolgate::contract::diff::diff(&guarded, &weakened);
     let of = |tool: &str, rule: &str| {
         lost.iter()
             .find(|c| c.tool == tool && c.rule == rule)
@@ -435,10 +435,10 @@ fn gate_behaviour_changes_are_classified_and_the_gates_own_tools_are_locked() {
         "{lost:?}"
     );
     assert!(
-        of(toolgate_rmcp::CONFIRM_ACTION, "tool.removed").is_some(),
+        of(toolgate::CONFIRM_ACTION, "tool.removed").is_some(),
         "{lost:?}"
     );
-    let gained = toolgate_contract::diff::diff(&weakened, &guarded);
+    let gained = toolgate::contract::diff::diff(&weakened, &guarded);
     assert!(gained.iter().any(|c| c.tool == "book_room"
         && c.rule == "behavior.gate_stage_added"
         && c.verdict == Verdict::Safe));
