@@ -18,7 +18,7 @@ use libfuzzer_sys::fuzz_target;
 use serde_json::{Map, Value, json};
 use toolgate_contract::lockfile::Lockfile;
 use toolgate_policy::Policy;
-use toolgate_rmcp::fuzzing::{ArgumentChecker, Verdict};
+use toolgate_rmcp::fuzzing::{ArgumentChecker, ArgumentsOutcome};
 
 const POLICY: &str = include_str!("../../fixtures/policies/full.json");
 const LOCK: &str = include_str!("../../toolgate.lock");
@@ -162,13 +162,13 @@ fuzz_target!(|data: &[u8]| {
         arguments,
     );
     match &verdict {
-        Verdict::ToolRefused(rule) => {
+        ArgumentsOutcome::ToolRefused(rule) => {
             assert!(
                 !policy.visible_for(principal, tool),
                 "{tool} refused by {rule} yet visible"
             );
         }
-        Verdict::ArgumentsRefused {
+        ArgumentsOutcome::ArgumentsRefused {
             rule,
             text,
             structured,
@@ -187,7 +187,7 @@ fuzz_target!(|data: &[u8]| {
                 panic!("refusal echoes the caller's text ({c:?}): {all}");
             }
         }
-        Verdict::Admitted => {
+        ArgumentsOutcome::Admitted => {
             assert!(policy.visible_for(principal, tool));
             assert!(policy.decide_for(principal, tool, arguments).is_allow());
             let instance = Value::Object(arguments.cloned().unwrap_or_default());

@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::json;
 use toolgate_audit::{
-    AuditEntry, AuditSink, Decision, FileAuditLog, Outcome, VerifyOptions, verify, verify_file,
+    AuditDecision, AuditEntry, AuditSink, FileAuditLog, Outcome, VerifyOptions, verify, verify_file,
 };
 use toolgate_canon::{Sha256Digest, canonical_value};
 
@@ -54,7 +54,7 @@ fn entry(i: usize) -> AuditEntry {
     AuditEntry::tool_call(
         format!("timed-{i:06}"),
         "write_note",
-        Decision::Allow,
+        AuditDecision::Allow,
         Outcome::Committed,
         Sha256Digest::of(b"{}"),
     )

@@ -29,7 +29,7 @@ use crate::record::{MAX_LINE_BYTES, SeqField, check_line, representable, seal};
 use crate::segments::{
     checkpoints_path, io_err, list_segments, lock_path, open_read, parent_dir, segment_path,
 };
-use crate::{AppendReceipt, AuditEntry, AuditError, AuditSink, Decision};
+use crate::{AppendReceipt, AuditDecision, AuditEntry, AuditError, AuditSink};
 use toolgate_storage::{GroupCommit, LockFile};
 
 /// A callback run at a named crash point (`"audit.mid_record"`), for crash-consistency tests.
@@ -591,7 +591,7 @@ impl FileAuditLog {
         let mut entry = AuditEntry::tool_call(
             "recovery",
             "audit",
-            Decision::Allow,
+            AuditDecision::Allow,
             crate::Outcome::Recovered,
             torn_sha256,
         )

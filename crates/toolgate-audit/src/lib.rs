@@ -46,19 +46,19 @@ pub use verify::{
 /// The gate's decision for one call, written as `"allow"` or `"deny"`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
-pub enum Decision {
+pub enum AuditDecision {
     /// The call was permitted.
     Allow,
     /// The call was refused before any handler ran.
     Deny,
 }
 
-impl Decision {
+impl AuditDecision {
     /// The wire form: `"allow"` or `"deny"`.
     pub fn as_str(self) -> &'static str {
         match self {
-            Decision::Allow => "allow",
-            Decision::Deny => "deny",
+            AuditDecision::Allow => "allow",
+            AuditDecision::Deny => "deny",
         }
     }
 }
@@ -77,7 +77,7 @@ pub struct AuditEntry {
     /// The tool name.
     pub name: String,
     /// Allow or deny.
-    pub decision: Decision,
+    pub decision: AuditDecision,
     /// What happened (written as its wire form, e.g. `"committed"`).
     pub outcome: Outcome,
     /// SHA-256 of the canonical JSON of the call's arguments.
@@ -120,7 +120,7 @@ impl AuditEntry {
     pub fn tool_call(
         request_id: impl Into<String>,
         name: impl Into<String>,
-        decision: Decision,
+        decision: AuditDecision,
         outcome: Outcome,
         args_digest: Sha256Digest,
     ) -> Self {

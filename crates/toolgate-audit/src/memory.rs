@@ -109,7 +109,7 @@ impl AuditSink for MemoryAuditLog {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{Decision, verify_reader};
+    use crate::{AuditDecision, verify_reader};
 
     #[test]
     fn memory_log_is_a_verifiable_chain() {
@@ -120,7 +120,7 @@ mod tests {
             let entry = AuditEntry::tool_call(
                 format!("r-{i}"),
                 "echo",
-                Decision::Allow,
+                AuditDecision::Allow,
                 crate::Outcome::Committed,
                 Sha256Digest::of(b"{}"),
             );
@@ -137,7 +137,7 @@ mod tests {
         let too_big = AuditEntry::tool_call(
             "r",
             "echo",
-            Decision::Allow,
+            AuditDecision::Allow,
             crate::Outcome::Committed,
             Sha256Digest::ZERO,
         )

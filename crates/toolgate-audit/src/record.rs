@@ -458,7 +458,7 @@ fn integers_only(value: &Value) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::Decision;
+    use crate::AuditDecision;
     use serde_json::json;
 
     #[test]
@@ -466,7 +466,7 @@ mod tests {
         let entry = AuditEntry::tool_call(
             "r-1",
             "write_note",
-            Decision::Allow,
+            AuditDecision::Allow,
             crate::Outcome::Committed,
             Sha256Digest::of(b"{}"),
         )
@@ -494,7 +494,7 @@ mod tests {
         let entry = AuditEntry::tool_call(
             long_id.as_str(),
             long_name.as_str(),
-            Decision::Deny,
+            AuditDecision::Deny,
             crate::Outcome::NotExecuted,
             Sha256Digest::of(b"{}"),
         )
@@ -521,7 +521,7 @@ mod tests {
         let entry = AuditEntry::tool_call(
             id.as_str(),
             "write_note",
-            Decision::Deny,
+            AuditDecision::Deny,
             crate::Outcome::NotExecuted,
             Sha256Digest::of(b"{}"),
         );
@@ -536,7 +536,7 @@ mod tests {
         let plain = AuditEntry::tool_call(
             "r",
             "create_booking",
-            Decision::Allow,
+            AuditDecision::Allow,
             crate::Outcome::Committed,
             Sha256Digest::of(b"{}"),
         );
@@ -584,7 +584,7 @@ mod tests {
         let plain = AuditEntry::tool_call(
             "r",
             "write_note",
-            Decision::Allow,
+            AuditDecision::Allow,
             crate::Outcome::Committed,
             Sha256Digest::of(b"{}"),
         );
@@ -621,7 +621,7 @@ mod tests {
         let entry = AuditEntry::tool_call(
             "r-\u{1F600}\n\"x\"",
             "wr\u{e000}te",
-            Decision::Deny,
+            AuditDecision::Deny,
             crate::Outcome::NotExecuted,
             Sha256Digest::of(b"{}"),
         )
@@ -706,7 +706,7 @@ mod tests {
         let entry = AuditEntry::tool_call(
             "r",
             "t",
-            Decision::Allow,
+            AuditDecision::Allow,
             crate::Outcome::Observed,
             Sha256Digest::ZERO,
         );

@@ -201,12 +201,12 @@ mod tests {
 
     #[test]
     fn a_sink_is_counted_as_its_export() {
-        use crate::{AuditEntry, AuditSink as _, Decision, MemoryAuditLog, Outcome};
+        use crate::{AuditDecision, AuditEntry, AuditSink as _, MemoryAuditLog, Outcome};
         let sink = MemoryAuditLog::new();
         for (decision, outcome) in [
-            (Decision::Allow, Outcome::Committed),
-            (Decision::Allow, Outcome::Replay),
-            (Decision::Deny, Outcome::NotExecuted),
+            (AuditDecision::Allow, Outcome::Committed),
+            (AuditDecision::Allow, Outcome::Replay),
+            (AuditDecision::Deny, Outcome::NotExecuted),
         ] {
             let digest = toolgate_canon::Sha256Digest::of(b"{}");
             sink.append(&AuditEntry::tool_call("r", "t", decision, outcome, digest))

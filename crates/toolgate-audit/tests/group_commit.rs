@@ -7,7 +7,7 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use toolgate_audit::{
-    AuditEntry, AuditSink, Decision, FileAuditLog, Outcome, read_records, verify_file,
+    AuditDecision, AuditEntry, AuditSink, FileAuditLog, Outcome, read_records, verify_file,
 };
 use toolgate_canon::Sha256Digest;
 
@@ -15,7 +15,7 @@ fn entry(i: usize) -> AuditEntry {
     AuditEntry::tool_call(
         format!("req-{i:05}"),
         "write_note",
-        Decision::Allow,
+        AuditDecision::Allow,
         Outcome::Committed,
         Sha256Digest::of(b"{}"),
     )

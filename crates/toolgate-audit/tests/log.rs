@@ -11,8 +11,8 @@ use std::sync::Arc;
 
 use serde_json::Value;
 use toolgate_audit::{
-    AuditEntry, AuditError, AuditSink, Decision, FileAuditLog, Outcome, ProblemKind, VerifyReport,
-    verify_file, verify_reader,
+    AuditDecision, AuditEntry, AuditError, AuditSink, FileAuditLog, Outcome, ProblemKind,
+    VerifyReport, verify_file, verify_reader,
 };
 use toolgate_canon::{Sha256Digest, canonical_value};
 
@@ -21,7 +21,7 @@ fn entry(i: usize) -> AuditEntry {
     AuditEntry::tool_call(
         format!("req-{i:04}"),
         "write_note",
-        Decision::Allow,
+        AuditDecision::Allow,
         Outcome::Committed,
         Sha256Digest::of_json(&args),
     )

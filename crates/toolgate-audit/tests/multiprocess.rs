@@ -14,7 +14,7 @@ use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
-use toolgate_audit::{AuditEntry, AuditSink, Decision, FileAuditLog, Outcome, verify_file};
+use toolgate_audit::{AuditDecision, AuditEntry, AuditSink, FileAuditLog, Outcome, verify_file};
 use toolgate_canon::Sha256Digest;
 
 const CHILD_LOG: &str = "TOOLGATE_AUDIT_TEST_CHILD_LOG";
@@ -41,7 +41,7 @@ fn run_child(log: &Path, id: &str, start: &Path) {
         let entry = AuditEntry::tool_call(
             format!("{id}-{i:04}"),
             "write_note",
-            Decision::Allow,
+            AuditDecision::Allow,
             Outcome::Committed,
             Sha256Digest::of(id.as_bytes()),
         );

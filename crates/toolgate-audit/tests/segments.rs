@@ -7,7 +7,7 @@ use std::fs;
 use std::path::{Path, PathBuf};
 
 use toolgate_audit::{
-    AuditConfig, AuditEntry, AuditSink, Decision, FileAuditLog, HmacKey, Outcome, ProblemKind,
+    AuditConfig, AuditDecision, AuditEntry, AuditSink, FileAuditLog, HmacKey, Outcome, ProblemKind,
     VerifyOptions, read_records, verify,
 };
 use toolgate_canon::Sha256Digest;
@@ -16,7 +16,7 @@ fn entry(i: usize) -> AuditEntry {
     AuditEntry::tool_call(
         format!("req-{i:04}"),
         "write_note",
-        Decision::Allow,
+        AuditDecision::Allow,
         Outcome::Committed,
         Sha256Digest::of(b"{}"),
     )

@@ -10,8 +10,8 @@ use std::process::{Command, Stdio};
 use std::sync::Arc;
 
 use toolgate_audit::{
-    AuditConfig, AuditEntry, AuditSink, Decision, FileAuditLog, HmacKey, Outcome, VerifyOptions,
-    read_records, verify,
+    AuditConfig, AuditDecision, AuditEntry, AuditSink, FileAuditLog, HmacKey, Outcome,
+    VerifyOptions, read_records, verify,
 };
 use toolgate_canon::Sha256Digest;
 
@@ -40,7 +40,7 @@ fn run_child(log: &Path) {
                     let entry = AuditEntry::tool_call(
                         format!("t{t}-{i}"),
                         "write_note",
-                        Decision::Allow,
+                        AuditDecision::Allow,
                         Outcome::Committed,
                         Sha256Digest::of(b"{}"),
                     );

@@ -13,7 +13,7 @@ use std::thread;
 
 use serde_json::Value;
 use toolgate_audit::{
-    AuditEntry, AuditSink, ChainHead, Decision, FileAuditLog, MemoryAuditLog, Outcome,
+    AuditDecision, AuditEntry, AuditSink, ChainHead, FileAuditLog, MemoryAuditLog, Outcome,
     Sha256Digest, verify_reader,
 };
 
@@ -58,9 +58,9 @@ fn entry(i: u64) -> AuditEntry {
         format!("req-{i}"),
         "write_note",
         if i.is_multiple_of(3) {
-            Decision::Deny
+            AuditDecision::Deny
         } else {
-            Decision::Allow
+            AuditDecision::Allow
         },
         if i.is_multiple_of(3) {
             Outcome::NotExecuted

@@ -12,7 +12,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use toolgate_audit::{
-    AuditConfig, AuditEntry, AuditError, AuditSink, Decision, FileAuditLog, Outcome, verify_file,
+    AuditConfig, AuditDecision, AuditEntry, AuditError, AuditSink, FileAuditLog, Outcome,
+    verify_file,
 };
 use toolgate_canon::Sha256Digest;
 use toolgate_storage::{FaultyStorage, FsStorage, Op, Storage};
@@ -23,7 +24,7 @@ fn entry(i: usize) -> AuditEntry {
     AuditEntry::tool_call(
         format!("req-{i:04}"),
         "write_note",
-        Decision::Allow,
+        AuditDecision::Allow,
         Outcome::Committed,
         Sha256Digest::of(format!("{i}").as_bytes()),
     )

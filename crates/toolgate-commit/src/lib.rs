@@ -1040,7 +1040,7 @@ enum Job {
 
 /// The leader's answer to one [`Job`].
 enum Answer {
-    Begin(Decision),
+    Begin(Course),
     Execute {
         owner: Owner,
         created_ns: u64,
@@ -1136,7 +1136,7 @@ impl fmt::Debug for EffectStore {
 }
 
 /// What a record means for a `begin`.
-enum Decision {
+enum Course {
     Replay(StoredResult),
     ReplayFailure(String),
     Conflict,
@@ -1700,13 +1700,13 @@ impl EffectStore {
                 // its fdatasync), the answer waits for the batch's fdatasync.
                 let relies_on_undurable = journal.records.relies_on_undurable(&name, batch.durable);
                 let decision = match journal.records.record(&name) {
-                    None => Decision::Take,
+                    None => Course::Take,
                     Some(record) => {
                         let live = liveness(&record.owner, record.lease_until_ns, now);
                         decide(record, &self.journal_path, &req, kind, now, live)?
                     }
                 };
-                if !matches!(decision, Decision::Take) {
+                if !matches!(decision, Course::Take) {
                     // An idempotent call may be answered from a written line: should a power loss
                     // take the line, a retry runs the effect again, which its declaration allows.
                     batch.needs_sync |= relies_on_undurable && kind == EffectKind::Unsafe;
@@ -2176,7 +2176,7 @@ fn settled(
     kind: EffectKind,
     now: u64,
     retention: Duration,
-) -> Result<Option<Decision>, EffectError> {
+) -> Result<Option<Course>, EffectError> {
     let Some(finished) = record.finished_ns else {
         return Ok(None);
     };
@@ -2185,7 +2185,7 @@ fn settled(
         return Ok(None);
     }
     match decide(record, path, req, kind, now, Liveness::Live)? {
-        Decision::Take => Ok(None),
+        Course::Take => Ok(None),
         decision => Ok(Some(decision)),
     }
 }
@@ -2197,7 +2197,7 @@ fn decide(
     kind: EffectKind,
     now: u64,
     live: Liveness,
-) -> Result<Decision, EffectError> {
+) -> Result<Course, EffectError> {
     if *record.principal != *req.scope.principal || *record.tool != *req.scope.tool {
         return Err(EffectError::Corrupt {
             path: path.to_path_buf(),
@@ -2205,26 +2205,26 @@ fn decide(
         });
     }
     if record.fingerprint != req.fingerprint {
-        return Ok(Decision::Conflict);
+        return Ok(Course::Conflict);
     }
     Ok(match &record.state {
-        State::Completed(result) => Decision::Replay(result.clone()),
+        State::Completed(result) => Course::Replay(result.clone()),
         State::Failed {
             error,
             retryable: false,
-        } => Decision::ReplayFailure(error.to_string()),
+        } => Course::ReplayFailure(error.to_string()),
         State::Failed {
             retryable: true, ..
-        } => Decision::Take,
+        } => Course::Take,
         State::InProgress => match live {
             Liveness::Live => {
                 let remaining = Duration::from_nanos(record.lease_until_ns.saturating_sub(now));
-                Decision::Busy(remaining.max(MIN_RETRY_AFTER))
+                Course::Busy(remaining.max(MIN_RETRY_AFTER))
             }
-            Liveness::NeverStarted => Decision::Take,
+            Liveness::NeverStarted => Course::Take,
             Liveness::Dead => match kind {
-                EffectKind::Idempotent => Decision::Take,
-                EffectKind::Unsafe => Decision::Indeterminate,
+                EffectKind::Idempotent => Course::Take,
+                EffectKind::Unsafe => Course::Indeterminate,
             },
         },
     })
@@ -2284,7 +2284,7 @@ fn held_by(record: Option<&Record>, owner: &Owner) -> bool {
 /// Turns a decision that is not `Take` into the caller's answer, counting it (shared by every
 /// backend, so they answer alike). `corrupt_path` names the store in a `Corrupt` error.
 fn answer(
-    decision: Decision,
+    decision: Course,
     name: Sha256Digest,
     req: &EffectRequest,
     wait: &mut InProgressWait,
@@ -2293,7 +2293,7 @@ fn answer(
 ) -> Result<Attempt, EffectError> {
     let tool = &req.scope.tool;
     match decision {
-        Decision::Replay(stored) => {
+        Course::Replay(stored) => {
             // Parsed here, outside the batch: the index keeps only the text.
             let value = stored.to_value().map_err(|e| EffectError::Corrupt {
                 path: corrupt_path.to_path_buf(),
@@ -2305,19 +2305,19 @@ fn answer(
             counters.count(tool, |c| c.replayed += 1);
             Ok(Attempt::Ready(Begin::Replay(value)))
         }
-        Decision::ReplayFailure(error) => {
+        Course::ReplayFailure(error) => {
             counters.count(tool, |c| c.replayed += 1);
             Ok(Attempt::Ready(Begin::ReplayFailure(error)))
         }
-        Decision::Conflict => {
+        Course::Conflict => {
             counters.count(tool, |c| c.conflict += 1);
             Err(EffectError::Conflict { key_digest: name })
         }
-        Decision::Indeterminate => {
+        Course::Indeterminate => {
             counters.count(tool, |c| c.indeterminate += 1);
             Err(EffectError::Indeterminate { key_digest: name })
         }
-        Decision::Busy(retry_after) => {
+        Course::Busy(retry_after) => {
             if let Some(pause) = wait.next_pause() {
                 return Ok(Attempt::Pause(pause));
             }
@@ -2328,7 +2328,7 @@ fn answer(
             })
         }
         // The backend turns `Take` into `Execute`.
-        Decision::Take => unreachable!("a backend answers Execute for Take"),
+        Course::Take => unreachable!("a backend answers Execute for Take"),
     }
 }
 

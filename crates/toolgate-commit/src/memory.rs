@@ -15,7 +15,7 @@ use toolgate_canon::Sha256Digest;
 
 use super::record::{Record, State, StoredResult, liveness, now_ns};
 use super::{
-    Attempt, Begin, CounterTable, Counters, Decision, EffectBackend, EffectConfig, EffectError,
+    Attempt, Begin, CounterTable, Counters, Course, EffectBackend, EffectConfig, EffectError,
     EffectKind, EffectRequest, EffectStatus, InProgressWait, Resolution, Scope, Ticket, answer,
     decide, held_by, in_progress, record_name, resolvable,
 };
@@ -103,13 +103,13 @@ impl EffectBackend for MemoryEffects {
         let now = now_ns(SystemTime::now());
         let mut records = self.records();
         let decision = match records.get(&name) {
-            None => Decision::Take,
+            None => Course::Take,
             Some(record) => {
                 let live = liveness(&record.owner, record.lease_until_ns, now);
                 decide(record, Path::new(NAME), req, kind, now, live)?
             }
         };
-        if !matches!(decision, Decision::Take) {
+        if !matches!(decision, Course::Take) {
             drop(records);
             return answer(decision, name, req, wait, &self.counters, Path::new(NAME));
         }

@@ -51,7 +51,7 @@ use super::record::{
     Liveness, Owner, Record, State, StoredResult, liveness, now_ns, self_start_ticks,
 };
 use super::{
-    Attempt, Begin, CounterTable, Counters, Decision, EffectBackend, EffectConfig, EffectError,
+    Attempt, Begin, CounterTable, Counters, Course, EffectBackend, EffectConfig, EffectError,
     EffectKind, EffectRequest, EffectStatus, InProgressWait, Resolution, Scope, Ticket, answer,
     decide, in_progress, record_name, resolvable, settled,
 };
@@ -111,7 +111,7 @@ enum Claimed {
     /// The key is this call's: execute.
     Took(Record),
     /// Anything else, for the shared `answer`.
-    Decided(Decision),
+    Decided(Course),
     /// The row vanished between the claim and the read (a prune or a forget): attempt again.
     Vanished,
 }
@@ -438,7 +438,7 @@ impl EffectBackend for PgEffects {
                 Ok(decision) => decision,
                 Err(e) => return Ok(Err(e)),
             };
-            if !matches!(decision, Decision::Take) {
+            if !matches!(decision, Course::Take) {
                 tx.commit().await.map_err(&query)?;
                 return Ok(Ok(Claimed::Decided(decision)));
             }

@@ -55,7 +55,7 @@ use rmcp::ServerHandler;
 use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
 use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
 use serde_json::{Value, json};
-use toolgate_audit::{AuditEntry, AuditSink, Decision, Outcome};
+use toolgate_audit::{AuditDecision, AuditEntry, AuditSink, Outcome};
 use toolgate_canon::Sha256Digest;
 
 use oauth::JwtVerifier;
@@ -75,10 +75,10 @@ pub const DEFAULT_RETRY_AFTER_SECS: u64 = 30;
 pub const DEFAULT_REQUEST_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(120);
 
 /// Why a request is not authenticated (the HTTP layer answers 401, or 503 when the server
-/// cannot judge, with [`Refusal::code`]).
+/// cannot judge, with [`HttpRefusal::code`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
-pub enum Refusal {
+pub enum HttpRefusal {
     /// No `Authorization: Bearer` header.
     Missing,
     /// Not a token of this server: malformed, unknown, or a signature that does not verify.
@@ -110,30 +110,33 @@ pub enum Refusal {
     Ambiguous,
 }
 
-impl Refusal {
+impl HttpRefusal {
     /// A short stable code, for the audit log and the response body.
     pub fn code(self) -> &'static str {
         match self {
-            Refusal::Missing => "missing_token",
-            Refusal::Invalid => "invalid_token",
-            Refusal::Expired => "expired_token",
-            Refusal::NotYetValid => "token_not_yet_valid",
-            Refusal::Revoked => "revoked_token",
-            Refusal::WrongIssuer => "wrong_issuer",
-            Refusal::WrongAudience => "wrong_audience",
-            Refusal::UnknownKey => "unknown_key",
-            Refusal::Algorithm => "algorithm_not_accepted",
-            Refusal::InvalidSubject => "invalid_subject",
-            Refusal::TokenType => "wrong_token_type",
-            Refusal::Unavailable => "token_store_unavailable",
-            Refusal::KeysUnavailable => "jwks_unavailable",
-            Refusal::Ambiguous => "multiple_credentials",
+            HttpRefusal::Missing => "missing_token",
+            HttpRefusal::Invalid => "invalid_token",
+            HttpRefusal::Expired => "expired_token",
+            HttpRefusal::NotYetValid => "token_not_yet_valid",
+            HttpRefusal::Revoked => "revoked_token",
+            HttpRefusal::WrongIssuer => "wrong_issuer",
+            HttpRefusal::WrongAudience => "wrong_audience",
+            HttpRefusal::UnknownKey => "unknown_key",
+            HttpRefusal::Algorithm => "algorithm_not_accepted",
+            HttpRefusal::InvalidSubject => "invalid_subject",
+            HttpRefusal::TokenType => "wrong_token_type",
+            HttpRefusal::Unavailable => "token_store_unavailable",
+            HttpRefusal::KeysUnavailable => "jwks_unavailable",
+            HttpRefusal::Ambiguous => "multiple_credentials",
         }
     }
 
     /// Whether the server, not the credential, is at fault (503 rather than 401).
     fn is_server_fault(self) -> bool {
-        matches!(self, Refusal::Unavailable | Refusal::KeysUnavailable)
+        matches!(
+            self,
+            HttpRefusal::Unavailable | HttpRefusal::KeysUnavailable
+        )
     }
 }
 
@@ -171,7 +174,7 @@ impl Authentication {
     ) -> Result<(VerifiedPrincipal, Option<String>), (oauth::Rejection, Option<String>)> {
         if token.starts_with(tokens::TOKEN_PREFIX) {
             let Some(tokens) = &self.tokens else {
-                return Err((Refusal::Invalid.into(), None));
+                return Err((HttpRefusal::Invalid.into(), None));
             };
             // One `stat` of the token file per request (and a read when it changed: a revocation
             // applies to the next request), on the async thread: the ledger is a local
@@ -180,7 +183,7 @@ impl Authentication {
                 .verify(token, SystemTime::now())
                 .map(|(principal, id)| (principal, Some(id)))
                 .map_err(|refusal| match refusal {
-                    Refusal::Revoked | Refusal::Expired => {
+                    HttpRefusal::Revoked | HttpRefusal::Expired => {
                         (refusal.into(), Some(tokens::token_id(token)))
                     }
                     other => (other.into(), None),
@@ -192,7 +195,7 @@ impl Authentication {
                 .await
                 .map(|principal| (principal, None))
                 .map_err(|rejection| (rejection, None)),
-            None => Err((Refusal::Invalid.into(), None)),
+            None => Err((HttpRefusal::Invalid.into(), None)),
         }
     }
 }
@@ -543,11 +546,16 @@ async fn transport_refused(
     refusal: TransportRefusal,
     digest: Sha256Digest,
 ) {
-    let mut entry =
-        AuditEntry::tool_call("http", "mcp", Decision::Deny, Outcome::NotExecuted, digest)
-            .with_reason(refusal.code())
-            .with_channel("http")
-            .with_policy_digest(door.gate.policy().digest());
+    let mut entry = AuditEntry::tool_call(
+        "http",
+        "mcp",
+        AuditDecision::Deny,
+        Outcome::NotExecuted,
+        digest,
+    )
+    .with_reason(refusal.code())
+    .with_channel("http")
+    .with_policy_digest(door.gate.policy().digest());
     entry.method = "http/transport".to_owned();
     if let Some(principal) = principal {
         entry.principal = Some(principal.key().to_owned());
@@ -674,23 +682,23 @@ fn sessions(door: &Door) -> std::sync::MutexGuard<'_, Sessions> {
 /// The bearer token of the one `Authorization` header: missing when there is none or it is not
 /// a bearer token, ambiguous when there are several (which one a proxy or a client library
 /// meant cannot be known, so none is tried).
-fn bearer(headers: &HeaderMap) -> Result<&str, Refusal> {
+fn bearer(headers: &HeaderMap) -> Result<&str, HttpRefusal> {
     let mut values = headers.get_all(header::AUTHORIZATION).iter();
     let value = match (values.next(), values.next()) {
-        (None, _) => return Err(Refusal::Missing),
+        (None, _) => return Err(HttpRefusal::Missing),
         (Some(value), None) => value,
-        (Some(_), Some(_)) => return Err(Refusal::Ambiguous),
+        (Some(_), Some(_)) => return Err(HttpRefusal::Ambiguous),
     };
     let (scheme, token) = value
         .to_str()
         .ok()
         .and_then(|value| value.split_once(' '))
-        .ok_or(Refusal::Missing)?;
+        .ok_or(HttpRefusal::Missing)?;
     scheme
         .eq_ignore_ascii_case("bearer")
         .then(|| token.trim())
         .filter(|token| !token.is_empty())
-        .ok_or(Refusal::Missing)
+        .ok_or(HttpRefusal::Missing)
 }
 
 /// Audits a call the front door refused, under the caller's principal, channel and tenant.
@@ -708,7 +716,7 @@ async fn record(
     let mut entry = AuditEntry::tool_call(
         format!("rpc:{}", call.id),
         name,
-        Decision::Deny,
+        AuditDecision::Deny,
         Outcome::NotExecuted,
         args_digest(body),
     )
@@ -750,7 +758,7 @@ async fn refuse(door: &Door, rejection: oauth::Rejection, token_id: Option<Strin
     let mut entry = AuditEntry::tool_call(
         request_id,
         "mcp",
-        Decision::Deny,
+        AuditDecision::Deny,
         Outcome::NotExecuted,
         Sha256Digest::of(b""),
     )
@@ -759,7 +767,7 @@ async fn refuse(door: &Door, rejection: oauth::Rejection, token_id: Option<Strin
     entry.method = "http/authenticate".to_owned();
     door.refusals.record(entry).await;
     let (status, error) = match refusal {
-        Refusal::Ambiguous => (StatusCode::BAD_REQUEST, "invalid_request"),
+        HttpRefusal::Ambiguous => (StatusCode::BAD_REQUEST, "invalid_request"),
         _ if refusal.is_server_fault() => (StatusCode::SERVICE_UNAVAILABLE, "invalid_token"),
         _ => (StatusCode::UNAUTHORIZED, "invalid_token"),
     };

@@ -35,7 +35,7 @@ use jsonwebtoken::jwk::{AlgorithmParameters, EllipticCurve, Jwk};
 use jsonwebtoken::{Algorithm, DecodingKey, Validation, errors::ErrorKind};
 use serde_json::{Map, Value};
 
-use crate::Refusal;
+use crate::HttpRefusal;
 use toolgate_rmcp::VerifiedPrincipal;
 
 /// The largest key set read, in bytes.
@@ -206,13 +206,13 @@ impl std::fmt::Display for FetchFailure {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Rejection {
     /// The refusal (its code is the answer's `error`).
-    pub refusal: Refusal,
+    pub refusal: HttpRefusal,
     /// The audit reason's detail after the code, when there is one; never token content.
     pub detail: Option<String>,
 }
 
-impl From<Refusal> for Rejection {
-    fn from(refusal: Refusal) -> Self {
+impl From<HttpRefusal> for Rejection {
+    fn from(refusal: HttpRefusal) -> Self {
         Rejection {
             refusal,
             detail: None,
@@ -306,11 +306,11 @@ impl JwtVerifier {
     pub async fn verify(&self, token: &str) -> Result<VerifiedPrincipal, Rejection> {
         let header = Header::of(token)?;
         if !header.typ_accepted(self.inner.options.require_at_jwt) {
-            return Err(Refusal::TokenType.into());
+            return Err(HttpRefusal::TokenType.into());
         }
         let key = self.key(&header.kid).await?;
         if !key.algorithms.contains(&header.alg) {
-            return Err(Refusal::Algorithm.into());
+            return Err(HttpRefusal::Algorithm.into());
         }
         let options = &self.inner.options;
         let mut validation = Validation::new(header.alg);
@@ -364,7 +364,7 @@ impl JwtVerifier {
         match set.keys.get(kid) {
             Some(key) => Ok(Arc::clone(key)),
             None if set.fetched.is_none() => Err(Rejection {
-                refusal: Refusal::KeysUnavailable,
+                refusal: HttpRefusal::KeysUnavailable,
                 detail: Some(match set.failure {
                     Some(failure) => format!(
                         "the key set of issuer {} could not be fetched ({failure}); no key is known yet, and no fetch starts within {} s of the last",
@@ -377,7 +377,7 @@ impl JwtVerifier {
                     ),
                 }),
             }),
-            None => Err(Refusal::UnknownKey.into()),
+            None => Err(HttpRefusal::UnknownKey.into()),
         }
     }
 
@@ -573,35 +573,37 @@ struct Header {
 }
 
 impl Header {
-    fn of(token: &str) -> Result<Self, Refusal> {
+    fn of(token: &str) -> Result<Self, HttpRefusal> {
         use base64::Engine as _;
         let mut parts = token.split('.');
         let (Some(header), Some(_), Some(_), None) =
             (parts.next(), parts.next(), parts.next(), parts.next())
         else {
-            return Err(Refusal::Invalid);
+            return Err(HttpRefusal::Invalid);
         };
         let bytes = base64::engine::general_purpose::URL_SAFE_NO_PAD
             .decode(header)
-            .map_err(|_| Refusal::Invalid)?;
+            .map_err(|_| HttpRefusal::Invalid)?;
         let header: Map<String, Value> =
-            serde_json::from_slice(&bytes).map_err(|_| Refusal::Invalid)?;
+            serde_json::from_slice(&bytes).map_err(|_| HttpRefusal::Invalid)?;
         let alg = match header.get("alg").and_then(Value::as_str) {
             Some(
                 name @ ("RS256" | "RS384" | "RS512" | "PS256" | "PS384" | "PS512" | "ES256"
                 | "ES384" | "EdDSA"),
-            ) => name.parse::<Algorithm>().map_err(|_| Refusal::Algorithm)?,
+            ) => name
+                .parse::<Algorithm>()
+                .map_err(|_| HttpRefusal::Algorithm)?,
             // `none`, the HMAC family and anything unknown.
-            _ => return Err(Refusal::Algorithm),
+            _ => return Err(HttpRefusal::Algorithm),
         };
         let kid = header
             .get("kid")
             .and_then(Value::as_str)
-            .ok_or(Refusal::UnknownKey)?;
+            .ok_or(HttpRefusal::UnknownKey)?;
         let typ = match header.get("typ") {
             None => None,
             Some(Value::String(typ)) => Some(typ.clone()),
-            Some(_) => return Err(Refusal::TokenType),
+            Some(_) => return Err(HttpRefusal::TokenType),
         };
         Ok(Header {
             alg,
@@ -629,16 +631,16 @@ impl Header {
     }
 }
 
-fn refusal_of(kind: &ErrorKind) -> Refusal {
+fn refusal_of(kind: &ErrorKind) -> HttpRefusal {
     match kind {
-        ErrorKind::ExpiredSignature => Refusal::Expired,
-        ErrorKind::ImmatureSignature => Refusal::NotYetValid,
-        ErrorKind::InvalidIssuer => Refusal::WrongIssuer,
-        ErrorKind::InvalidAudience => Refusal::WrongAudience,
-        ErrorKind::MissingRequiredClaim(claim) if claim == "aud" => Refusal::WrongAudience,
-        ErrorKind::MissingRequiredClaim(claim) if claim == "iss" => Refusal::WrongIssuer,
-        ErrorKind::InvalidAlgorithm | ErrorKind::MissingAlgorithm => Refusal::Algorithm,
-        _ => Refusal::Invalid,
+        ErrorKind::ExpiredSignature => HttpRefusal::Expired,
+        ErrorKind::ImmatureSignature => HttpRefusal::NotYetValid,
+        ErrorKind::InvalidIssuer => HttpRefusal::WrongIssuer,
+        ErrorKind::InvalidAudience => HttpRefusal::WrongAudience,
+        ErrorKind::MissingRequiredClaim(claim) if claim == "aud" => HttpRefusal::WrongAudience,
+        ErrorKind::MissingRequiredClaim(claim) if claim == "iss" => HttpRefusal::WrongIssuer,
+        ErrorKind::InvalidAlgorithm | ErrorKind::MissingAlgorithm => HttpRefusal::Algorithm,
+        _ => HttpRefusal::Invalid,
     }
 }
 
@@ -646,11 +648,11 @@ fn refusal_of(kind: &ErrorKind) -> Refusal {
 fn principal_of(
     claims: &Map<String, Value>,
     options: &OAuthOptions,
-) -> Result<VerifiedPrincipal, Refusal> {
+) -> Result<VerifiedPrincipal, HttpRefusal> {
     let subject = claims
         .get(&options.principal_claim)
         .and_then(Value::as_str)
-        .ok_or(Refusal::InvalidSubject)?;
+        .ok_or(HttpRefusal::InvalidSubject)?;
     // The issuer's subject is the issuer's principal, unless the operator made it one of this
     // server's.
     let mut principal = match options.local_principals.get(subject) {
@@ -658,15 +660,15 @@ fn principal_of(
         None => VerifiedPrincipal::new(subject)
             .and_then(|principal| principal.with_authority(&options.issuer)),
     }
-    .map_err(|_| Refusal::InvalidSubject)?;
+    .map_err(|_| HttpRefusal::InvalidSubject)?;
     if let Some(claim) = &options.tenant_claim {
         let tenant = claims
             .get(claim)
             .and_then(Value::as_str)
-            .ok_or(Refusal::InvalidSubject)?;
+            .ok_or(HttpRefusal::InvalidSubject)?;
         principal = principal
             .with_tenant(tenant)
-            .map_err(|_| Refusal::InvalidSubject)?;
+            .map_err(|_| HttpRefusal::InvalidSubject)?;
     }
     let mut scopes = BTreeSet::new();
     for claim in ["scope", "scp"] {
@@ -740,18 +742,18 @@ mod tests {
         let refused = |header: &str| Header::of(&token(header)).err();
         assert_eq!(
             refused(r#"{"alg":"none","kid":"k"}"#),
-            Some(Refusal::Algorithm)
+            Some(HttpRefusal::Algorithm)
         );
         assert_eq!(
             refused(r#"{"alg":"HS256","kid":"k"}"#),
-            Some(Refusal::Algorithm)
+            Some(HttpRefusal::Algorithm)
         );
-        assert_eq!(refused(r#"{"kid":"k"}"#), Some(Refusal::Algorithm));
-        assert_eq!(refused(r#"{"alg":"RS256"}"#), Some(Refusal::UnknownKey));
-        assert_eq!(refused("not json"), Some(Refusal::Invalid));
+        assert_eq!(refused(r#"{"kid":"k"}"#), Some(HttpRefusal::Algorithm));
+        assert_eq!(refused(r#"{"alg":"RS256"}"#), Some(HttpRefusal::UnknownKey));
+        assert_eq!(refused("not json"), Some(HttpRefusal::Invalid));
         assert!(Header::of(&token(r#"{"alg":"EdDSA","kid":"k"}"#)).is_ok());
-        assert_eq!(Header::of("a.b").err(), Some(Refusal::Invalid));
-        assert_eq!(Header::of("a.b.c.d").err(), Some(Refusal::Invalid));
+        assert_eq!(Header::of("a.b").err(), Some(HttpRefusal::Invalid));
+        assert_eq!(Header::of("a.b.c.d").err(), Some(HttpRefusal::Invalid));
     }
 
     fn fixture(bits: u32) -> Value {
@@ -803,7 +805,7 @@ mod tests {
         for request in waiting {
             let answer = request.await.unwrap_or_else(|e| panic!("{e}"));
             let rejection = answer.err().unwrap_or_else(|| panic!("no key is known"));
-            assert_eq!(rejection.refusal, Refusal::KeysUnavailable);
+            assert_eq!(rejection.refusal, HttpRefusal::KeysUnavailable);
             assert!(
                 rejection.reason().contains("no complete answer within 1 s"),
                 "{}",
@@ -1007,12 +1009,12 @@ mod tests {
         assert_eq!(scopes, ["a", "b", "c"]);
         assert_eq!(
             principal_of(&claims(serde_json::json!({"sub": "a b"})), &options).err(),
-            Some(Refusal::InvalidSubject)
+            Some(HttpRefusal::InvalidSubject)
         );
         options.tenant_claim = Some("org".to_owned());
         assert_eq!(
             principal_of(&claims(serde_json::json!({"sub": "alice"})), &options).err(),
-            Some(Refusal::InvalidSubject)
+            Some(HttpRefusal::InvalidSubject)
         );
         let p = principal_of(
             &claims(serde_json::json!({"sub": "alice", "org": "acme"})),

@@ -24,7 +24,7 @@ use subtle::ConstantTimeEq as _;
 use toolgate_canon::Sha256Digest;
 use toolgate_storage::{FsStorage, LockFile, Storage, Symlinks};
 
-use crate::Refusal;
+use crate::HttpRefusal;
 use toolgate_rmcp::VerifiedPrincipal;
 
 /// The type prefix of a toolgate API token.
@@ -361,34 +361,34 @@ impl ApiTokens {
         &self,
         presented: &str,
         now: SystemTime,
-    ) -> Result<(VerifiedPrincipal, String), Refusal> {
+    ) -> Result<(VerifiedPrincipal, String), HttpRefusal> {
         let well_formed = presented.strip_prefix(TOKEN_PREFIX).is_some_and(|hex| {
             hex.len() == 64 && hex.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
         });
         if !well_formed {
-            return Err(Refusal::Invalid);
+            return Err(HttpRefusal::Invalid);
         }
         let tokens = self.current().map_err(|error| {
             tracing::error!(%error, "the token file is unusable; refusing every request");
-            Refusal::Unavailable
+            HttpRefusal::Unavailable
         })?;
         let sha256 = Sha256Digest::of(presented.as_bytes()).to_hex();
         let token = tokens
             .iter()
             .find(|t| bool::from(t.sha256.as_bytes().ct_eq(sha256.as_bytes())))
-            .ok_or(Refusal::Invalid)?;
+            .ok_or(HttpRefusal::Invalid)?;
         if token.revoked_ns.is_some() {
-            return Err(Refusal::Revoked);
+            return Err(HttpRefusal::Revoked);
         }
         if token.expires_ns.is_some_and(|at| ns(now) >= at) {
-            return Err(Refusal::Expired);
+            return Err(HttpRefusal::Expired);
         }
         let mut principal =
-            VerifiedPrincipal::new(&token.principal).map_err(|_| Refusal::Invalid)?;
+            VerifiedPrincipal::new(&token.principal).map_err(|_| HttpRefusal::Invalid)?;
         if let Some(tenant) = &token.tenant {
             principal = principal
                 .with_tenant(tenant)
-                .map_err(|_| Refusal::Invalid)?;
+                .map_err(|_| HttpRefusal::Invalid)?;
         }
         if let Some(scopes) = &token.scopes {
             principal = principal.with_scopes(scopes.iter().cloned());
@@ -474,7 +474,10 @@ mod tests {
             (principal.name(), id.as_str()),
             ("alice", alice.info.id.as_str())
         );
-        assert_eq!(tokens.verify(&alice.token, t(60)), Err(Refusal::Expired));
+        assert_eq!(
+            tokens.verify(&alice.token, t(60)),
+            Err(HttpRefusal::Expired)
+        );
         let (bob_principal, _) = tokens.verify(&bob.token, t(1_000_000)).unwrap();
         assert_eq!(bob_principal.name(), "bob");
         assert_eq!(bob_principal.tenant(), Some("acme"));
@@ -486,11 +489,11 @@ mod tests {
         );
         assert!(principal.scopes().is_none() && principal.tenant().is_none());
         tokens.revoke(&bob.info.id, t(2)).unwrap();
-        assert_eq!(tokens.verify(&bob.token, t(3)), Err(Refusal::Revoked));
+        assert_eq!(tokens.verify(&bob.token, t(3)), Err(HttpRefusal::Revoked));
 
         let other = format!("{TOKEN_PREFIX}{}", "a".repeat(64));
         for bad in ["", "tgt_", "Bearer x", &other, &alice.token.to_uppercase()] {
-            assert_eq!(tokens.verify(bad, t(1)), Err(Refusal::Invalid), "{bad}");
+            assert_eq!(tokens.verify(bad, t(1)), Err(HttpRefusal::Invalid), "{bad}");
         }
         assert_eq!(tokens.list().unwrap().len(), 2);
         assert!(matches!(
@@ -530,7 +533,10 @@ mod tests {
         let tokens = ApiTokens::new(dir.path());
         let alice = tokens.create(&TokenSpec::new("alice"), t(0)).unwrap();
         std::fs::write(tokens.path(), "{\"version\":1,\"tokens\":[],\"extra\":1}").unwrap();
-        assert_eq!(tokens.verify(&alice.token, t(1)), Err(Refusal::Unavailable));
+        assert_eq!(
+            tokens.verify(&alice.token, t(1)),
+            Err(HttpRefusal::Unavailable)
+        );
         assert!(matches!(tokens.list(), Err(TokenError::Invalid { .. })));
     }
 }

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, Uri, header};
 use axum::response::{IntoResponse, Response};
 use serde_json::{Value, json};
-use toolgate_audit::{AuditEntry, AuditSink, Decision, Outcome};
+use toolgate_audit::{AuditDecision, AuditEntry, AuditSink, Outcome};
 use toolgate_canon::Sha256Digest;
 
 /// Why the transport refused a request: a stable code for the audit record's `reason` and the
@@ -443,7 +443,7 @@ impl RefusalLog {
         let mut entry = AuditEntry::tool_call(
             "http",
             "mcp",
-            Decision::Deny,
+            AuditDecision::Deny,
             Outcome::NotExecuted,
             Sha256Digest::of(b""),
         )

@@ -65,7 +65,7 @@ pub enum Postcondition {
 
 /// The harness's decision after one step.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Verdict {
+pub enum NextStep {
     /// The postcondition holds: the next mutation may run.
     Continue,
     /// Stop the run: the state is unknown or wrong and no compensation is registered.
@@ -74,12 +74,12 @@ pub enum Verdict {
     Rollback(String),
 }
 
-impl fmt::Display for Verdict {
+impl fmt::Display for NextStep {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Verdict::Continue => f.write_str("CONTINUE"),
-            Verdict::Stop(why) => write!(f, "STOP ({why})"),
-            Verdict::Rollback(why) => write!(f, "ROLLBACK ({why})"),
+            NextStep::Continue => f.write_str("CONTINUE"),
+            NextStep::Stop(why) => write!(f, "STOP ({why})"),
+            NextStep::Rollback(why) => write!(f, "ROLLBACK ({why})"),
         }
     }
 }
@@ -197,28 +197,28 @@ pub fn decide(
     observation: Option<&CallOutcome>,
     postcondition: Option<&Postcondition>,
     has_compensation: bool,
-) -> Verdict {
+) -> NextStep {
     if let Some(why) = mutation.failure() {
-        return Verdict::Stop(format!("the mutation failed: {why}"));
+        return NextStep::Stop(format!("the mutation failed: {why}"));
     }
     let Some(observation) = observation else {
-        return Verdict::Stop("the state was not observed".to_owned());
+        return NextStep::Stop("the state was not observed".to_owned());
     };
     if let Some(why) = observation.failure() {
-        return Verdict::Stop(format!("the observation failed: {why}"));
+        return NextStep::Stop(format!("the observation failed: {why}"));
     }
     match postcondition {
-        Some(Postcondition::Holds) => Verdict::Continue,
+        Some(Postcondition::Holds) => NextStep::Continue,
         Some(Postcondition::Violated(why)) if has_compensation => {
-            Verdict::Rollback(format!("postcondition violated: {why}"))
+            NextStep::Rollback(format!("postcondition violated: {why}"))
         }
-        Some(Postcondition::Violated(why)) => Verdict::Stop(format!(
+        Some(Postcondition::Violated(why)) => NextStep::Stop(format!(
             "postcondition violated and no compensating action is registered: {why}"
         )),
         Some(Postcondition::Inconclusive(why)) => {
-            Verdict::Stop(format!("postcondition inconclusive: {why}"))
+            NextStep::Stop(format!("postcondition inconclusive: {why}"))
         }
-        None => Verdict::Stop("the postcondition was not evaluated".to_owned()),
+        None => NextStep::Stop("the postcondition was not evaluated".to_owned()),
     }
 }
 
@@ -232,7 +232,7 @@ pub struct StepReport {
     /// The postcondition, when it was evaluated.
     pub postcondition: Option<Postcondition>,
     /// The decision.
-    pub verdict: Verdict,
+    pub verdict: NextStep,
     /// The compensating call's outcome, when the verdict was ROLLBACK.
     pub compensation: Option<CallOutcome>,
 }
@@ -261,7 +261,7 @@ pub async fn run_step(peer: &Peer<RoleClient>, step: &Step) -> StepReport {
         step.compensation.is_some(),
     );
     let compensation = match (&verdict, &step.compensation) {
-        (Verdict::Rollback(_), Some(call)) => Some(CallOutcome::from_service(
+        (NextStep::Rollback(_), Some(call)) => Some(CallOutcome::from_service(
             peer.call_tool(call.params()).await,
         )),
         _ => None,

@@ -39,9 +39,9 @@
 //! reported in the case, not counted); `destructiveHint: false` is contradicted by a record
 //! modified or removed, which the overwrite case provokes on purpose.
 //!
-//! Every declared claim gets a [`ClaimVerdict`]: [`Verdict::Contradicted`] when an observed effect
-//! contradicts it, [`Verdict::Held`] only when some case actually put it to the test and nothing
-//! did, and [`Verdict::Untested`] otherwise, with the reason. `readOnlyHint: true` is tested by a
+//! Every declared claim gets a [`ClaimVerdict`]: [`ClaimStatus::Contradicted`] when an observed effect
+//! contradicts it, [`ClaimStatus::Held`] only when some case actually put it to the test and nothing
+//! did, and [`ClaimStatus::Untested`] otherwise, with the reason. `readOnlyHint: true` is tested by a
 //! call that succeeded; `idempotentHint: true` by a repeat of a completed operation (case 2 after
 //! a successful case 1, case 3's already-done call, case 4 after a completed cut-off call, the
 //! pair, at full strength only with an observer that restores); `destructiveHint: false` by the
@@ -60,7 +60,7 @@
 //!
 //! # Example
 //!
-//! The README's example: a test that runs the matrix on a server started as a child process.
+//! docs/kit.md's example: a test that runs the matrix on a server started as a child process.
 //!
 //! ```no_run
 //! use serde_json::json;
@@ -109,6 +109,6 @@ pub use launch::Launcher;
 pub use matrix::{CutOff, Kit, Overwrite, Seed, ToolFixtures};
 pub use observe::{Change, ChangeKind, Delta, FsObserver, Item, Observation, Observer, SavedState};
 pub use report::{
-    CaseKind, CaseReport, Claim, ClaimGap, ClaimVerdict, Claims, Contradiction, LostUpdate,
-    ObservedStep, Report, ToolReport, ToolStatus, Verdict,
+    CaseKind, CaseReport, Claim, ClaimGap, ClaimStatus, ClaimVerdict, Claims, Contradiction,
+    LostUpdate, ObservedStep, Report, ToolReport, ToolStatus,
 };

@@ -161,7 +161,7 @@ pub struct LostUpdate {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
 #[serde(rename_all = "snake_case")]
 #[non_exhaustive]
-pub enum Verdict {
+pub enum ClaimStatus {
     /// Some case put the claim to the test and no observed effect contradicted it (evidence,
     /// not proof).
     Held,
@@ -172,13 +172,13 @@ pub enum Verdict {
     Untested,
 }
 
-impl Verdict {
+impl ClaimStatus {
     /// The word used in reports.
     pub fn as_str(self) -> &'static str {
         match self {
-            Verdict::Held => "held",
-            Verdict::Contradicted => "contradicted",
-            Verdict::Untested => "untested",
+            ClaimStatus::Held => "held",
+            ClaimStatus::Contradicted => "contradicted",
+            ClaimStatus::Untested => "untested",
         }
     }
 }
@@ -189,8 +189,8 @@ pub struct ClaimVerdict {
     /// The claim.
     pub claim: Claim,
     /// Held, contradicted or untested.
-    pub verdict: Verdict,
-    /// The cases that contradicted it ([`Verdict::Contradicted`]), or that exercised it.
+    pub verdict: ClaimStatus,
+    /// The cases that contradicted it ([`ClaimStatus::Contradicted`]), or that exercised it.
     pub cases: Vec<CaseKind>,
     /// How it was tested, what contradicted it, or why it is untested and what to do about it.
     pub reason: String,
@@ -315,7 +315,7 @@ impl Report {
             .flat_map(|t| {
                 t.verdicts
                     .iter()
-                    .filter(|v| v.verdict == Verdict::Untested)
+                    .filter(|v| v.verdict == ClaimStatus::Untested)
                     .map(|v| (t.name.as_str(), v))
             })
             .collect()
@@ -420,7 +420,7 @@ impl Report {
                     let claims: Vec<&str> = tool
                         .verdicts
                         .iter()
-                        .filter(|v| v.verdict == Verdict::Untested)
+                        .filter(|v| v.verdict == ClaimStatus::Untested)
                         .map(|v| v.claim.annotation())
                         .collect();
                     format!(
@@ -987,7 +987,7 @@ pub(crate) fn verdicts(claims: &Claims, cases: &[CaseReport]) -> Vec<ClaimVerdic
             }
             out.push(ClaimVerdict {
                 claim,
-                verdict: Verdict::Contradicted,
+                verdict: ClaimStatus::Contradicted,
                 cases: by,
                 reason: first.evidence.clone(),
             });
@@ -1004,7 +1004,7 @@ pub(crate) fn verdicts(claims: &Claims, cases: &[CaseReport]) -> Vec<ClaimVerdic
             .collect();
         let (verdict, reason) = if !gaps.is_empty() {
             (
-                Verdict::Untested,
+                ClaimStatus::Untested,
                 format!(
                     "{}; the other cases found nothing against it, which does not make up for it",
                     gaps.join("; ")
@@ -1012,7 +1012,7 @@ pub(crate) fn verdicts(claims: &Claims, cases: &[CaseReport]) -> Vec<ClaimVerdic
             )
         } else if !by.is_empty() {
             (
-                Verdict::Held,
+                ClaimStatus::Held,
                 match claim {
                     Claim::ReadOnly => "calls that succeeded changed nothing observed",
                     Claim::Idempotent => "repeating completed operations added no effect",
@@ -1028,16 +1028,16 @@ pub(crate) fn verdicts(claims: &Claims, cases: &[CaseReport]) -> Vec<ClaimVerdic
         } else if claim == Claim::NonDestructive
             && let Some(read_only) = out
                 .iter()
-                .find(|v| v.claim == Claim::ReadOnly && v.verdict == Verdict::Held)
+                .find(|v| v.claim == Claim::ReadOnly && v.verdict == ClaimStatus::Held)
         {
             by = read_only.cases.clone();
             (
-                Verdict::Held,
+                ClaimStatus::Held,
                 "implied by readOnlyHint=true, which held: no case changed anything (the spec gives destructiveHint meaning only when readOnlyHint is false)".to_owned(),
             )
         } else {
             (
-                Verdict::Untested,
+                ClaimStatus::Untested,
                 match claim {
                     Claim::ReadOnly => "no call of the tool succeeded (every reply was an error), so it never did its work under observation; check the fixtures",
                     Claim::Idempotent => "no completed operation was repeated: the valid call, the cut-off call and the concurrent pair all failed; check the fixtures",
@@ -1058,11 +1058,14 @@ pub(crate) fn verdicts(claims: &Claims, cases: &[CaseReport]) -> Vec<ClaimVerdic
 
 /// The tool's conclusion from its claims and verdicts.
 pub(crate) fn status(claims: &Claims, verdicts: &[ClaimVerdict]) -> ToolStatus {
-    if verdicts.iter().any(|v| v.verdict == Verdict::Contradicted) {
+    if verdicts
+        .iter()
+        .any(|v| v.verdict == ClaimStatus::Contradicted)
+    {
         ToolStatus::Contradicted
     } else if claims.is_unclassified() {
         ToolStatus::Unclassified
-    } else if verdicts.iter().any(|v| v.verdict == Verdict::Untested) {
+    } else if verdicts.iter().any(|v| v.verdict == ClaimStatus::Untested) {
         ToolStatus::Untested
     } else {
         ToolStatus::Consistent
@@ -1304,12 +1307,12 @@ mod tests {
             case(CaseKind::Repeat, &[Ok, Ok], &[]),
         ];
         let v = verdicts(&all, &cases);
-        let got: Vec<(Claim, Verdict)> = v.iter().map(|v| (v.claim, v.verdict)).collect();
+        let got: Vec<(Claim, ClaimStatus)> = v.iter().map(|v| (v.claim, v.verdict)).collect();
         assert_eq!(
             got,
             [
-                (Claim::Idempotent, Verdict::Held),
-                (Claim::NonDestructive, Verdict::Untested)
+                (Claim::Idempotent, ClaimStatus::Held),
+                (Claim::NonDestructive, ClaimStatus::Untested)
             ]
         );
         assert_eq!(v[0].cases, [CaseKind::Repeat]);
@@ -1317,12 +1320,12 @@ mod tests {
         assert_eq!(status(&all, &v), ToolStatus::Untested);
         // A repeat of a failed call repeats nothing: idempotentHint=true untested too.
         let failed = vec![case(CaseKind::Repeat, &[ToolError, Ok], &[])];
-        assert_eq!(verdicts(&all, &failed)[0].verdict, Verdict::Untested);
+        assert_eq!(verdicts(&all, &failed)[0].verdict, ClaimStatus::Untested);
         // An overwrite the tool refused (an error result) tested it; a JSON-RPC error did not.
         for (outcome, expected) in [
-            (ToolError, Verdict::Held),
-            (Ok, Verdict::Held),
-            (RpcError, Verdict::Untested),
+            (ToolError, ClaimStatus::Held),
+            (Ok, ClaimStatus::Held),
+            (RpcError, ClaimStatus::Untested),
         ] {
             let cases = vec![case(CaseKind::Overwrite, &[outcome], &[])];
             assert_eq!(verdicts(&all, &cases)[1].verdict, expected, "{outcome:?}");
@@ -1333,7 +1336,7 @@ mod tests {
             &[Ok, Ok],
             &[("state/log", Appended)],
         )];
-        assert_eq!(verdicts(&all, &cases)[1].verdict, Verdict::Held);
+        assert_eq!(verdicts(&all, &cases)[1].verdict, ClaimStatus::Held);
         // A read-only tool that never succeeded: untested, and so is the implied claim.
         let reader = claims(Some(true), Some(false), None);
         let r = |outcomes: &[CallOutcome]| {
@@ -1344,12 +1347,12 @@ mod tests {
         let v = verdicts(&reader, &r(&[ToolError]));
         assert_eq!(
             v.iter().map(|v| v.verdict).collect::<Vec<_>>(),
-            [Verdict::Untested, Verdict::Untested]
+            [ClaimStatus::Untested, ClaimStatus::Untested]
         );
         let v = verdicts(&reader, &r(&[Ok]));
         assert_eq!(
             v.iter().map(|v| v.verdict).collect::<Vec<_>>(),
-            [Verdict::Held, Verdict::Held]
+            [ClaimStatus::Held, ClaimStatus::Held]
         );
         assert!(
             v[1].reason.contains("implied by readOnlyHint=true"),
@@ -1375,7 +1378,7 @@ mod tests {
             judge("t", &IDEMPOTENT, counted, Some(&one)),
         ];
         let v = verdicts(&IDEMPOTENT, &cases);
-        assert_eq!(v[0].verdict, Verdict::Untested);
+        assert_eq!(v[0].verdict, ClaimStatus::Untested);
         assert_eq!(v[0].cases, [CaseKind::Repeat, CaseKind::Concurrent]);
         assert!(
             v[0].reason

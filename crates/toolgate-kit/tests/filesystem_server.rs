@@ -21,8 +21,8 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 use toolgate_kit::{
-    CaseKind, Claim, Claims, FsObserver, Kit, Launcher, Report, Seed, ToolFixtures, ToolStatus,
-    Verdict,
+    CaseKind, Claim, ClaimStatus, Claims, FsObserver, Kit, Launcher, Report, Seed, ToolFixtures,
+    ToolStatus,
 };
 
 /// What the matrix must conclude about one claim.
@@ -349,14 +349,14 @@ fn verdict(report: &Report, tool: &str, claim: Claim) -> Expected {
         "{tool} {claim:?}: a verdict exactly for each declared claim"
     );
     assert_eq!(
-        given == Some(Verdict::Contradicted),
+        given == Some(ClaimStatus::Contradicted),
         contradicted,
         "{tool} {claim:?}"
     );
     match given {
         None => NotClaimed,
-        Some(Verdict::Held) => Holds,
-        Some(Verdict::Contradicted) => Expected::Contradicted,
+        Some(ClaimStatus::Held) => Holds,
+        Some(ClaimStatus::Contradicted) => Expected::Contradicted,
         Some(_) => Expected::Untested,
     }
 }
@@ -566,7 +566,7 @@ async fn destructive_hint_false_without_an_overwrite_case_is_untested() {
         "{text}"
     );
     let untested = tool.verdict(Claim::NonDestructive).unwrap();
-    assert_eq!(untested.verdict, Verdict::Untested, "{text}");
+    assert_eq!(untested.verdict, ClaimStatus::Untested, "{text}");
     assert!(
         untested
             .reason

@@ -20,8 +20,8 @@ use schemars::JsonSchema;
 use serde::Deserialize;
 use serde_json::json;
 use toolgate_kit::{
-    CaseKind, ChangeKind, Claim, CutOff, FsObserver, Kit, KitError, Launcher, Observation,
-    ObserveError, Observer, Report, Seed, ToolFixtures, ToolStatus, Verdict,
+    CaseKind, ChangeKind, Claim, ClaimStatus, CutOff, FsObserver, Kit, KitError, Launcher,
+    Observation, ObserveError, Observer, Report, Seed, ToolFixtures, ToolStatus,
 };
 
 #[derive(Debug, Deserialize, JsonSchema)]
@@ -449,17 +449,21 @@ async fn each_lie_is_caught_and_honest_tools_are_not_flagged() {
     // Per claim: held, contradicted or untested, with the cases and the reason.
     let verdict = |tool: &str, claim: Claim| report.verdict(tool, claim).unwrap().verdict;
     for (tool, claim, expected) in [
-        ("peek", Claim::ReadOnly, Verdict::Contradicted),
-        ("append_event", Claim::Idempotent, Verdict::Contradicted),
+        ("peek", Claim::ReadOnly, ClaimStatus::Contradicted),
+        ("append_event", Claim::Idempotent, ClaimStatus::Contradicted),
         // Its repeat appended to the log the first call created, and kept what was there.
-        ("append_event", Claim::NonDestructive, Verdict::Held),
-        ("save_setting", Claim::NonDestructive, Verdict::Contradicted),
-        ("put_once", Claim::Idempotent, Verdict::Held),
-        ("put_once", Claim::NonDestructive, Verdict::Untested),
-        ("count_files", Claim::ReadOnly, Verdict::Held),
-        ("count_files", Claim::Idempotent, Verdict::Held),
+        ("append_event", Claim::NonDestructive, ClaimStatus::Held),
+        (
+            "save_setting",
+            Claim::NonDestructive,
+            ClaimStatus::Contradicted,
+        ),
+        ("put_once", Claim::Idempotent, ClaimStatus::Held),
+        ("put_once", Claim::NonDestructive, ClaimStatus::Untested),
+        ("count_files", Claim::ReadOnly, ClaimStatus::Held),
+        ("count_files", Claim::Idempotent, ClaimStatus::Held),
         // Read-only, and that held: the spec gives destructiveHint no meaning then.
-        ("count_files", Claim::NonDestructive, Verdict::Held),
+        ("count_files", Claim::NonDestructive, ClaimStatus::Held),
     ] {
         assert_eq!(verdict(tool, claim), expected, "{tool} {claim:?}\n{text}");
     }
@@ -604,7 +608,7 @@ async fn a_cut_on_the_first_observed_change_still_catches_the_appender() {
             .verdict("put_once", Claim::Idempotent)
             .unwrap()
             .verdict,
-        Verdict::Held,
+        ClaimStatus::Held,
         "{text}"
     );
     assert!(
@@ -804,7 +808,7 @@ async fn an_observer_that_cannot_restore_leaves_the_concurrent_claim_untested() 
     let tool = report.tool("put_once").unwrap();
     assert_eq!(tool.status, ToolStatus::Untested, "{text}");
     let idempotent = tool.verdict(Claim::Idempotent).unwrap();
-    assert_eq!(idempotent.verdict, Verdict::Untested, "{text}");
+    assert_eq!(idempotent.verdict, ClaimStatus::Untested, "{text}");
     assert!(
         idempotent.reason.contains("in case 'concurrent pair', the observer cannot restore state (its Observer::save returned None, the trait's default; a wrapper must forward save and restore)"),
         "{text}"
@@ -813,7 +817,7 @@ async fn an_observer_that_cannot_restore_leaves_the_concurrent_claim_untested() 
     assert!(idempotent.cases.contains(&CaseKind::Repeat), "{text}");
     assert_eq!(
         tool.verdict(Claim::NonDestructive).unwrap().verdict,
-        Verdict::Held,
+        ClaimStatus::Held,
         "{text}"
     );
     assert!(

@@ -55,7 +55,7 @@ use schemars::JsonSchema;
 use serde::Deserialize;
 use serde_json::{Map, Value, json};
 use tokio::runtime::Runtime;
-use toolgate_audit::{AuditEntry, AuditSink, Decision, FileAuditLog, MemoryAuditLog};
+use toolgate_audit::{AuditDecision, AuditEntry, AuditSink, FileAuditLog, MemoryAuditLog};
 use toolgate_canon::Sha256Digest;
 use toolgate_policy::Policy;
 use toolgate_rmcp::Gated;
@@ -245,7 +245,7 @@ fn entry(i: u64) -> AuditEntry {
     AuditEntry::tool_call(
         format!("bench-{i:08}"),
         "echo",
-        Decision::Allow,
+        AuditDecision::Allow,
         toolgate_audit::Outcome::Committed,
         Sha256Digest::of(b"{}"),
     )

@@ -20,7 +20,7 @@ use crate::gate::contract_note;
 
 /// What the gate does with a call's arguments.
 #[derive(Debug, Clone, PartialEq)]
-pub enum Verdict {
+pub enum ArgumentsOutcome {
     /// The policy refuses the tool as a whole for this principal (the gate answers -32602 before
     /// looking at the arguments); the rule that decided.
     ToolRefused(String),
@@ -59,10 +59,10 @@ impl ArgumentChecker {
         tool: &str,
         input_schema: &Arc<JsonObject>,
         arguments: Option<&Map<String, Value>>,
-    ) -> Verdict {
+    ) -> ArgumentsOutcome {
         let decision = policy.decide_for(principal, tool, arguments);
         if let Decision::DenyTool(denial) = &decision {
-            return Verdict::ToolRefused(denial.rule());
+            return ArgumentsOutcome::ToolRefused(denial.rule());
         }
         let input = InputShape::of_schema(input_schema);
         let tool_definition =
@@ -101,7 +101,7 @@ impl ArgumentChecker {
             CheckVerdict::Refuse(refusal) => Some(refusal),
             _ => None,
         }) else {
-            return Verdict::Admitted;
+            return ArgumentsOutcome::Admitted;
         };
         let rule = refusal.rule.clone();
         let result = refusal.into_result(&contract_note(tool, &input, &[]));
@@ -111,7 +111,7 @@ impl ArgumentChecker {
             .filter_map(|block| block.as_text().map(|t| t.text.clone()))
             .collect::<Vec<_>>()
             .join("\n");
-        Verdict::ArgumentsRefused {
+        ArgumentsOutcome::ArgumentsRefused {
             rule,
             text,
             structured: result.structured_content,

@@ -28,7 +28,7 @@ use rmcp::model::{
 use rmcp::service::{MaybeSendFuture, NotificationContext, RequestContext, SubscriptionContext};
 use rmcp::{ErrorData as McpError, RoleServer, ServerHandler};
 use serde_json::{Map, Value};
-use toolgate_audit::{AuditEntry, AuditSink, Decision as AuditDecision, Outcome};
+use toolgate_audit::{AuditDecision, AuditEntry, AuditSink, Outcome};
 use toolgate_canon::{HmacKey, Sha256Digest};
 use toolgate_commit::EffectBackend;
 use toolgate_contract::awareness::{InputContract, contract_awareness};

@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 use std::sync::{Arc, PoisonError, RwLock};
 
-use toolgate_audit::{AuditEntry, AuditSink, Decision as AuditDecision, Outcome};
+use toolgate_audit::{AuditDecision, AuditEntry, AuditSink, Outcome};
 use toolgate_canon::Sha256Digest;
 use toolgate_policy::Policy;
 

@@ -18,7 +18,7 @@ use rmcp::transport::TokioChildProcess;
 use rmcp::{ClientLifecycleMode, ClientServiceExt as _};
 use serde_json::{Value, json};
 use toolgate::canon::Sha256Digest;
-use toolgate::harness::{self, Step, ToolCall, Verdict};
+use toolgate::harness::{self, NextStep, Step, ToolCall};
 
 /// What an observer can see of a file without trusting anyone: existence, size, mtime, content hash.
 #[derive(PartialEq, Eq)]
@@ -175,7 +175,7 @@ pub async fn run() -> anyhow::Result<bool> {
     println!("    postcondition: {:?}", report.postcondition);
     println!("    verdict: {}", report.verdict);
     t.expect(
-        report.verdict == Verdict::Continue,
+        report.verdict == NextStep::Continue,
         "the harness chose CONTINUE",
     );
 

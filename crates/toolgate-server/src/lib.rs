@@ -37,8 +37,9 @@ pub const SERVER_NAME: &str = "toolgate-server";
 pub const AUDIT_FILE: &str = "audit.jsonl";
 /// The notes directory's name inside the ledger directory.
 pub const NOTES_DIR: &str = "notes";
-/// The reference policy, shipped as `fixtures/policy.json`.
-pub const REFERENCE_POLICY: &str = include_str!("../../../fixtures/policy.json");
+/// The reference policy, shipped as `fixtures/policy.json`. The crate carries its own copy (a
+/// published crate cannot reach outside its directory); `tests/tidy.rs` keeps the two identical.
+pub const REFERENCE_POLICY: &str = include_str!("reference-policy.json");
 
 /// Where the server keeps its state, which policy it enforces, and what contract it must have.
 #[derive(Debug, Clone, Default)]
@@ -164,7 +165,7 @@ pub struct Stores {
     /// The exactly-once store.
     pub effects: Arc<dyn EffectBackend>,
     /// The kill switch, when it is not the ledger's file (`--store`: the database's).
-    pub kill_switch: Option<toolgate::guard::KillSwitch>,
+    pub kill_switch: Option<toolgate::checks::KillSwitch>,
     /// The database of `--store`, which also keeps the rate limits and pending confirmations.
     #[cfg(feature = "postgres")]
     pub database: Option<toolgate::storage::postgres::PgStore>,
@@ -238,9 +239,9 @@ fn connect_store(
 #[cfg(feature = "postgres")]
 fn database_switch(
     store: toolgate::storage::postgres::PgStore,
-) -> anyhow::Result<toolgate::guard::KillSwitch> {
+) -> anyhow::Result<toolgate::checks::KillSwitch> {
     let database = store.database().to_owned();
-    Ok(toolgate::guard::KillSwitch::in_database(store)
+    Ok(toolgate::checks::KillSwitch::in_database(store)
         .with_context(|| format!("cannot open the kill switch in {database}"))?
         .resume_command(format!("{SERVER_NAME} resume")))
 }
@@ -524,7 +525,7 @@ fn finish_gate<H: rmcp::ServerHandler>(
         None => gated,
     };
     let gated = match &options.rights {
-        Some(path) => gated.rights(toolgate::guard::RightsFile::new(path)),
+        Some(path) => gated.rights(toolgate::checks::RightsFile::new(path)),
         None => gated,
     };
     let gated = gated.build()?;
@@ -1013,7 +1014,7 @@ fn record_token_change(audit: &AuditStore, id: &str, reason: String) -> anyhow::
     let mut entry = toolgate::audit::AuditEntry::tool_call(
         "operator",
         "tokens",
-        toolgate::audit::Decision::Allow,
+        toolgate::audit::AuditDecision::Allow,
         toolgate::audit::Outcome::Reloaded,
         toolgate::canon::Sha256Digest::of(id.as_bytes()),
     )
@@ -1143,7 +1144,7 @@ fn operator_audit(options: &ServerOptions) -> anyhow::Result<AuditStore> {
 
 /// The kill switch of the operator commands: the database's with `--store`, else the ledger's
 /// file, written through the configured storage.
-fn ledger_switch(options: &ServerOptions) -> anyhow::Result<toolgate::guard::KillSwitch> {
+fn ledger_switch(options: &ServerOptions) -> anyhow::Result<toolgate::checks::KillSwitch> {
     #[cfg(feature = "postgres")]
     if let Some(url) = &options.store {
         return database_switch(connect_store(options, url)?);
@@ -1152,7 +1153,7 @@ fn ledger_switch(options: &ServerOptions) -> anyhow::Result<toolgate::guard::Kil
     if options.store.is_some() {
         return Err(no_postgres());
     }
-    Ok(toolgate::guard::KillSwitch::new(&options.ledger)
+    Ok(toolgate::checks::KillSwitch::new(&options.ledger)
         .with_storage(options.storage())
         .resume_command(format!("{SERVER_NAME} resume")))
 }
@@ -1166,7 +1167,7 @@ pub fn halt(
     reason: &str,
     by: &str,
     tenant: Option<&str>,
-) -> anyhow::Result<Option<toolgate::guard::Halt>> {
+) -> anyhow::Result<Option<toolgate::checks::Halt>> {
     let switch = switch_of(options, tenant)?;
     // A halt is what an operator reaches for in an incident: it is set even when the audit log
     // cannot be opened, and the error then says it was not recorded. (A resume, the less safe
@@ -1189,7 +1190,7 @@ pub fn halt(
 fn switch_of(
     options: &ServerOptions,
     tenant: Option<&str>,
-) -> anyhow::Result<toolgate::guard::KillSwitch> {
+) -> anyhow::Result<toolgate::checks::KillSwitch> {
     let switch = ledger_switch(options)?;
     Ok(match tenant {
         Some(tenant) => switch.for_tenant(tenant)?,
@@ -1202,7 +1203,7 @@ fn switch_of(
 pub fn resume(
     options: &ServerOptions,
     tenant: Option<&str>,
-) -> anyhow::Result<Option<toolgate::guard::Halt>> {
+) -> anyhow::Result<Option<toolgate::checks::Halt>> {
     let audit = operator_audit(options)?;
     let lifted = toolgate::operator::resume(&switch_of(options, tenant)?, audit.sink().as_ref())?;
     audit.checkpoint()?;
@@ -1248,7 +1249,7 @@ pub fn set_rights(
 /// The rights document in force on the database of `--store`, if one is set.
 #[cfg(feature = "postgres")]
 pub fn rights_document(options: &ServerOptions) -> anyhow::Result<Option<Vec<u8>>> {
-    Ok(toolgate::guard::RightsFile::document_in_database(
+    Ok(toolgate::checks::RightsFile::document_in_database(
         rights_store(options)?,
     )?)
 }

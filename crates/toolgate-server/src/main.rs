@@ -356,7 +356,7 @@ enum TokenCommand {
 
 #[derive(Debug, Subcommand)]
 enum RightsCommand {
-    /// Replace the rights with those of a rights file (validated first; format in docs/guard.md).
+    /// Replace the rights with those of a rights file (validated first; format in docs/checks.md).
     Set {
         /// The rights file.
         file: PathBuf,

@@ -56,7 +56,7 @@ use rmcp::service::{
     RunningService, ServiceError, serve_client_with_lifecycle,
 };
 use rmcp::{ClientHandler, ErrorData as McpError, RoleClient, RoleServer, ServerHandler};
-use toolgate::audit::{AuditEntry, AuditSink, Decision, Outcome};
+use toolgate::audit::{AuditDecision, AuditEntry, AuditSink, Outcome};
 use toolgate::canon::Sha256Digest;
 use toolgate::contract::upstream::{UpstreamPin, UpstreamTool};
 use toolgate::policy::HostRequest;
@@ -170,7 +170,7 @@ impl Host {
         tracing::warn!("{reason}");
         self.record(proxy_record(
             "proxy/flood",
-            Decision::Deny,
+            AuditDecision::Deny,
             Outcome::Refused,
             Sha256Digest::of(reason.as_bytes()),
             reason,
@@ -351,7 +351,7 @@ impl HostLink {
         self.host
             .record(proxy_record(
                 request.method(),
-                Decision::Deny,
+                AuditDecision::Deny,
                 Outcome::NotExecuted,
                 digest,
                 reason.clone(),
@@ -384,7 +384,7 @@ impl HostLink {
         self.host
             .record(proxy_record(
                 request.method(),
-                Decision::Allow,
+                AuditDecision::Allow,
                 outcome,
                 digest,
                 format!(
@@ -421,7 +421,7 @@ fn digest_of(params: &impl serde::Serialize) -> Sha256Digest {
 /// A record of the proxy's own, about its upstream (`method` says which kind).
 fn proxy_record(
     method: &str,
-    decision: Decision,
+    decision: AuditDecision,
     outcome: Outcome,
     digest: Sha256Digest,
     reason: String,
@@ -582,7 +582,7 @@ impl Drift {
                     } else {
                         change.tool.as_str()
                     },
-                    Decision::Deny,
+                    AuditDecision::Deny,
                     Outcome::Refused,
                     Sha256Digest::of(change.detail.as_bytes()),
                 )
@@ -963,7 +963,7 @@ impl Link {
 }
 
 /// Where the proxy's lifecycle records go.
-fn lifecycle(decision: Decision, outcome: Outcome, reason: String) -> AuditEntry {
+fn lifecycle(decision: AuditDecision, outcome: Outcome, reason: String) -> AuditEntry {
     let digest = Sha256Digest::of(reason.as_bytes());
     proxy_record("proxy/upstream", decision, outcome, digest, reason)
 }
@@ -1009,7 +1009,7 @@ pub async fn supervise(
             link.set(LinkState::Down(told.clone()));
             tracing::error!("{told}");
             let entry = lifecycle(
-                Decision::Deny,
+                AuditDecision::Deny,
                 Outcome::Error,
                 format!("upstream_ended: {told}"),
             );
@@ -1029,7 +1029,7 @@ pub async fn supervise(
                     link.set(LinkState::Up(Arc::clone(&started)));
                     let (name, version) = server_of(started.peer());
                     let entry = lifecycle(
-                        Decision::Allow,
+                        AuditDecision::Allow,
                         Outcome::Observed,
                         format!(
                             "upstream_restarted: {name} {version} started again (restart {in_a_row} in a row); its tools were compared with the pin"
@@ -1161,7 +1161,7 @@ impl Upstream {
                 .host
                 .record(proxy_record(
                     "proxy/result",
-                    Decision::Deny,
+                    AuditDecision::Deny,
                     Outcome::Refused,
                     Sha256Digest::of(reason.as_bytes()),
                     reason,

@@ -223,3 +223,13 @@ fn every_published_crate_carries_its_metadata_and_its_dependencies_a_version() {
 
 // That `Gated` forwards every one of rmcp's 32 `ServerHandler` methods is checked behaviourally by
 // crates/toolgate-rmcp/tests/forwarding.rs, which calls each through a real client.
+
+#[test]
+fn the_crates_reference_policy_is_the_shipped_one() {
+    let root = workspace_root();
+    assert_eq!(
+        read(&root.join("crates/toolgate-server/src/reference-policy.json")),
+        read(&root.join("fixtures/policy.json")),
+        "crates/toolgate-server/src/reference-policy.json must be a copy of fixtures/policy.json"
+    );
+}

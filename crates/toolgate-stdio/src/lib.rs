@@ -237,7 +237,7 @@ where
     }
 
     /// Queues a reply this transport makes itself; it holds a slot until it is written.
-    fn refuse(&mut self, refusal: Refusal) {
+    fn refuse(&mut self, refusal: DecidedError) {
         let id = refusal.id.filter(|id| !self.slots.is_in_flight(id));
         let ticket = self.slots.take_anonymous();
         let reply = ErrorReply {
@@ -276,7 +276,7 @@ where
                     bytes,
                     "refused a request whose id is already in flight (-32600)"
                 );
-                self.refuse(Refusal {
+                self.refuse(DecidedError {
                     id: None,
                     code: ErrorCode::INVALID_REQUEST,
                     message: "Invalid Request: a request with this id is already in flight; ids must be unique among outstanding requests".to_owned(),
@@ -284,7 +284,7 @@ where
                 });
                 None
             }
-            Parked::Refusal(refusal) => {
+            Parked::DecidedError(refusal) => {
                 self.refuse(refusal);
                 None
             }
@@ -366,7 +366,7 @@ where
                         bytes_at_least = seen,
                         "refused a line over the size limit (-32600); discarding the rest of it"
                     );
-                    self.parked = Some(Parked::Refusal(Refusal {
+                    self.parked = Some(Parked::DecidedError(DecidedError {
                         id: None,
                         code: ErrorCode::INVALID_REQUEST,
                         message: format!(
@@ -418,7 +418,7 @@ where
                         column = error.column(),
                         "refused a line that is not JSON (-32700)"
                     );
-                    self.parked = Some(Parked::Refusal(Refusal {
+                    self.parked = Some(Parked::DecidedError(DecidedError {
                         id: None,
                         code: ErrorCode::PARSE_ERROR,
                         // serde_json's messages are fixed texts with a position, never input.
@@ -431,7 +431,7 @@ where
                         bytes,
                         "refused a line that is JSON but not a JSON-RPC message (-32600)"
                     );
-                    self.parked = Some(Parked::Refusal(Refusal {
+                    self.parked = Some(Parked::DecidedError(DecidedError {
                         id,
                         code: ErrorCode::INVALID_REQUEST,
                         message: "Invalid Request: not a JSON-RPC 2.0 request this server can read (an object with \"jsonrpc\":\"2.0\", a string or integer \"id\", a string \"method\" and \"params\" that fit it)".to_owned(),
@@ -561,7 +561,7 @@ struct ErrorBody<'a> {
 
 /// An error reply decided while reading, written once it has a slot.
 #[derive(Debug)]
-struct Refusal {
+struct DecidedError {
     id: Option<RequestId>,
     code: ErrorCode,
     message: String,
@@ -581,7 +581,7 @@ enum Parked {
         /// The line's length, for the log line if it turns out to be a duplicate.
         bytes: usize,
     },
-    Refusal(Refusal),
+    DecidedError(DecidedError),
 }
 
 fn encode(message: &impl Serialize) -> Result<Vec<u8>, StdioError> {

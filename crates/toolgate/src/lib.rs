@@ -14,7 +14,7 @@
 //!   invisible and a direct call gets a JSON-RPC error before any handler code runs;
 //! - tools the policy opts in run exactly once per idempotency key ([`effect`]);
 //! - every decision is appended to a hash-chained audit log ([`audit`]) that `verify` checks;
-//! - the kill switch, rights file, rate limits and two-step confirmation ([`guard`]);
+//! - the kill switch, rights file, rate limits and two-step confirmation ([`checks`]);
 //! - each tool's contract is digested into `toolgate.lock` and checked in CI ([`contract`]);
 //! - [`StdioTransport`] serves stdio with every malformed line answered and bounded memory;
 //! - [`PrincipalSource`] tells the gate who is calling on each request.
@@ -55,7 +55,7 @@ pub mod effect {
 
 /// The state the gate's checks consult on every call: the kill switch, rights file, rate limits,
 /// pending confirmations and path containment (`toolgate_rmcp::checks`).
-pub mod guard {
+pub mod checks {
     pub use toolgate_rmcp::checks::*;
 }
 
@@ -118,8 +118,8 @@ pub mod operator;
 pub mod prelude {
     pub use crate::audit::{AuditSink, FileAuditLog, MemoryAuditLog};
     pub use crate::canon::{HmacKey, Sha256Digest};
+    pub use crate::checks::{KillSwitch, RightsFile};
     pub use crate::effect::{EffectConfig, EffectStore, MemoryEffects};
-    pub use crate::guard::{KillSwitch, RightsFile};
     pub use crate::policy::Policy;
     pub use crate::{
         Caller, Current, FixedPrincipal, FromExtensions, GateError, Gated, GatedBuilder, Permit,

@@ -10,7 +10,7 @@
 use std::time::SystemTime;
 
 use serde_json::{Value, json};
-use toolgate_audit::{AuditEntry, AuditError, AuditSink, Decision, Outcome};
+use toolgate_audit::{AuditDecision, AuditEntry, AuditError, AuditSink, Outcome};
 use toolgate_canon::Sha256Digest;
 use toolgate_commit::{EffectBackend, EffectError};
 use toolgate_rmcp::checks::{GuardError, Halt, KillSwitch};
@@ -45,7 +45,7 @@ fn entry(
     let mut entry = AuditEntry::tool_call(
         "operator",
         name,
-        Decision::Allow,
+        AuditDecision::Allow,
         outcome,
         Sha256Digest::of_json(subject),
     )
@@ -243,7 +243,7 @@ mod tests {
                 .unwrap()
                 .is_none()
         );
-        assert!(matches!(switch.status(), crate::guard::Status::Halted(_)));
+        assert!(matches!(switch.status(), crate::checks::Status::Halted(_)));
         let lifted = resume(&switch, &audit).unwrap().unwrap();
         assert_eq!(lifted.reason, "incident 9");
         assert!(resume(&switch, &audit).unwrap().is_none());

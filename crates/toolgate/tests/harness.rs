@@ -22,7 +22,7 @@ use serde_json::{Value, json};
 use toolgate::Gated;
 use toolgate::audit::FileAuditLog;
 use toolgate::harness::{
-    CallOutcome, Postcondition, Step, ToolCall, Verdict, expect_contains, run_step,
+    CallOutcome, NextStep, Postcondition, Step, ToolCall, expect_contains, run_step,
 };
 use toolgate::policy::Policy;
 
@@ -221,9 +221,9 @@ fn item_a() -> Value {
     json!({"key": "a", "value": "1"})
 }
 
-fn stop_reason(verdict: &Verdict) -> &str {
+fn stop_reason(verdict: &NextStep) -> &str {
     match verdict {
-        Verdict::Stop(why) => why,
+        NextStep::Stop(why) => why,
         other => panic!("expected STOP, got {other}"),
     }
 }
@@ -236,7 +236,7 @@ async fn an_honest_mutation_that_is_observed_continues() {
 
     let report = run_step(s.client.peer(), &step).await;
 
-    assert_eq!(report.verdict, Verdict::Continue, "{report:?}");
+    assert_eq!(report.verdict, NextStep::Continue, "{report:?}");
     assert_eq!(report.mutation.failure(), None);
     let observation = report.observation.as_ref().expect("the state was observed");
     assert_eq!(observation.failure(), None);
@@ -299,7 +299,7 @@ async fn a_lying_mutation_with_compensation_rolls_back_once() {
     let report = run_step(s.client.peer(), &step).await;
 
     match &report.verdict {
-        Verdict::Rollback(why) => assert!(why.contains("postcondition violated"), "{why}"),
+        NextStep::Rollback(why) => assert!(why.contains("postcondition violated"), "{why}"),
         other => panic!("expected ROLLBACK, got {other}"),
     }
     let compensation = report

@@ -62,7 +62,7 @@ pub enum GuardError {
     /// The rights file could not be opened or read. The gate refuses every call until it can.
     #[error(
         "the rights file {path} could not be read: {source}; create it or make it readable by \
-         this process (format: docs/guard.md); until then every call is refused"
+         this process (format: docs/checks.md); until then every call is refused"
     )]
     RightsUnreadable {
         /// The rights file.
@@ -74,7 +74,7 @@ pub enum GuardError {
     /// The rights file was read but is not a valid rights file. The gate refuses every call until
     /// it is fixed; the next call reads it again.
     #[error(
-        "the rights file {path} is invalid: {problem}; fix the file (format: docs/guard.md); \
+        "the rights file {path} is invalid: {problem}; fix the file (format: docs/checks.md); \
          until then every call is refused"
     )]
     RightsInvalid {

@@ -1,7 +1,7 @@
 //! The kill switch: one file, `<ledger_dir>/halt.json`, whose existence halts every tool call.
 //!
 //! The file holds `{"by":String,"reason":String,"since_ns":integer}` (keys sorted, no whitespace;
-//! see `docs/guard.md`). [`KillSwitch::status`] reads it afresh on every call, so a halt written by
+//! see `docs/checks.md`). [`KillSwitch::status`] reads it afresh on every call, so a halt written by
 //! another process (the operator's `toolgate-server halt`) takes effect on the next call of every
 //! server sharing the ledger directory. Reading fails closed: a halt file that exists but cannot
 //! be read or parsed halts, with a reason that says how to repair it.

@@ -40,7 +40,7 @@
 //!   [`crate::Preflight`] on every call (its current version; an existing object with the same
 //!   business key). Nothing is cached.
 //!
-//! File formats, caching rules and durability assumptions are in `docs/guard.md`.
+//! File formats, caching rules and durability assumptions are in `docs/checks.md`.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -48,7 +48,7 @@ use std::pin::Pin;
 use rmcp::ErrorData as McpError;
 use rmcp::model::{CallToolResult, JsonObject, RequestMetaObject, Tool};
 use serde_json::Value;
-use toolgate_audit::{AuditEntry, Decision as AuditDecision, Outcome};
+use toolgate_audit::{AuditDecision, AuditEntry, Outcome};
 use toolgate_canon::Sha256Digest;
 use toolgate_policy::{Decision, Policy};
 

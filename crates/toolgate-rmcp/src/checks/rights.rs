@@ -1,7 +1,7 @@
 //! The rights file: which principal may call which tools, re-read so that a revocation takes
 //! effect on the next call.
 //!
-//! Format (strict; see `docs/guard.md`):
+//! Format (strict; see `docs/checks.md`):
 //!
 //! ```json
 //! {"version":1,"principals":{"alice":{"tools":["write_note","read_ledger"]},"bob":{"tools":["*"]}}}

@@ -12,7 +12,7 @@
 use std::sync::Arc;
 
 use serde_json::{Value, json};
-use toolgate_audit::{Decision as AuditDecision, Outcome};
+use toolgate_audit::{AuditDecision, Outcome};
 use toolgate_commit::EffectBackend;
 
 use super::exactly_once::{EarlierAnswer, Lookup, unless_answered};

@@ -12,7 +12,7 @@ use rmcp::model::{CallToolRequestParams, CallToolResponse, ErrorCode, JsonObject
 use rmcp::service::RequestContext;
 use rmcp::{ErrorData as McpError, RoleServer, ServerHandler};
 use serde_json::json;
-use toolgate_audit::{AuditEntry, Decision as AuditDecision, Outcome};
+use toolgate_audit::{AuditDecision, AuditEntry, Outcome};
 use toolgate_canon::Sha256Digest;
 use toolgate_policy::{Policy, ToolName};
 

@@ -9,7 +9,7 @@ use rmcp::model::{CallToolRequestParams, CallToolResponse, CallToolResult, Conte
 use rmcp::service::RequestContext;
 use rmcp::{ErrorData as McpError, RoleServer, ServerHandler};
 use serde_json::{Value, json};
-use toolgate_audit::{Decision as AuditDecision, Outcome};
+use toolgate_audit::{AuditDecision, Outcome};
 use toolgate_canon::Sha256Digest;
 
 use crate::Gated;

@@ -14,7 +14,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use rmcp::ErrorData as McpError;
 use rmcp::model::{CallToolResult, TaskPayload};
-use toolgate_audit::{AuditEntry, Decision as AuditDecision, Outcome};
+use toolgate_audit::{AuditDecision, AuditEntry, Outcome};
 use toolgate_canon::Sha256Digest;
 
 use super::Caller;

@@ -23,7 +23,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use rmcp::model::{CallToolResponse, CallToolResult, ContentBlock, JsonObject};
 use serde_json::{Value, json};
-use toolgate_audit::{Decision as AuditDecision, Outcome};
+use toolgate_audit::{AuditDecision, Outcome};
 use toolgate_canon::Sha256Digest;
 
 use super::{Answer, Call, Check, Verdict};
