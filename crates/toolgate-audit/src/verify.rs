@@ -425,7 +425,7 @@ fn no_checkpoints(
     Warning {
         kind: WarningKind::NoCheckpoints,
         detail: format!(
-            "a key was given but no checkpoint was found in {files}: none of the {records} records is covered by a signature, so truncation and re-chained replacement are not detected; check that the writer runs with the key (--audit-key-file), which writes a checkpoint every --checkpoint-every records and at clean shutdown, and that the checkpoint file was not deleted"
+            "a key was given but no checkpoint was found in {files}: none of the {records} records is covered by a signature, so truncation and re-chained replacement are not detected; check that the server writing the log signs checkpoints with this key (it then writes one every N records, as it is configured, and at clean shutdown), and that the checkpoint file was not deleted"
         ),
     }
 }
@@ -564,7 +564,7 @@ fn compare(primary: &CheckpointFile, mirror: &CheckpointFile) -> Option<Problem>
             mirror,
             "the checkpoint file",
             "the mirror",
-            "the mirror fell behind (a crash or a failed write between the two appends, or a writer run without --checkpoint-mirror) or was rolled back or rewritten; if nothing else is wrong, append the missing lines to the mirror",
+            "the mirror fell behind (a crash or a failed write between the two appends, or a writer run without its checkpoint mirror) or was rolled back or rewritten; if nothing else is wrong, append the missing lines to the mirror",
         )
     })
 }

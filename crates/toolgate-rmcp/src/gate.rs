@@ -115,6 +115,7 @@ fn missing_fix(parts: &[&'static str]) -> String {
         .map(|part| match *part {
             "policy" => "call GatedBuilder::policy_file (or ::policy with a loaded toolgate_policy::Policy)",
             "audit" => "call GatedBuilder::ledger (or ::audit with a sink such as toolgate_audit::FileAuditLog)",
+            "checkpoint_key" => "call GatedBuilder::checkpoint_key: checkpoint_every only sets how often that key signs",
             other => other,
         })
         .collect::<Vec<_>>()
@@ -129,6 +130,9 @@ fn conflict_fix(first: &str, second: &str) -> &'static str {
         }
         ("checkpoint_key", "audit") => {
             "the key signs only an audit log the builder opens itself (::ledger or ::store_url); give it to your own sink instead (toolgate_audit::AuditConfig::checkpoint_key) or leave out ::audit"
+        }
+        ("checkpoint_every", "audit") => {
+            "the interval applies only to an audit log the builder opens itself (::ledger or ::store_url); give it to your own sink instead (toolgate_audit::AuditConfig::checkpoint_every) or leave out ::audit"
         }
         _ => "leave out one of them",
     }
@@ -232,6 +236,7 @@ pub struct GatedBuilder<H> {
     #[cfg(feature = "postgres")]
     database: Option<toolgate_storage::postgres::PgStore>,
     checkpoint_key: Option<HmacKey>,
+    checkpoint_every: Option<u64>,
     storage: Option<Arc<dyn toolgate_storage::Storage>>,
     server_name: Option<String>,
     audit: Option<Arc<dyn AuditSink>>,
@@ -344,6 +349,15 @@ impl<H: ServerHandler> GatedBuilder<H> {
     /// at build ([`GateError::Conflict`]): configure the sink's own key instead.
     pub fn checkpoint_key(mut self, key: HmacKey) -> Self {
         self.checkpoint_key = Some(key);
+        self
+    }
+
+    /// How many records the [`GatedBuilder::checkpoint_key`] signs a checkpoint after (default
+    /// `toolgate_audit::DEFAULT_CHECKPOINT_EVERY`; at least 1), in the log the builder opens
+    /// itself. Without a checkpoint key it is refused at build ([`GateError::Missing`]), and
+    /// with an explicit [`GatedBuilder::audit`] too ([`GateError::Conflict`]).
+    pub fn checkpoint_every(mut self, records: u64) -> Self {
+        self.checkpoint_every = Some(records.max(1));
         self
     }
 
@@ -511,6 +525,11 @@ impl<H: ServerHandler> GatedBuilder<H> {
                 "audit",
                 self.checkpoint_key.is_some() && self.audit.is_some(),
             ),
+            (
+                "checkpoint_every",
+                "audit",
+                self.checkpoint_every.is_some() && self.audit.is_some(),
+            ),
         ] {
             if both {
                 return Err(GateError::Conflict { first, second });
@@ -522,6 +541,10 @@ impl<H: ServerHandler> GatedBuilder<H> {
         let missing: Vec<&'static str> = [
             ("policy", self.policy.is_none()),
             ("audit", self.audit.is_none() && !self.has_store()),
+            (
+                "checkpoint_key",
+                self.checkpoint_every.is_some() && self.checkpoint_key.is_none(),
+            ),
         ]
         .into_iter()
         .filter_map(|(part, absent)| absent.then_some(part))
@@ -560,9 +583,11 @@ impl<H: ServerHandler> GatedBuilder<H> {
             if self.audit.is_none() {
                 let chain = toolgate_audit::PgAuditLog::open(store.clone())?;
                 let chain = match self.checkpoint_key.take() {
-                    Some(key) => {
-                        chain.with_checkpoints(key, toolgate_audit::DEFAULT_CHECKPOINT_EVERY)
-                    }
+                    Some(key) => chain.with_checkpoints(
+                        key,
+                        self.checkpoint_every
+                            .unwrap_or(toolgate_audit::DEFAULT_CHECKPOINT_EVERY),
+                    ),
                     None => chain,
                 };
                 self.audit = Some(Arc::new(chain));
@@ -581,6 +606,9 @@ impl<H: ServerHandler> GatedBuilder<H> {
                     .storage(Arc::clone(&storage));
                 if let Some(key) = self.checkpoint_key.take() {
                     config = config.checkpoint_key(key);
+                }
+                if let Some(records) = self.checkpoint_every {
+                    config = config.checkpoint_every(records);
                 }
                 self.audit = Some(Arc::new(toolgate_audit::FileAuditLog::open_with(config)?));
             }
@@ -678,6 +706,7 @@ impl<H: ServerHandler> Gated<H> {
             #[cfg(feature = "postgres")]
             database: None,
             checkpoint_key: None,
+            checkpoint_every: None,
             storage: None,
             server_name: None,
             audit: None,

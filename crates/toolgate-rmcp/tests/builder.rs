@@ -282,3 +282,52 @@ async fn a_checkpoint_key_signs_the_database_chain_of_a_store_url() {
     let report = toolgate_audit::verify_sink_with(&chain, Some(&other)).unwrap();
     assert!(report.problem.is_some(), "{report}");
 }
+
+/// `checkpoint_every` sets how often the checkpoint key signs the log the ledger opens (it was
+/// fixed at `DEFAULT_CHECKPOINT_EVERY`, so a server wanting another interval had to open the log
+/// itself); without a key it is refused, naming the missing setting.
+#[tokio::test]
+async fn checkpoint_every_sets_how_often_the_ledger_log_is_signed() {
+    let dir = tempfile::tempdir().unwrap();
+    let policy = dir.path().join("policy.json");
+    std::fs::write(&policy, r#"{"version":1,"allow":["echo"]}"#).unwrap();
+    let ledger = dir.path().join("ledger");
+    let key = || toolgate_canon::HmacKey::new(b"a checkpoint key of at least 32 bytes").unwrap();
+
+    let refused = Gated::builder(Echo)
+        .policy_file(&policy)
+        .ledger(&ledger)
+        .checkpoint_every(5)
+        .build();
+    let Err(GateError::Missing { parts }) = refused else {
+        panic!("a checkpoint interval without a key must be refused: {refused:?}");
+    };
+    assert_eq!(parts, ["checkpoint_key"]);
+
+    let gate = Gated::builder(Echo)
+        .policy_file(&policy)
+        .ledger(&ledger)
+        .checkpoint_key(key())
+        .checkpoint_every(5)
+        .build()
+        .unwrap();
+    let (peer, _server, _client) = peer().await;
+    for id in 0..10 {
+        let request = CallToolRequestParams::new("echo".to_owned());
+        let context = RequestContext::new(RequestId::Number(id), peer.clone());
+        gate.call_tool(request, context).await.unwrap();
+    }
+    drop(gate);
+    let log = toolgate_audit::FileAuditLog::open_with(
+        toolgate_audit::AuditConfig::new(ledger.join(toolgate_rmcp::LEDGER_AUDIT_FILE))
+            .checkpoint_key(key()),
+    )
+    .unwrap();
+    let mut checkpoints = Vec::new();
+    let count = toolgate_audit::AuditSink::export_checkpoints(&log, &mut checkpoints).unwrap();
+    // One after the 5th record and one after the 10th (the default interval would sign none of
+    // ten records before shutdown).
+    assert!(count >= 2, "{}", String::from_utf8_lossy(&checkpoints));
+    let report = toolgate_audit::verify_sink_with(&log, Some(&key())).unwrap();
+    assert!(report.problem.is_none(), "{report}");
+}

@@ -116,7 +116,7 @@ pub mod operator;
 
 /// What a gated server uses, in one import: `use toolgate::prelude::*;`.
 pub mod prelude {
-    pub use crate::audit::{AuditSink, FileAuditLog, MemoryAuditLog};
+    pub use crate::audit::{AuditConfig, AuditSink, FileAuditLog, MemoryAuditLog};
     pub use crate::canon::{HmacKey, Sha256Digest};
     pub use crate::checks::{KillSwitch, RightsFile};
     pub use crate::effect::{EffectConfig, EffectStore, MemoryEffects};
