@@ -233,3 +233,49 @@ fn the_crates_reference_policy_is_the_shipped_one() {
         "crates/toolgate-server/src/reference-policy.json must be a copy of fixtures/policy.json"
     );
 }
+
+/// The floor of each crate of the workspace (docs/ARCHITECTURE.md, "Crate map").
+const FLOORS: &[(&str, u8)] = &[
+    ("toolgate-canon", 1),
+    ("toolgate-storage", 1),
+    ("toolgate-stdio", 1),
+    ("toolgate-pgtest", 1),
+    ("toolgate-policy", 2),
+    ("toolgate-contract", 2),
+    ("toolgate-audit", 2),
+    ("toolgate-commit", 2),
+    ("toolgate-kit", 2),
+    ("toolgate-scan", 3),
+    ("toolgate-rmcp", 4),
+    ("toolgate-http", 5),
+    ("toolgate", 6),
+    ("toolgate-server", 7),
+];
+
+#[test]
+fn every_crate_depends_only_on_lower_floors() {
+    let floor = |name: &str| FLOORS.iter().find(|(n, _)| *n == name).map(|(_, f)| *f);
+    let root = workspace_root();
+    let mut checked = 0;
+    for entry in std::fs::read_dir(root.join("crates")).expect("crates/ exists") {
+        let dir = entry.expect("readable entry").path();
+        let name = dir
+            .file_name()
+            .unwrap_or_default()
+            .to_string_lossy()
+            .into_owned();
+        let Some(own) = floor(&name) else {
+            panic!("crates/{name} has no floor: add it to FLOORS and to docs/ARCHITECTURE.md");
+        };
+        for (dependency, _) in normal_dependencies(&read(&dir.join("Cargo.toml"))) {
+            if let Some(theirs) = floor(&dependency) {
+                assert!(
+                    theirs < own,
+                    "{name} (floor {own}) depends on {dependency} (floor {theirs}): a crate depends only on lower floors"
+                );
+            }
+        }
+        checked += 1;
+    }
+    assert_eq!(checked, FLOORS.len(), "every crate of FLOORS exists");
+}
