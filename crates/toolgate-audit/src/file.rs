@@ -880,6 +880,10 @@ impl FileAuditLog {
 }
 
 impl AuditSink for FileAuditLog {
+    fn checkpoint(&self) -> Result<Option<Checkpoint>, AuditError> {
+        FileAuditLog::checkpoint(self)
+    }
+
     /// Group commit: the first appender to find no batch in progress becomes the leader, takes
     /// every queued entry (its own included), writes them with one `write` and one `fsync`, and
     /// hands each follower its own receipt. An append returns only after its own record is durable.

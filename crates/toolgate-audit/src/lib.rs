@@ -241,12 +241,16 @@ impl<T: AuditSink + ?Sized> AuditSink for std::sync::Arc<T> {
     fn may_block(&self) -> bool {
         (**self).may_block()
     }
+
+    fn checkpoint(&self) -> Result<Option<Checkpoint>, AuditError> {
+        (**self).checkpoint()
+    }
 }
 
 /// Storage-agnostic audit sink.
 ///
-/// The file log is the embedded default; a PostgreSQL backend is planned, so this trait says nothing
-/// about files, paths or locks: only that a record is chained and durable when `append` returns,
+/// The file log is the embedded default and PostgreSQL the one replicas share; this trait says
+/// nothing about files, paths or locks: only that a record is chained and durable when `append` returns,
 /// what the chain's head is, and how to read the chain back as `audit.jsonl` lines (which
 /// [`verify_reader`] and any independent verifier accept). `tests/sink_conformance.rs` runs the
 /// same cases against every sink.
@@ -277,5 +281,12 @@ pub trait AuditSink: Send + Sync + std::fmt::Debug {
     /// safe answer, `true`.
     fn may_block(&self) -> bool {
         true
+    }
+
+    /// Seals what was appended with a signed checkpoint now, when the sink signs checkpoints and
+    /// records were appended since its newest one; returns the checkpoint written. A server calls
+    /// it at clean shutdown. A sink without checkpoints writes none (the default).
+    fn checkpoint(&self) -> Result<Option<Checkpoint>, AuditError> {
+        Ok(None)
     }
 }

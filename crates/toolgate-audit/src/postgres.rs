@@ -352,6 +352,10 @@ impl Batch {
 }
 
 impl AuditSink for PgAuditLog {
+    fn checkpoint(&self) -> Result<Option<Checkpoint>, AuditError> {
+        PgAuditLog::checkpoint(self)
+    }
+
     fn append(&self, entry: &AuditEntry) -> Result<AppendReceipt, AuditError> {
         self.group
             .submit(entry.clone(), |jobs, _handoff| self.commit_batch(jobs))

@@ -126,42 +126,11 @@ pub fn open_effects(
         .with_context(|| format!("cannot open the effect store in {}", ledger.display()))
 }
 
-/// The audit chain a server and its operator commands append to: the ledger's file, or the chain
-/// in the PostgreSQL store.
-#[derive(Debug, Clone)]
-pub enum AuditStore {
-    /// `LEDGER_DIR/audit.jsonl`.
-    File(Arc<FileAuditLog>),
-    /// The chain shared by every replica on the database of `--store`.
-    #[cfg(feature = "postgres")]
-    Postgres(Arc<toolgate::audit::PgAuditLog>),
-}
-
-impl AuditStore {
-    /// The chain as the gate appends to it.
-    pub fn sink(&self) -> Arc<dyn AuditSink> {
-        match self {
-            AuditStore::File(log) => log.clone(),
-            #[cfg(feature = "postgres")]
-            AuditStore::Postgres(log) => log.clone(),
-        }
-    }
-
-    /// Seals what was appended with a signed checkpoint, when the chain has a key.
-    pub fn checkpoint(&self) -> anyhow::Result<Option<toolgate::audit::Checkpoint>> {
-        match self {
-            AuditStore::File(log) => Ok(log.checkpoint()?),
-            #[cfg(feature = "postgres")]
-            AuditStore::Postgres(log) => Ok(log.checkpoint()?),
-        }
-    }
-}
-
 /// The stores behind a server: where its audit chain and its exactly-once records live.
 #[derive(Debug, Clone)]
 pub struct Stores {
     /// The audit chain.
-    pub audit: AuditStore,
+    pub audit: Arc<dyn AuditSink>,
     /// The exactly-once store.
     pub effects: Arc<dyn EffectBackend>,
     /// The kill switch, when it is not the ledger's file (`--store`: the database's).
@@ -184,7 +153,7 @@ pub fn open_stores(options: &ServerOptions, policy: &Policy) -> anyhow::Result<S
     }
     let effects = open_effects(&options.ledger, policy, options.storage())?;
     Ok(Stores {
-        audit: AuditStore::File(Arc::new(audit)),
+        audit: Arc::new(audit),
         effects: Arc::new(effects),
         kill_switch: None,
         #[cfg(feature = "postgres")]
@@ -213,7 +182,7 @@ fn open_database_stores(
     let kill_switch = database_switch(store.clone())?;
     tracing::info!(database = store.database(), "stores on PostgreSQL");
     Ok(Stores {
-        audit: AuditStore::Postgres(Arc::new(audit)),
+        audit: Arc::new(audit),
         effects: Arc::new(effects),
         kill_switch: Some(kill_switch),
         database: Some(store),
@@ -248,11 +217,9 @@ fn database_switch(
 
 /// The audit chain in the database of `--store`.
 #[cfg(feature = "postgres")]
-fn database_audit(options: &ServerOptions, url: &str) -> anyhow::Result<AuditStore> {
+fn database_audit(options: &ServerOptions, url: &str) -> anyhow::Result<Arc<dyn AuditSink>> {
     let store = connect_store(options, url)?;
-    Ok(AuditStore::Postgres(Arc::new(database_chain(
-        options, &store,
-    )?)))
+    Ok(Arc::new(database_chain(options, &store)?))
 }
 
 /// The audit chain in the database of `store`, signing checkpoints with `--audit-key-file` (every
@@ -281,7 +248,7 @@ fn open_database_stores(_: &ServerOptions, _: &str, _: &Policy) -> anyhow::Resul
 }
 
 #[cfg(not(feature = "postgres"))]
-fn database_audit(_: &ServerOptions, _: &str) -> anyhow::Result<AuditStore> {
+fn database_audit(_: &ServerOptions, _: &str) -> anyhow::Result<Arc<dyn AuditSink>> {
     Err(no_postgres())
 }
 
@@ -304,7 +271,7 @@ pub struct BuiltServer<H = tools::NotesServer> {
     /// The gated handler, ready to serve.
     pub gated: Gated<H>,
     /// The audit chain behind the gate.
-    pub audit: AuditStore,
+    pub audit: Arc<dyn AuditSink>,
     /// The exactly-once store behind the gate (synced at shutdown: idempotent outcomes are only
     /// written when stored).
     pub effects: Arc<dyn EffectBackend>,
@@ -497,7 +464,7 @@ fn finish_gate<H: rmcp::ServerHandler>(
     let storage = options.storage();
     let gated = gated
         .policy(policy)
-        .audit(audit.sink())
+        .audit(Arc::clone(&audit))
         .effect_store(Arc::clone(&effects))
         .server_name(SERVER_NAME)
         // The audit log and the effect store are opened above (fault hooks, shutdown handles);
@@ -577,7 +544,7 @@ fn server_stores(
             }
             let effects = open_effects(&options.ledger, policy, Arc::clone(&storage))?;
             Stores {
-                audit: AuditStore::File(Arc::new(audit)),
+                audit: Arc::new(audit),
                 effects: Arc::new(effects),
                 kill_switch: None,
                 #[cfg(feature = "postgres")]
@@ -718,7 +685,7 @@ pub async fn build_proxy(
     #[cfg(not(feature = "fault-injection"))]
     let stores = server_stores(options, &policy)?;
     // The first observation records the drift found at start.
-    let audit = stores.audit.sink();
+    let audit = Arc::clone(&stores.audit);
     let drift = Arc::new(proxy::Drift::new(pin, Arc::clone(&audit)));
     drift
         .observe_and_record((live.server_name(), live.server_version()), &tools)
@@ -908,7 +875,10 @@ where
 
 /// Clean shutdown: makes the idempotent outcomes durable, then seals what was appended with a
 /// checkpoint (when a key is configured).
-async fn shut_down(effects: Arc<dyn EffectBackend>, audit: AuditStore) -> anyhow::Result<()> {
+async fn shut_down(
+    effects: Arc<dyn EffectBackend>,
+    audit: Arc<dyn AuditSink>,
+) -> anyhow::Result<()> {
     tokio::task::spawn_blocking(move || effects.sync())
         .await
         .context("the shutdown sync task failed")?
@@ -947,7 +917,7 @@ pub async fn serve_http(
         .local_addr()
         .context("cannot read the bound address")?;
     let door = config.front_door(local, api_tokens(&options))?;
-    let router = toolgate::http::router(gated, door.auth, audit.sink(), &door.options);
+    let router = toolgate::http::router(gated, door.auth, Arc::clone(&audit), &door.options);
     let resource = door.resource;
     // The one line a supervisor (or a test) reads to find the port.
     tracing::info!(%resource, "serving Streamable HTTP");
@@ -1010,7 +980,7 @@ pub fn list_tokens(
 }
 
 #[cfg(feature = "http")]
-fn record_token_change(audit: &AuditStore, id: &str, reason: String) -> anyhow::Result<()> {
+fn record_token_change(audit: &Arc<dyn AuditSink>, id: &str, reason: String) -> anyhow::Result<()> {
     let mut entry = toolgate::audit::AuditEntry::tool_call(
         "operator",
         "tokens",
@@ -1021,7 +991,6 @@ fn record_token_change(audit: &AuditStore, id: &str, reason: String) -> anyhow::
     .with_reason(reason);
     entry.method = "admin/token".to_owned();
     audit
-        .sink()
         .append(&entry)
         .context("the token change took place but could not be audited")?;
     audit.checkpoint()?;
@@ -1054,7 +1023,7 @@ pub fn verify_ledger(options: &ServerOptions) -> anyhow::Result<VerifyReport> {
             url,
         )?;
         return Ok(toolgate::audit::verify_sink_with(
-            audit.sink().as_ref(),
+            audit.as_ref(),
             key.as_ref(),
         )?);
     }
@@ -1085,7 +1054,7 @@ pub fn export_store(options: &ServerOptions, out: &mut dyn std::io::Write) -> an
         );
     };
     let audit = database_audit(options, url)?;
-    let records = audit.sink().export(out)?;
+    let records = audit.export(out)?;
     out.flush().context("cannot write the export to stdout")?;
     Ok(records)
 }
@@ -1096,9 +1065,7 @@ pub fn audit_stats(options: &ServerOptions) -> anyhow::Result<toolgate::audit::s
     match &options.store {
         Some(url) => {
             let audit = database_audit(options, url)?;
-            Ok(toolgate::audit::stats::LogStats::of_sink(
-                audit.sink().as_ref(),
-            )?)
+            Ok(toolgate::audit::stats::LogStats::of_sink(audit.as_ref())?)
         }
         None => Ok(toolgate::audit::stats::LogStats::of_log(
             &options.ledger.join(AUDIT_FILE),
@@ -1135,10 +1102,10 @@ fn file_audit(options: &ServerOptions) -> anyhow::Result<FileAuditLog> {
 
 /// Opens the audit chain for an operator command: the store's when `--store` is given, else the
 /// ledger's file, configured like the server's.
-fn operator_audit(options: &ServerOptions) -> anyhow::Result<AuditStore> {
+fn operator_audit(options: &ServerOptions) -> anyhow::Result<Arc<dyn AuditSink>> {
     match &options.store {
         Some(url) => database_audit(options, url),
-        None => Ok(AuditStore::File(Arc::new(file_audit(options)?))),
+        None => Ok(Arc::new(file_audit(options)?)),
     }
 }
 
@@ -1181,7 +1148,7 @@ pub fn halt(
             );
         }
     };
-    let previous = toolgate::operator::halt(&switch, audit.sink().as_ref(), reason, by)?;
+    let previous = toolgate::operator::halt(&switch, audit.as_ref(), reason, by)?;
     audit.checkpoint()?;
     Ok(previous)
 }
@@ -1205,7 +1172,7 @@ pub fn resume(
     tenant: Option<&str>,
 ) -> anyhow::Result<Option<toolgate::checks::Halt>> {
     let audit = operator_audit(options)?;
-    let lifted = toolgate::operator::resume(&switch_of(options, tenant)?, audit.sink().as_ref())?;
+    let lifted = toolgate::operator::resume(&switch_of(options, tenant)?, audit.as_ref())?;
     audit.checkpoint()?;
     Ok(lifted)
 }
@@ -1239,11 +1206,7 @@ pub fn set_rights(
 ) -> anyhow::Result<Option<toolgate::canon::Sha256Digest>> {
     let store = rights_store(options)?;
     let audit = operator_audit(options)?;
-    Ok(toolgate::operator::set_rights(
-        store,
-        audit.sink().as_ref(),
-        file,
-    )?)
+    Ok(toolgate::operator::set_rights(store, audit.as_ref(), file)?)
 }
 
 /// The rights document in force on the database of `--store`, if one is set.
@@ -1303,7 +1266,7 @@ pub fn resolve_effect(
     let Stores { audit, effects, .. } = open_stores(options, &policy)?;
     toolgate::operator::resolve_effect(
         effects.as_ref(),
-        audit.sink().as_ref(),
+        audit.as_ref(),
         principal,
         tool,
         &key,
@@ -1324,7 +1287,7 @@ pub fn prune_effects(options: &ServerOptions) -> anyhow::Result<u64> {
     let Stores { audit, effects, .. } = open_stores(options, &policy)?;
     let removed = toolgate::operator::prune_effects(
         effects.as_ref(),
-        audit.sink().as_ref(),
+        audit.as_ref(),
         std::time::SystemTime::now(),
     )?;
     audit.checkpoint()?;
