@@ -3,7 +3,7 @@
 //!
 //! Building a [`crate::Gated`] needs an MCP session for every call, which is too slow to fuzz;
 //! [`ArgumentChecker`] runs the same code the gate runs on a call's arguments once the tool is
-//! known and allowed (step 3 of `Checks::sequence`: the argument, path and idempotency-key
+//! known and allowed (step 3 of `Checks::new`: the argument, path and idempotency-key
 //! checks, in that order) and renders the refusal as the gate would (`refusal.rs`).
 
 use std::sync::Arc;

@@ -161,7 +161,7 @@ pub struct Gated<H> {
     request_id_field: String,
     contract_changes: BTreeMap<String, Vec<Change>>,
     pub(crate) principals: Arc<dyn PrincipalSource>,
-    /// Every governance check, with its state, in the order of [`Checks::sequence`] (shared with
+    /// Every governance check, with its state, in the order of [`Checks::new`] (shared with
     /// the blocking tasks that answer replays, which present them).
     pub(crate) checks: Arc<Checks>,
     /// Why tools the inner handler does not resolve are unavailable, when it knows.
@@ -647,38 +647,16 @@ impl<H: ServerHandler> GatedBuilder<H> {
             contract_digest: self.contract_digest,
             tool_contract_digests: self.tool_contract_digests,
         };
-        let checks = Checks {
-            visibility: Default::default(),
-            rights: crate::checks::rights::RightsCheck { file: self.rights },
-            kill_switch: crate::checks::kill_switch::KillSwitchCheck {
-                switch: self.kill_switch,
-                server_name: self.server_name,
-            },
-            arguments: Default::default(),
-            paths: Default::default(),
-            exactly_once: crate::checks::exactly_once::ExactlyOnce {
-                effects: self.effects.clone(),
-                probes: self.probes,
-            },
-            batch: crate::checks::batch::BatchGuard {
-                preflight: self.preflight.clone(),
-            },
+        let checks = Checks::new(crate::checks::Parts {
+            rights: self.rights,
+            kill_switch: self.kill_switch,
+            server_name: self.server_name,
+            effects: self.effects.clone(),
+            probes: self.probes,
+            preflight: self.preflight,
             rates,
-            versions: crate::checks::versions::VersionCheck {
-                preflight: self.preflight.clone(),
-                effects: self.effects.clone(),
-            },
-            duplicates: crate::checks::duplicates::DuplicateCheck {
-                preflight: self.preflight.clone(),
-                effects: self.effects.clone(),
-            },
-            confirmation: crate::checks::confirmation::Confirmation {
-                pending,
-                preflight: self.preflight,
-            },
-            results: Default::default(),
-            untrusted: Default::default(),
-        };
+            pending,
+        });
         Ok(Gated {
             inner: self.inner,
             state: PolicyHandle::new(state, Arc::clone(&audit), self.effects.is_some()),

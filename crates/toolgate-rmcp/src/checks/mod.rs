@@ -1,5 +1,5 @@
 //! The gate as a sequence of checks: every governance feature is one module here that owns its
-//! runtime state and its check, and `Checks::sequence` is the one place that orders them.
+//! runtime state and its check, and `Checks::new` is the one place that orders them.
 //!
 //! A tools/call that names a tool the inner handler has is shown to each check in turn, and the
 //! first check that does not pass decides the call (and is audited with its rule); a call that
@@ -18,8 +18,8 @@
 //! The policy sections these checks read are parsed by toolgate-policy (one file format, loaded
 //! and validated in one place); what a section *means* at run time is decided here.
 //!
-//! Adding a feature: a module with a type implementing `Check`, a field of `Checks`, and its
-//! place in `Checks::sequence`.
+//! Adding a feature: a module with a type implementing `Check`, and its place in the one ordered
+//! list of `Checks::new` (a unit test below adds a check that way).
 //!
 //! The state that changes while the server runs is consulted again on every call, so that an
 //! operator's decision takes effect on the very next call without a restart:
@@ -44,6 +44,7 @@
 
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
 
 use rmcp::ErrorData as McpError;
 use rmcp::model::{CallToolResult, JsonObject, RequestMetaObject, Tool};
@@ -207,21 +208,30 @@ pub(crate) trait Check: Send + Sync {
     }
 }
 
-/// Every check of one gate, with its state.
-pub(crate) struct Checks {
-    pub(crate) visibility: visibility::Visibility,
-    pub(crate) rights: rights::RightsCheck,
-    pub(crate) kill_switch: kill_switch::KillSwitchCheck,
-    pub(crate) arguments: arguments::Arguments,
-    pub(crate) paths: paths::PathContainment,
-    pub(crate) exactly_once: exactly_once::ExactlyOnce,
-    pub(crate) batch: batch::BatchGuard,
+/// What the checks are made of: the gate's configuration, handed to each check's constructor in
+/// [`Checks::new`].
+pub(crate) struct Parts {
+    pub(crate) rights: Option<RightsFile>,
+    pub(crate) kill_switch: Option<KillSwitch>,
+    pub(crate) server_name: Option<String>,
+    pub(crate) effects: Option<Arc<dyn toolgate_commit::EffectBackend>>,
+    pub(crate) probes: std::collections::BTreeMap<String, crate::world::EffectProbe>,
+    pub(crate) preflight: Option<Arc<dyn crate::world::Preflight>>,
     pub(crate) rates: rates::Rates,
-    pub(crate) versions: versions::VersionCheck,
-    pub(crate) duplicates: duplicates::DuplicateCheck,
-    pub(crate) confirmation: confirmation::Confirmation,
-    pub(crate) results: results::ResultFilter,
-    pub(crate) untrusted: untrusted::UntrustedOutput,
+    pub(crate) pending: PendingActions,
+}
+
+/// Every check of one gate, in THE order, with its state.
+pub(crate) struct Checks {
+    /// The sequence: [`Checks::new`] builds it, and nothing else runs a check.
+    list: Vec<Arc<dyn Check>>,
+    /// The checks whose state the gate answers with itself (its own tools' arguments and
+    /// tokens, the exactly-once store, the kill switch for a transport's early answer): the same
+    /// objects as in `list`.
+    pub(crate) kill_switch: Arc<kill_switch::KillSwitchCheck>,
+    pub(crate) arguments: Arc<arguments::Arguments>,
+    pub(crate) exactly_once: Arc<exactly_once::ExactlyOnce>,
+    pub(crate) confirmation: Arc<confirmation::Confirmation>,
 }
 
 impl Checks {
@@ -245,22 +255,59 @@ impl Checks {
     /// refused with the other arguments), and every check presents the handler's result in this
     /// order: the result allow-list drops the fields the policy does not list, then untrusted
     /// output wraps third-party text (in what remains).
-    pub(crate) fn sequence(&self) -> [&dyn Check; 13] {
-        [
-            &self.visibility,
-            &self.rights,
-            &self.kill_switch,
-            &self.arguments,
-            &self.paths,
-            &self.exactly_once,
-            &self.batch,
-            &self.rates,
-            &self.versions,
-            &self.duplicates,
-            &self.confirmation,
-            &self.results,
-            &self.untrusted,
-        ]
+    ///
+    /// Adding a check is a module with a type implementing [`Check`] and one entry in this list
+    /// (and a field of [`Parts`] if it needs configuration): the gate runs, lists, describes and
+    /// presents through the list alone.
+    pub(crate) fn new(parts: Parts) -> Checks {
+        let kill_switch = Arc::new(kill_switch::KillSwitchCheck {
+            switch: parts.kill_switch,
+            server_name: parts.server_name,
+        });
+        let exactly_once = Arc::new(exactly_once::ExactlyOnce {
+            effects: parts.effects.clone(),
+            probes: parts.probes,
+        });
+        let confirmation = Arc::new(confirmation::Confirmation {
+            pending: parts.pending,
+            preflight: parts.preflight.clone(),
+        });
+        let arguments = Arc::new(arguments::Arguments::default());
+        let list: Vec<Arc<dyn Check>> = vec![
+            Arc::new(visibility::Visibility),
+            Arc::new(rights::RightsCheck { file: parts.rights }),
+            kill_switch.clone(),
+            arguments.clone(),
+            Arc::new(paths::PathContainment),
+            exactly_once.clone(),
+            Arc::new(batch::BatchGuard {
+                preflight: parts.preflight.clone(),
+            }),
+            Arc::new(parts.rates),
+            Arc::new(versions::VersionCheck {
+                preflight: parts.preflight.clone(),
+                effects: parts.effects.clone(),
+            }),
+            Arc::new(duplicates::DuplicateCheck {
+                preflight: parts.preflight,
+                effects: parts.effects,
+            }),
+            confirmation.clone(),
+            Arc::new(results::ResultFilter),
+            Arc::new(untrusted::UntrustedOutput),
+        ];
+        Checks {
+            list,
+            kill_switch,
+            arguments,
+            exactly_once,
+            confirmation,
+        }
+    }
+
+    /// The sequence, in order.
+    fn sequence(&self) -> impl Iterator<Item = &dyn Check> {
+        self.list.iter().map(|check| check.as_ref())
     }
 
     /// Runs the sequence on `call`: the verdict of the first check that does not pass.
@@ -280,7 +327,6 @@ impl Checks {
     /// Whether every check lets tools/list show `tool` to `principal`.
     pub(crate) fn lists(&self, state: &GateState, principal: &str, tool: &str) -> bool {
         self.sequence()
-            .iter()
             .all(|check| check.lists(state, principal, tool))
     }
 
@@ -295,7 +341,6 @@ impl Checks {
     pub(crate) fn owned_arguments(&self, policy: &Policy, tool: &str) -> Vec<&'static str> {
         let mut owned: Vec<&'static str> = self
             .sequence()
-            .iter()
             .flat_map(|check| check.owned_arguments(policy, tool).iter().copied())
             .collect();
         owned.sort_unstable();
@@ -322,5 +367,138 @@ impl Checks {
         for check in self.sequence() {
             check.present(state, name, result, entry);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use rmcp::model::{CallToolResult, ContentBlock, JsonObject, RequestMetaObject, Tool};
+    use toolgate_audit::{AuditDecision, AuditEntry, Outcome};
+    use toolgate_policy::Policy;
+
+    use super::*;
+
+    /// A check defined here, as a new governance feature would be: refuses calls of `deploy`,
+    /// hides `deploy` from lists, marks every result it presents.
+    struct NoDeploys;
+
+    impl Check for NoDeploys {
+        fn admit<'a>(&'a self, call: &'a Call<'a>) -> Verdict<'a> {
+            if call.name == "deploy" {
+                Verdict::Fail {
+                    reason: "test.no_deploys".to_owned(),
+                    error: McpError::invalid_request("no deploys today", None),
+                }
+            } else {
+                Verdict::Pass
+            }
+        }
+
+        fn lists(&self, _: &GateState, _: &str, tool: &str) -> bool {
+            tool != "deploy"
+        }
+
+        fn present(&self, _: &GateState, _: &str, result: &mut CallToolResult, _: &mut AuditEntry) {
+            result.content.push(ContentBlock::text("seen by NoDeploys"));
+        }
+    }
+
+    fn parts() -> Parts {
+        Parts {
+            rights: None,
+            kill_switch: None,
+            server_name: None,
+            effects: None,
+            probes: Default::default(),
+            preflight: None,
+            rates: rates::Rates::default(),
+            pending: PendingActions::new(std::time::Duration::from_secs(60)),
+        }
+    }
+
+    /// The verdict of `checks` on a call of `tool` (no arguments) by `alice` under `policy`.
+    async fn admit(checks: &Checks, policy: &Policy, tool: &str) -> String {
+        let state = GateState {
+            policy: Arc::new(policy.clone()),
+            contract_digest: None,
+            tool_contract_digests: Default::default(),
+        };
+        let definition = Tool::new(tool.to_owned(), String::new(), Arc::new(JsonObject::new()));
+        let input = arguments::InputShape::of_schema(&definition.input_schema);
+        let caller = crate::world::Caller {
+            principal: Arc::from("alice"),
+            credential: None,
+            client: None,
+        };
+        let decision = policy.decide_for("alice", tool, None);
+        let meta = RequestMetaObject::default();
+        let owned = JsonObject::new();
+        let call = Call {
+            state: &state,
+            principal: "alice",
+            caller: &caller,
+            tenant: None,
+            name: tool,
+            tool: &definition,
+            input: &input,
+            arguments: None,
+            owned: &owned,
+            sent: None,
+            meta: &meta,
+            decision: &decision,
+            args_digest: Sha256Digest::of_json_object(&JsonObject::new()),
+            confirmed: None,
+        };
+        match checks.admit(&call).await {
+            Verdict::Pass => "pass".to_owned(),
+            Verdict::Hide(reason) => format!("hide {reason}"),
+            Verdict::Fail { reason, .. } => format!("fail {reason}"),
+            Verdict::Refuse(refusal) => format!("refuse {}", refusal.rule),
+            Verdict::Answer(answer) => format!("answer {}", answer.reason),
+            Verdict::Later(_) => unreachable!("admit resolves pending verdicts"),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_check_added_to_the_one_list_decides_lists_and_presents_in_its_place() {
+        let policy =
+            Policy::from_json(r#"{"version":1,"allow":["deploy","status"],"deny":["drop"]}"#)
+                .unwrap();
+        let state = GateState {
+            policy: Arc::new(policy.clone()),
+            contract_digest: None,
+            tool_contract_digests: Default::default(),
+        };
+        let without = Checks::new(parts());
+        assert_eq!(admit(&without, &policy, "deploy").await, "pass");
+
+        // The one step of adding it: an entry in the ordered list, here right after visibility.
+        let mut with = Checks::new(parts());
+        with.list.insert(1, Arc::new(NoDeploys));
+
+        assert_eq!(
+            admit(&with, &policy, "deploy").await,
+            "fail test.no_deploys"
+        );
+        assert_eq!(admit(&with, &policy, "status").await, "pass");
+        // Checks earlier in the list decide first: a denied tool is hidden by visibility.
+        assert!(admit(&with, &policy, "drop").await.starts_with("hide "));
+        // tools/list asks it too; the gate's lists are the checks' lists.
+        assert!(without.lists(&state, "alice", "deploy"));
+        assert!(!with.lists(&state, "alice", "deploy"));
+        assert!(with.lists(&state, "alice", "status"));
+        // And it presents results in its place in the order.
+        let mut result = CallToolResult::success(vec![ContentBlock::text("ok")]);
+        let mut entry = AuditEntry::tool_call(
+            "r",
+            "status",
+            AuditDecision::Allow,
+            Outcome::Committed,
+            Sha256Digest::of(b""),
+        );
+        with.present(&state, "status", &mut result, &mut entry);
+        assert_eq!(result.content.len(), 2, "{result:?}");
     }
 }
