@@ -205,11 +205,9 @@ fn the_file_head_and_export_include_other_writers() {
 }
 
 /// The sinks that keep signed checkpoints: the file log with a key, and PostgreSQL with one.
-/// Each returns the sink and a way to append and checkpoint on demand.
 struct Signed {
     name: &'static str,
     sink: Arc<dyn AuditSink>,
-    checkpoint: Box<dyn Fn()>,
     _dir: Option<tempfile::TempDir>,
 }
 
@@ -226,8 +224,7 @@ fn signed_sinks(key: &toolgate_canon::HmacKey, every: u64) -> Vec<Signed> {
     #[allow(unused_mut)]
     let mut sinks = vec![Signed {
         name: "file",
-        sink: file.clone(),
-        checkpoint: Box::new(move || drop(file.checkpoint().unwrap())),
+        sink: file,
         _dir: Some(dir),
     }];
     #[cfg(feature = "postgres")]
@@ -244,8 +241,7 @@ fn signed_sinks(key: &toolgate_canon::HmacKey, every: u64) -> Vec<Signed> {
         );
         sinks.push(Signed {
             name: "postgres",
-            sink: log.clone(),
-            checkpoint: Box::new(move || drop(log.checkpoint().unwrap())),
+            sink: log,
             _dir: None,
         });
     }
@@ -261,8 +257,13 @@ fn signed_checkpoints_are_exported_and_verify_in_place() {
         for i in 1..=7 {
             sink.append(&entry(i)).unwrap();
         }
-        // Every 3 records, then on demand for the last one.
-        (subject.checkpoint)();
+        // Every 3 records, then on demand (AuditSink::checkpoint) for the last one, once.
+        let sealed = sink.checkpoint().unwrap();
+        assert_eq!(sealed.map(|c| c.count), Some(7), "{name}");
+        assert!(
+            sink.checkpoint().unwrap().is_none(),
+            "{name}: nothing new to seal"
+        );
         let mut lines = Vec::new();
         assert_eq!(sink.export_checkpoints(&mut lines).unwrap(), 3, "{name}");
         let counts: Vec<u64> = String::from_utf8(lines)
@@ -298,6 +299,12 @@ fn a_key_without_checkpoints_warns() {
     let key = toolgate_canon::HmacKey::new(&[5; 32]).unwrap();
     for subject in sinks() {
         subject.sink.append(&entry(1)).unwrap();
+        // A sink without a key seals nothing.
+        assert!(
+            subject.sink.checkpoint().unwrap().is_none(),
+            "{}",
+            subject.name
+        );
         let report = toolgate_audit::verify_sink_with(subject.sink.as_ref(), Some(&key)).unwrap();
         assert!(report.problem.is_none(), "{}: {report}", subject.name);
         assert_eq!(report.warnings.len(), 1, "{}: {report}", subject.name);
