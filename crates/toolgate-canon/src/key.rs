@@ -6,7 +6,7 @@
 
 use std::fmt;
 
-use hmac::{Hmac, Mac};
+use hmac::{Hmac, KeyInit, Mac};
 use sha2::{Digest as _, Sha256};
 use subtle::ConstantTimeEq;
 
@@ -61,7 +61,7 @@ impl HmacKey {
         // HMAC accepts keys of any length (long ones are hashed first), so `new_from_slice` cannot
         // fail for `Hmac<Sha256>`; the fallback keeps that invariant without a panic path by
         // treating it like a too-short key.
-        let mac = <Hmac<Sha256> as Mac>::new_from_slice(key)
+        let mac = <Hmac<Sha256> as KeyInit>::new_from_slice(key)
             .map_err(|_| KeyError::TooShort { len: key.len() })?;
         let digest = Sha256::digest(key);
         let mut key_id = String::with_capacity(16);

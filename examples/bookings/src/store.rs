@@ -134,7 +134,7 @@ impl Booking {
         );
         // A tuple serializes as a JSON array in field order: the same bytes for the same record.
         let bytes = serde_json::to_vec(&content).unwrap_or_default();
-        format!("sha256:{:x}", Sha256::digest(bytes))
+        format!("sha256:{}", hex(&Sha256::digest(bytes)))
     }
 
     fn seal(mut self) -> Self {
@@ -224,7 +224,7 @@ impl BookingStore {
             // Stands in for the token a payment provider returns when it authorises the card.
             let token = Sha256::digest(format!("{id}\n{guest}\n{date}"));
             let booking = Booking {
-                payment_token: format!("pay_{:x}", token)[..28].to_owned(),
+                payment_token: format!("pay_{}", hex(&token))[..28].to_owned(),
                 id,
                 guest: guest.to_owned(),
                 date: date.to_owned(),
@@ -290,6 +290,17 @@ impl BookingStore {
     pub fn outbox(&self) -> Result<Vec<Message>, StoreError> {
         Ok(self.lock()?.outbox.clone())
     }
+}
+
+/// Lowercase hex of `bytes` (a SHA-256 output is an array without a hex formatter of its own).
+fn hex(bytes: &[u8]) -> String {
+    use std::fmt::Write as _;
+    let mut out = String::with_capacity(bytes.len() * 2);
+    for byte in bytes {
+        // Writing to a String cannot fail.
+        let _ = write!(out, "{byte:02x}");
+    }
+    out
 }
 
 #[cfg(test)]
