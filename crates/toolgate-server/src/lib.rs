@@ -23,7 +23,7 @@ use std::sync::Arc;
 
 use anyhow::Context as _;
 use rmcp::ServiceExt as _;
-use toolgate::audit::{AuditConfig, AuditSink, FileAuditLog, HmacKey, VerifyOptions, VerifyReport};
+use toolgate::audit::{AuditConfig, AuditSink, FileAuditLog, VerifyOptions, VerifyReport};
 use toolgate::contract::attest::{Attestation, HmacSha256Signer, check_expected_digest};
 use toolgate::contract::diff::diff;
 use toolgate::contract::lockfile::Lockfile;
@@ -233,7 +233,7 @@ fn database_chain(
         .with_context(|| format!("cannot open the audit chain in {}", store.database()))?;
     Ok(match &options.audit_key_file {
         Some(path) => chain.with_checkpoints(
-            load_key(path)?,
+            toolgate::operator::load_key(path)?,
             options
                 .checkpoint_every
                 .unwrap_or(toolgate::audit::DEFAULT_CHECKPOINT_EVERY),
@@ -311,19 +311,6 @@ impl std::fmt::Debug for Watchdog {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str("Watchdog")
     }
-}
-
-/// Reads an HMAC key file (one trailing newline ignored); the error names the file.
-pub fn load_key(path: &Path) -> anyhow::Result<HmacKey> {
-    let bytes = toolgate::storage::read_regular(
-        path,
-        toolgate::canon::MAX_KEY_FILE_BYTES,
-        toolgate::storage::Symlinks::Follow,
-    )
-    .and_then(|bytes| bytes.ok_or_else(|| std::io::ErrorKind::NotFound.into()))
-    .with_context(|| format!("cannot read the key file {}", path.display()))?;
-    HmacKey::from_file_bytes(bytes)
-        .with_context(|| format!("the key in {} is unusable", path.display()))
 }
 
 /// The gated handler, ready to serve.
@@ -1013,7 +1000,7 @@ pub fn verify_ledger(options: &ServerOptions) -> anyhow::Result<VerifyReport> {
         let key = options
             .audit_key_file
             .as_deref()
-            .map(load_key)
+            .map(toolgate::operator::load_key)
             .transpose()?;
         let audit = database_audit(
             &ServerOptions {
@@ -1036,7 +1023,7 @@ pub fn verify_ledger(options: &ServerOptions) -> anyhow::Result<VerifyReport> {
     }
     let mut verify = VerifyOptions::new(&path);
     if let Some(key_file) = &options.audit_key_file {
-        verify = verify.checkpoint_key(load_key(key_file)?);
+        verify = verify.checkpoint_key(toolgate::operator::load_key(key_file)?);
     }
     if let Some(mirror) = &options.checkpoint_mirror {
         verify = verify.checkpoint_mirror(mirror);
@@ -1080,7 +1067,7 @@ fn audit_config(options: &ServerOptions) -> anyhow::Result<AuditConfig> {
     let mut audit_config =
         AuditConfig::new(options.ledger.join(AUDIT_FILE)).storage(options.storage());
     if let Some(path) = &options.audit_key_file {
-        audit_config = audit_config.checkpoint_key(load_key(path)?);
+        audit_config = audit_config.checkpoint_key(toolgate::operator::load_key(path)?);
     }
     if let Some(every) = options.checkpoint_every {
         audit_config = audit_config.checkpoint_every(every);

@@ -32,6 +32,42 @@ pub enum OperatorError {
     /// and record it by hand, or repeat the action (halting and resuming are idempotent).
     #[error("the action took place but could not be audited: {0}")]
     Audit(#[from] AuditError),
+    /// A key file ([`load_key`]) could not be read.
+    #[error("cannot read the key file {}: {cause}", path.display())]
+    KeyFile {
+        /// The file.
+        path: std::path::PathBuf,
+        /// What reading it said (in the message, not a source: the message already names it).
+        cause: std::io::Error,
+    },
+    /// A key file holds no usable key.
+    #[error("the key in {} is unusable: {cause}", path.display())]
+    Key {
+        /// The file.
+        path: std::path::PathBuf,
+        /// Why the key is refused.
+        cause: toolgate_canon::KeyError,
+    },
+}
+
+/// Reads an HMAC key file (an audit checkpoint key, an attestation key): the file's bytes, one
+/// trailing line ending removed, at least [`toolgate_canon::MIN_KEY_BYTES`] of them and at most
+/// [`toolgate_canon::MAX_KEY_FILE_BYTES`]; a symbolic link is followed. The error names the file.
+pub fn load_key(path: &std::path::Path) -> Result<toolgate_canon::HmacKey, OperatorError> {
+    let bytes = toolgate_storage::read_regular(
+        path,
+        toolgate_canon::MAX_KEY_FILE_BYTES,
+        toolgate_storage::Symlinks::Follow,
+    )
+    .and_then(|bytes| bytes.ok_or_else(|| std::io::ErrorKind::NotFound.into()))
+    .map_err(|cause| OperatorError::KeyFile {
+        path: path.to_owned(),
+        cause,
+    })?;
+    toolgate_canon::HmacKey::from_file_bytes(bytes).map_err(|cause| OperatorError::Key {
+        path: path.to_owned(),
+        cause,
+    })
 }
 
 /// An operator's record (`method` such as `admin/halt`), not a tool call.

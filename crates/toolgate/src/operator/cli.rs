@@ -427,7 +427,7 @@ fn run_command(
             }
             let mut options = VerifyOptions::new(&audit_path);
             if let Some(path) = key_file {
-                options = options.checkpoint_key(load_key(path)?);
+                options = options.checkpoint_key(super::load_key(path)?);
             }
             let report = toolgate_audit::verify(&options)?;
             match (format, &report.problem) {
@@ -445,19 +445,6 @@ fn run_command(
         }
     }
     Ok(0)
-}
-
-/// Reads an HMAC key file (one trailing newline ignored); the error names the file.
-fn load_key(path: &Path) -> Result<toolgate_canon::HmacKey, CommandError> {
-    let bytes = toolgate_storage::read_regular(
-        path,
-        toolgate_canon::MAX_KEY_FILE_BYTES,
-        toolgate_storage::Symlinks::Follow,
-    )
-    .and_then(|bytes| bytes.ok_or_else(|| std::io::ErrorKind::NotFound.into()))
-    .map_err(|error| format!("cannot read the key file {}: {error}", path.display()))?;
-    toolgate_canon::HmacKey::from_file_bytes(bytes)
-        .map_err(|error| format!("the key in {} is unusable: {error}", path.display()).into())
 }
 
 #[cfg(test)]
