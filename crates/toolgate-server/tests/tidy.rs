@@ -11,6 +11,31 @@ fn read(path: &Path) -> String {
     std::fs::read_to_string(path).unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()))
 }
 
+/// Every crate under `crates/`: its directory name and its directory.
+fn crate_dirs() -> Vec<(String, PathBuf)> {
+    let crates = workspace_root().join("crates");
+    let entries = std::fs::read_dir(&crates)
+        .unwrap_or_else(|e| panic!("cannot list {}: {e}", crates.display()));
+    let mut dirs: Vec<(String, PathBuf)> = entries
+        .map(|entry| {
+            entry
+                .unwrap_or_else(|e| panic!("cannot list crates/: {e}"))
+                .path()
+        })
+        .filter(|dir| dir.join("Cargo.toml").exists())
+        .map(|dir| {
+            let name = dir
+                .file_name()
+                .unwrap_or_default()
+                .to_string_lossy()
+                .into_owned();
+            (name, dir)
+        })
+        .collect();
+    dirs.sort();
+    dirs
+}
+
 /// The names of the dependencies a manifest declares, in any dependency table.
 fn dependency_names(manifest: &str) -> Vec<String> {
     let mut names = Vec::new();
@@ -33,20 +58,9 @@ fn dependency_names(manifest: &str) -> Vec<String> {
 
 #[test]
 fn only_the_adapter_and_the_server_depend_on_rmcp() {
-    let crates = workspace_root().join("crates");
     let mut checked = 0;
-    for entry in std::fs::read_dir(&crates).expect("crates/ exists") {
-        let dir = entry.expect("readable entry").path();
-        let name = dir
-            .file_name()
-            .and_then(|n| n.to_str())
-            .unwrap_or_default()
-            .to_owned();
-        let manifest = dir.join("Cargo.toml");
-        if !manifest.exists() {
-            continue;
-        }
-        let deps = dependency_names(&read(&manifest));
+    for (name, dir) in crate_dirs() {
+        let deps = dependency_names(&read(&dir.join("Cargo.toml")));
         // toolgate-kit is an MCP client by nature (it drives servers under test), and the
         // transports (toolgate-stdio, the HTTP front door) carry rmcp's messages; nothing in the
         // policy, the stores or the reusable floor depends on any of them.
@@ -127,9 +141,7 @@ fn the_runtime_crates_link_no_source_parser() {
 
 #[test]
 fn every_crate_forbids_unsafe_and_uses_workspace_lints() {
-    let crates = workspace_root().join("crates");
-    for entry in std::fs::read_dir(&crates).expect("crates/ exists") {
-        let dir = entry.expect("readable entry").path();
+    for (_, dir) in crate_dirs() {
         let manifest = read(&dir.join("Cargo.toml"));
         assert!(
             manifest.contains("[lints]\nworkspace = true"),
@@ -175,13 +187,7 @@ fn every_published_crate_carries_its_metadata_and_its_dependencies_a_version() {
         );
     }
     let unpublished = ["toolgate-pgtest"];
-    for entry in std::fs::read_dir(root.join("crates")).expect("crates/ exists") {
-        let dir = entry.expect("readable entry").path();
-        let name = dir
-            .file_name()
-            .unwrap_or_default()
-            .to_string_lossy()
-            .into_owned();
+    for (name, dir) in crate_dirs() {
         let manifest = read(&dir.join("Cargo.toml"));
         if unpublished.contains(&name.as_str()) {
             assert!(
@@ -255,15 +261,8 @@ const FLOORS: &[(&str, u8)] = &[
 #[test]
 fn every_crate_depends_only_on_lower_floors() {
     let floor = |name: &str| FLOORS.iter().find(|(n, _)| *n == name).map(|(_, f)| *f);
-    let root = workspace_root();
     let mut checked = 0;
-    for entry in std::fs::read_dir(root.join("crates")).expect("crates/ exists") {
-        let dir = entry.expect("readable entry").path();
-        let name = dir
-            .file_name()
-            .unwrap_or_default()
-            .to_string_lossy()
-            .into_owned();
+    for (name, dir) in crate_dirs() {
         let Some(own) = floor(&name) else {
             panic!("crates/{name} has no floor: add it to FLOORS and to docs/ARCHITECTURE.md");
         };
