@@ -619,7 +619,7 @@ impl<H: ServerHandler> GatedBuilder<H> {
                 )?));
             }
             if self.kill_switch.is_none() {
-                self.kill_switch = Some(self.named(KillSwitch::new(dir).with_storage(storage)));
+                self.kill_switch = Some(self.named(KillSwitch::on_storage(dir, storage)));
             }
         }
         if self.effects.is_none()

@@ -1107,9 +1107,10 @@ fn ledger_switch(options: &ServerOptions) -> anyhow::Result<toolgate::checks::Ki
     if options.store.is_some() {
         return Err(no_postgres());
     }
-    Ok(toolgate::checks::KillSwitch::new(&options.ledger)
-        .with_storage(options.storage())
-        .resume_command(format!("{SERVER_NAME} resume")))
+    Ok(
+        toolgate::checks::KillSwitch::on_storage(&options.ledger, options.storage())
+            .resume_command(format!("{SERVER_NAME} resume")),
+    )
 }
 
 /// Sets the kill switch of the ledger (every tools/call of every server on it is refused from its

@@ -86,34 +86,66 @@ impl Status {
     }
 }
 
-/// The kill switch of one ledger directory (or, with the feature `postgres`, of one database:
-/// [`KillSwitch::in_database`]). Holds no state besides where it lives: every method reads or
-/// writes it, so several processes sharing the directory (or the database) see each other's halts.
+/// Where the halts of a kill switch are kept: the ledger directory's files ([`FileHalts`]), the
+/// process's memory ([`MemoryHalts`]), or a database every replica shares (feature `postgres`,
+/// [`KillSwitch::in_database`]). A store keeps one halt for everyone (`tenant: None`) and one per
+/// tenant. `tests/halt_conformance.rs` runs the same cases against every store.
+///
+/// What every store guarantees:
+/// - `status` reads afresh: a halt put through another handle of the same store (another
+///   process on the same ledger, another replica on the same database) shows on the next read;
+/// - `status` fails closed: when the store cannot tell, it answers a halt whose reason says why
+///   and how to recover (naming `resume_command` when given), never "running";
+/// - `put` is durable when it returns and replaces the halt in force, which it returns; `take`
+///   lifts it durably and returns exactly the halt it lifted (`None` when running).
+pub trait HaltStore: Send + Sync + std::fmt::Debug {
+    /// The halt in force for `tenant` (or everyone), read afresh; fail closed.
+    fn status(&self, tenant: Option<&str>, resume_command: Option<&str>) -> Status;
+    /// Puts `halt` in force for `tenant` (or everyone), durably; returns the halt it replaced.
+    fn put(&self, tenant: Option<&str>, halt: &Halt) -> Result<Option<Halt>, GuardError>;
+    /// Lifts the halt of `tenant` (or everyone), durably; returns the halt lifted.
+    fn take(
+        &self,
+        tenant: Option<&str>,
+        resume_command: Option<&str>,
+    ) -> Result<Option<Halt>, GuardError>;
+}
+
+/// A kill switch: the halt of everyone, or of one tenant ([`KillSwitch::for_tenant`]), in a
+/// [`HaltStore`]. Holds no state besides where it lives: every method reads or writes the store,
+/// so several processes sharing it see each other's halts.
 #[derive(Debug, Clone)]
 pub struct KillSwitch {
-    dir: PathBuf,
-    path: PathBuf,
+    store: Arc<dyn HaltStore>,
     /// The tenant this switch stops, or `None` for the switch that stops everyone.
     tenant: Option<String>,
-    storage: Arc<dyn Storage>,
     resume_command: Option<String>,
-    #[cfg(feature = "postgres")]
-    database: Option<toolgate_storage::postgres::PgStore>,
 }
 
 impl KillSwitch {
     /// The kill switch whose file is `<ledger_dir>/halt.json`. Touches nothing on disk.
     pub fn new(ledger_dir: impl Into<PathBuf>) -> Self {
-        let dir = ledger_dir.into();
-        let path = dir.join(HALT_FILE_NAME);
+        KillSwitch::with_store(Arc::new(FileHalts::new(ledger_dir)))
+    }
+
+    /// The kill switch of `ledger_dir` writing (halt, resume) through `storage`: tests count or
+    /// fail its steps.
+    pub fn on_storage(ledger_dir: impl Into<PathBuf>, storage: Arc<dyn Storage>) -> Self {
+        KillSwitch::with_store(Arc::new(FileHalts::new(ledger_dir).with_storage(storage)))
+    }
+
+    /// A kill switch of this process alone, in memory: for tests and single-process embeddings
+    /// whose halt need not survive a restart.
+    pub fn in_memory() -> Self {
+        KillSwitch::with_store(Arc::new(MemoryHalts::default()))
+    }
+
+    /// The kill switch kept in `store`.
+    pub fn with_store(store: Arc<dyn HaltStore>) -> Self {
         KillSwitch {
-            dir,
-            path,
+            store,
             tenant: None,
-            storage: Arc::new(FsStorage),
             resume_command: None,
-            #[cfg(feature = "postgres")]
-            database: None,
         }
     }
 
@@ -123,17 +155,17 @@ impl KillSwitch {
     /// closed), with a reason naming it.
     #[cfg(feature = "postgres")]
     pub fn in_database(store: toolgate_storage::postgres::PgStore) -> Result<Self, GuardError> {
-        postgres::migrate(&store)?;
-        let mut switch = KillSwitch::new(PathBuf::new());
-        switch.database = Some(store);
-        Ok(switch)
+        Ok(KillSwitch::with_store(Arc::new(postgres::PgHalts::open(
+            store,
+        )?)))
     }
 
-    /// The switch of one tenant on the same ledger (or database): it stops the calls of that
-    /// tenant's principals only (their credentials name the tenant), while the switch of
-    /// [`KillSwitch::new`] stops everyone's. Its file is `<ledger_dir>/halt.tenant.<tenant>.json`
-    /// (the name has no separator, so no tenant name can leave the directory); in the database,
-    /// a row of `toolgate_tenant_halt`. The tenant must be a valid principal name.
+    /// The switch of one tenant in the same store: it stops the calls of that tenant's
+    /// principals only (their credentials name the tenant), while the switch of
+    /// [`KillSwitch::new`] stops everyone's. In a ledger, its file is
+    /// `<ledger_dir>/halt.tenant.<tenant>.json` (the name has no separator, so no tenant name can
+    /// leave the directory); in the database, a row of `toolgate_tenant_halt`. The tenant must be
+    /// a valid principal name.
     pub fn for_tenant(&self, tenant: &str) -> Result<KillSwitch, GuardError> {
         if !toolgate_canon::names::is_principal_name(tenant) {
             return Err(GuardError::InvalidTenant {
@@ -141,7 +173,6 @@ impl KillSwitch {
             });
         }
         let mut switch = self.clone();
-        switch.path = self.dir.join(tenant_file_name(tenant));
         switch.tenant = Some(tenant.to_owned());
         Ok(switch)
     }
@@ -152,54 +183,24 @@ impl KillSwitch {
     }
 
     /// The operator command that lifts a halt on this server (e.g. `myserver resume`), named in
-    /// the reason of an unreadable halt file. Without it the reason names no command.
+    /// the reason of an unreadable halt. Without it the reason names no command.
     pub fn resume_command(mut self, command: impl Into<String>) -> Self {
         self.resume_command = Some(command.into());
         self
     }
 
-    /// The same switch writing (halt, resume) through `storage`: tests count or fail its steps.
-    pub fn with_storage(mut self, storage: Arc<dyn Storage>) -> Self {
-        self.storage = storage;
-        self
-    }
-
-    /// The halt file's path.
-    pub fn path(&self) -> &Path {
-        &self.path
-    }
-
-    /// Whether calls may proceed, read fresh from disk.
+    /// Whether calls may proceed, read fresh from the store.
     ///
-    /// When running this costs one failed `open` (no parse, no allocation beyond the error).
-    /// It fails closed: only "the file does not exist" means [`Status::Running`]. Any other
-    /// failure to open, read or parse the file (permissions, a directory in its place, garbage,
-    /// unknown keys, an invalid reason) yields [`Status::Halted`] with `by` set to
+    /// In a ledger, when running this costs one failed `open` (no parse, no allocation beyond the
+    /// error). It fails closed: only "the file does not exist" means [`Status::Running`]. Any
+    /// other failure to open, read or parse the file (permissions, a directory in its place,
+    /// garbage, unknown keys, an invalid reason) yields [`Status::Halted`] with `by` set to
     /// [`UNREADABLE_HALT_BY`], `since_ns` the file's mtime (0 if unknown), and the reason
     /// ``the halt file <path> is unreadable or invalid (<cause>); fix or remove it with
     /// `<resume command>` `` (see [`KillSwitch::resume_command`]).
     pub fn status(&self) -> Status {
-        #[cfg(feature = "postgres")]
-        if let Some(store) = &self.database {
-            return match postgres::status(store, self.tenant.as_deref()) {
-                Ok(None) => Status::Running,
-                Ok(Some(halt)) => Status::Halted(halt),
-                Err(e) => Status::Halted(Halt {
-                    by: UNREADABLE_HALT_BY.to_owned(),
-                    reason: format!(
-                        "the kill switch cannot be read ({e}); every call is refused until the database answers"
-                    ),
-                    since_ns: 0,
-                }),
-            };
-        }
-        match toolgate_storage::open_regular_read(&self.path, Symlinks::Refuse) {
-            Err(e) if e.kind() == io::ErrorKind::NotFound => Status::Running,
-            Err(e) => Status::Halted(self.unreadable(&format!("cannot open it: {e}"))),
-            Ok(file) => {
-                Status::Halted(read_halt(file).unwrap_or_else(|cause| self.unreadable(&cause)))
-            }
-        }
+        self.store
+            .status(self.tenant.as_deref(), self.resume_command.as_deref())
     }
 
     /// Halts, replacing any halt in force; returns the new halt. See [`KillSwitch::halt_at`].
@@ -211,14 +212,14 @@ impl KillSwitch {
     /// Halts as of `now`, durably, and returns the new halt together with the one it replaced.
     ///
     /// `reason` must be non-empty, at most [`MAX_REASON_CHARS`] characters and free of control
-    /// characters; `by` at most [`MAX_BY_CHARS`] characters without control characters. The
-    /// ledger directory (and its parents) are created if missing. The file is written to a
-    /// temporary file in the same directory (`create_new`), fsynced, renamed over `halt.json`, and
-    /// the directory is fsynced, so a reader sees either the old file or the new one, never a
-    /// partial one, and the halt survives a power loss once this returns `Ok`.
-    ///
-    /// The previous halt is read just before the rename; a halt written concurrently by another
-    /// process in between is replaced without being reported (the last writer wins).
+    /// characters; `by` at most [`MAX_BY_CHARS`] characters without control characters; an
+    /// invalid one is refused before the store is touched. In a ledger, the directory (and its
+    /// parents) are created if missing, and the file is written to a temporary file in the same
+    /// directory (`create_new`), fsynced, renamed over `halt.json`, and the directory is fsynced,
+    /// so a reader sees either the old file or the new one, never a partial one, and the halt
+    /// survives a power loss once this returns `Ok`. The previous halt is read just before the
+    /// rename; a halt written concurrently by another process in between is replaced without
+    /// being reported (the last writer wins).
     pub fn halt_at(
         &self,
         reason: &str,
@@ -233,44 +234,117 @@ impl KillSwitch {
             reason: reason.to_owned(),
             since_ns: nanos_since_epoch(now),
         };
-        #[cfg(feature = "postgres")]
-        if let Some(store) = &self.database {
-            let previous = postgres::halt(store, self.tenant.as_deref(), &halt)?;
-            return Ok((halt, previous));
-        }
-        toolgate_storage::create_dir_durably(self.storage.as_ref(), &self.dir)?;
-        let previous = match self.status() {
-            Status::Running => None,
-            Status::Halted(previous) => Some(previous),
-        };
-        let name = match &self.tenant {
-            Some(tenant) => tenant_file_name(tenant),
-            None => HALT_FILE_NAME.to_owned(),
-        };
-        toolgate_storage::replace_file(
-            self.storage.as_ref(),
-            &self.dir,
-            &name,
-            &halt.to_file_bytes(),
-        )?;
+        let previous = self.store.put(self.tenant.as_deref(), &halt)?;
         Ok((halt, previous))
     }
 
     /// Lifts the halt, durably, and returns the halt that was in force (`None` if running).
     ///
-    /// The file is first renamed to a private temporary name (so exactly the halt that this call
-    /// lifted is reported, even if another process halts concurrently), read, removed, and the
-    /// directory is fsynced. An unreadable halt file is lifted too and reported as the fail-closed
-    /// [`Halt`] that [`KillSwitch::status`] returned for it. If the directory fsync fails the
-    /// error says so; the halt is lifted in memory but may reappear after a power loss, and
-    /// retrying `resume` fsyncs again.
+    /// In a ledger, the file is first renamed to a private temporary name (so exactly the halt
+    /// that this call lifted is reported, even if another process halts concurrently), read,
+    /// removed, and the directory is fsynced. An unreadable halt file is lifted too and reported
+    /// as the fail-closed [`Halt`] that [`KillSwitch::status`] returned for it. If the directory
+    /// fsync fails the error says so; the halt is lifted in memory but may reappear after a power
+    /// loss, and retrying `resume` fsyncs again.
     pub fn resume(&self) -> Result<Option<Halt>, GuardError> {
-        #[cfg(feature = "postgres")]
-        if let Some(store) = &self.database {
-            return postgres::resume(store, self.tenant.as_deref());
+        self.store
+            .take(self.tenant.as_deref(), self.resume_command.as_deref())
+    }
+}
+
+/// The halts of one ledger directory: `halt.json` for everyone, `halt.tenant.<tenant>.json` per
+/// tenant, written through the storage floor (the shared durable-write mechanism).
+#[derive(Debug, Clone)]
+pub struct FileHalts {
+    dir: PathBuf,
+    storage: Arc<dyn Storage>,
+}
+
+impl FileHalts {
+    /// The halts of `ledger_dir`. Touches nothing on disk.
+    pub fn new(ledger_dir: impl Into<PathBuf>) -> Self {
+        FileHalts {
+            dir: ledger_dir.into(),
+            storage: Arc::new(FsStorage),
         }
+    }
+
+    /// The same halts written through `storage`.
+    pub fn with_storage(mut self, storage: Arc<dyn Storage>) -> Self {
+        self.storage = storage;
+        self
+    }
+
+    /// The halt file of `tenant` (or of everyone).
+    pub fn path(&self, tenant: Option<&str>) -> PathBuf {
+        self.dir.join(file_name(tenant))
+    }
+
+    /// The fail-closed halt reported for an unreadable or invalid halt file.
+    fn unreadable(&self, path: &Path, cause: &str, resume_command: Option<&str>) -> Halt {
+        let since_ns = fs::symlink_metadata(path)
+            .and_then(|m| m.modified())
+            .map(nanos_since_epoch)
+            .unwrap_or(0);
+        Halt {
+            by: UNREADABLE_HALT_BY.to_owned(),
+            reason: match resume_command {
+                Some(command) => format!(
+                    "the halt file {} is unreadable or invalid ({cause}); fix or remove it with \
+                     `{command}`",
+                    path.display()
+                ),
+                None => format!(
+                    "the halt file {} is unreadable or invalid ({cause}); fix it, or lift the halt \
+                     with the server's resume command",
+                    path.display()
+                ),
+            },
+            since_ns,
+        }
+    }
+}
+
+impl HaltStore for FileHalts {
+    fn status(&self, tenant: Option<&str>, resume_command: Option<&str>) -> Status {
+        let path = self.path(tenant);
+        match toolgate_storage::open_regular_read(&path, Symlinks::Refuse) {
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Status::Running,
+            Err(e) => Status::Halted(self.unreadable(
+                &path,
+                &format!("cannot open it: {e}"),
+                resume_command,
+            )),
+            Ok(file) => Status::Halted(
+                read_halt(file)
+                    .unwrap_or_else(|cause| self.unreadable(&path, &cause, resume_command)),
+            ),
+        }
+    }
+
+    fn put(&self, tenant: Option<&str>, halt: &Halt) -> Result<Option<Halt>, GuardError> {
+        toolgate_storage::create_dir_durably(self.storage.as_ref(), &self.dir)?;
+        let previous = match self.status(tenant, None) {
+            Status::Running => None,
+            Status::Halted(previous) => Some(previous),
+        };
+        toolgate_storage::replace_file(
+            self.storage.as_ref(),
+            &self.dir,
+            &file_name(tenant),
+            &halt.to_file_bytes(),
+        )?;
+        Ok(previous)
+    }
+
+    fn take(
+        &self,
+        tenant: Option<&str>,
+        resume_command: Option<&str>,
+    ) -> Result<Option<Halt>, GuardError> {
+        let path = self.path(tenant);
         let taken = toolgate_storage::temp_path(&self.dir, "halt.json.resume");
-        match self.storage.rename(&self.path, &taken) {
+        match self.storage.rename(&path, &taken) {
             Ok(()) => {}
             Err(e) if e.kind() == io::ErrorKind::NotFound => {
                 // Running already (or the directory does not exist). Still fsync an existing
@@ -280,41 +354,58 @@ impl KillSwitch {
                 }
                 return Ok(None);
             }
-            Err(e) => return Err(GuardError::io("move aside halt file", &self.path, e)),
+            Err(e) => return Err(GuardError::io("move aside halt file", &path, e)),
         }
         let halt = toolgate_storage::open_regular_read(&taken, Symlinks::Refuse)
             .map_err(|e| format!("cannot open it: {e}"))
             .and_then(read_halt)
-            .unwrap_or_else(|cause| self.unreadable(&cause));
+            .unwrap_or_else(|cause| self.unreadable(&path, &cause, resume_command));
         // Best effort: a leftover `.halt.json.resume.*.tmp` is never read, and is removed as an
         // orphan once this process is gone.
         let _ = self.storage.remove(&taken);
         toolgate_storage::fsync_dir(self.storage.as_ref(), &self.dir)?;
         Ok(Some(halt))
     }
+}
 
-    /// The fail-closed halt reported for an unreadable or invalid halt file.
-    fn unreadable(&self, cause: &str) -> Halt {
-        let since_ns = fs::symlink_metadata(&self.path)
-            .and_then(|m| m.modified())
-            .map(nanos_since_epoch)
-            .unwrap_or(0);
-        Halt {
-            by: UNREADABLE_HALT_BY.to_owned(),
-            reason: match &self.resume_command {
-                Some(command) => format!(
-                    "the halt file {} is unreadable or invalid ({cause}); fix or remove it with \
-                     `{command}`",
-                    self.path.display()
-                ),
-                None => format!(
-                    "the halt file {} is unreadable or invalid ({cause}); fix it, or lift the halt \
-                     with the server's resume command",
-                    self.path.display()
-                ),
-            },
-            since_ns,
+/// The halts of this process, in memory (lost with it).
+#[derive(Debug, Default)]
+pub struct MemoryHalts {
+    halts: std::sync::Mutex<std::collections::HashMap<Option<String>, Halt>>,
+}
+
+impl MemoryHalts {
+    fn halts(&self) -> std::sync::MutexGuard<'_, std::collections::HashMap<Option<String>, Halt>> {
+        // A panic while holding the lock leaves a consistent map (every operation is one
+        // insert or remove), so the poison is ignored.
+        self.halts
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+impl HaltStore for MemoryHalts {
+    fn status(&self, tenant: Option<&str>, _: Option<&str>) -> Status {
+        match self.halts().get(&tenant.map(str::to_owned)) {
+            Some(halt) => Status::Halted(halt.clone()),
+            None => Status::Running,
         }
+    }
+
+    fn put(&self, tenant: Option<&str>, halt: &Halt) -> Result<Option<Halt>, GuardError> {
+        Ok(self.halts().insert(tenant.map(str::to_owned), halt.clone()))
+    }
+
+    fn take(&self, tenant: Option<&str>, _: Option<&str>) -> Result<Option<Halt>, GuardError> {
+        Ok(self.halts().remove(&tenant.map(str::to_owned)))
+    }
+}
+
+/// The halt file of `tenant`, or of everyone.
+fn file_name(tenant: Option<&str>) -> String {
+    match tenant {
+        Some(tenant) => tenant_file_name(tenant),
+        None => HALT_FILE_NAME.to_owned(),
     }
 }
 
@@ -443,7 +534,7 @@ mod tests {
         use toolgate_storage::{FaultyStorage, Op};
         let dir = tempfile::tempdir().unwrap();
         let storage = Arc::new(FaultyStorage::new(Arc::new(FsStorage)));
-        let switch = KillSwitch::new(dir.path()).with_storage(storage.clone());
+        let switch = KillSwitch::on_storage(dir.path(), storage.clone());
         switch.halt_at("maintenance", "ops", at(1)).unwrap();
         assert_eq!(
             storage.syncs(),
@@ -474,50 +565,29 @@ mod tests {
         assert!(!absent.status().is_halted());
     }
 
-    /// The switch of one ledger directory and, with the feature `postgres`, of a fresh database.
-    fn switches(dir: &Path) -> Vec<KillSwitch> {
-        #[allow(unused_mut)]
-        let mut switches = vec![KillSwitch::new(dir)];
-        #[cfg(feature = "postgres")]
-        {
-            let url = toolgate_pgtest::PgCluster::shared()
-                .unwrap()
-                .create_database("halt")
-                .unwrap();
-            let store = toolgate_storage::postgres::PgStore::connect(&url).unwrap();
-            switches.push(KillSwitch::in_database(store).unwrap());
-        }
-        switches
+    #[test]
+    fn the_check_refuses_a_halted_tenants_calls_only_and_everyones_halt_stops_all() {
+        let everyone = KillSwitch::in_memory();
+        let acme = everyone.for_tenant("acme").unwrap();
+        let halt = acme.halt("acme's incident", "ops").unwrap();
+        let check = KillSwitchCheck {
+            switch: Some(everyone.clone()),
+            server_name: None,
+        };
+        let refused = check.halted(Some("acme")).unwrap();
+        assert!(refused.message.contains("acme's incident"), "{refused:?}");
+        assert!(check.halted(Some("globex")).is_none());
+        assert!(check.halted(None).is_none());
+        everyone.halt("all stop", "ops").unwrap();
+        assert!(check.halted(Some("globex")).is_some());
+        everyone.resume().unwrap();
+        assert_eq!(acme.resume().unwrap(), Some(halt));
+        assert!(check.halted(Some("acme")).is_none());
     }
 
     #[test]
-    fn a_tenants_switch_stops_that_tenant_only() {
+    fn no_tenant_name_can_leave_the_directory_or_be_empty() {
         let dir = tempfile::tempdir().unwrap();
-        for everyone in switches(dir.path()) {
-            let acme = everyone.for_tenant("acme").unwrap();
-            let globex = everyone.for_tenant("globex").unwrap();
-            assert_eq!(acme.tenant(), Some("acme"));
-            let halt = acme.halt("acme's incident", "ops").unwrap();
-            assert_eq!(acme.status(), Status::Halted(halt.clone()));
-            assert_eq!(globex.status(), Status::Running);
-            assert_eq!(everyone.status(), Status::Running);
-            // The check: the tenant's calls are refused, everyone else's are not.
-            let check = KillSwitchCheck {
-                switch: Some(everyone.clone()),
-                server_name: None,
-            };
-            let refused = check.halted(Some("acme")).unwrap();
-            assert!(refused.message.contains("acme's incident"), "{refused:?}");
-            assert!(check.halted(Some("globex")).is_none());
-            assert!(check.halted(None).is_none());
-            // The switch of everyone stops every tenant too.
-            everyone.halt("all stop", "ops").unwrap();
-            assert!(check.halted(Some("globex")).is_some());
-            everyone.resume().unwrap();
-            assert_eq!(acme.resume().unwrap(), Some(halt));
-            assert!(check.halted(Some("acme")).is_none());
-        }
-        // No tenant name can leave the directory or be empty.
         let switch = KillSwitch::new(dir.path());
         for bad in ["", "../x", "a/b", "a b"] {
             assert!(
@@ -529,7 +599,10 @@ mod tests {
             );
         }
         let dots = switch.for_tenant("..").unwrap();
-        assert_eq!(dots.path(), dir.path().join("halt.tenant....json"));
+        assert_eq!(
+            FileHalts::new(dir.path()).path(dots.tenant()),
+            dir.path().join("halt.tenant....json")
+        );
     }
 
     #[test]
@@ -565,7 +638,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let ks = KillSwitch::new(dir.path().join("a/b/ledger"));
         ks.halt("stop", "ops").unwrap();
-        assert!(ks.path().is_file());
+        assert!(dir.path().join("a/b/ledger").join(HALT_FILE_NAME).is_file());
         assert!(ks.status().is_halted());
     }
 
@@ -588,7 +661,7 @@ mod tests {
         let ns = 1_776_000_000_123_456_789;
         ks.halt_at("maintenance \"window\" é", "ops", at(ns))
             .unwrap();
-        let bytes = fs::read(ks.path()).unwrap();
+        let bytes = fs::read(dir.path().join(HALT_FILE_NAME)).unwrap();
         assert_eq!(
             String::from_utf8(bytes).unwrap(),
             r#"{"by":"ops","reason":"maintenance \"window\" é","since_ns":1776000000123456789}"#
@@ -668,13 +741,13 @@ mod tests {
             &[0xff, 0xfe],
         ];
         for bytes in cases {
-            fs::write(ks.path(), bytes).unwrap();
+            fs::write(dir.path().join(HALT_FILE_NAME), bytes).unwrap();
             let halt = halted(ks.status());
             assert_eq!(halt.by, UNREADABLE_HALT_BY);
             assert!(
                 halt.reason.starts_with(&format!(
                     "the halt file {} is unreadable or invalid (",
-                    ks.path().display()
+                    dir.path().join(HALT_FILE_NAME).display()
                 )),
                 "{}",
                 halt.reason
@@ -688,8 +761,8 @@ mod tests {
         }
         // A directory in its place halts too; resume moves it aside (it does not delete a
         // directory tree) and reports the fail-closed halt.
-        fs::remove_file(ks.path()).unwrap();
-        fs::create_dir(ks.path()).unwrap();
+        fs::remove_file(dir.path().join(HALT_FILE_NAME)).unwrap();
+        fs::create_dir(dir.path().join(HALT_FILE_NAME)).unwrap();
         assert!(ks.status().is_halted());
         assert!(matches!(ks.halt("x", "y"), Err(GuardError::Io { .. })));
         let lifted = ks.resume().unwrap().unwrap();
@@ -701,7 +774,7 @@ mod tests {
     fn oversized_halt_file_fails_closed() {
         let dir = tempfile::tempdir().unwrap();
         let ks = KillSwitch::new(dir.path());
-        fs::write(ks.path(), vec![b' '; 70_000]).unwrap();
+        fs::write(dir.path().join(HALT_FILE_NAME), vec![b' '; 70_000]).unwrap();
         assert!(
             halted(ks.status())
                 .reason
@@ -713,7 +786,7 @@ mod tests {
     fn resume_lifts_an_invalid_halt_file_and_reports_it() {
         let dir = tempfile::tempdir().unwrap();
         let ks = KillSwitch::new(dir.path());
-        fs::write(ks.path(), b"{").unwrap();
+        fs::write(dir.path().join(HALT_FILE_NAME), b"{").unwrap();
         let lifted = ks.resume().unwrap().unwrap();
         assert_eq!(lifted.by, UNREADABLE_HALT_BY);
         assert!(lifted.reason.contains("unreadable or invalid"));

@@ -76,9 +76,11 @@ pub use confirmation::pending::{
 };
 pub use duplicates::{MAX_SEPARATE_REASON_CHARS, REASON_ARGUMENT, SEPARATE_ARGUMENT};
 pub use error::GuardError;
-pub use kill_switch::{Halt, KillSwitch, Status};
+pub use kill_switch::{FileHalts, Halt, HaltStore, KillSwitch, MemoryHalts, Status};
 pub use paths::{PathError, resolve_within};
-pub use rates::{Limit, Limited, RateLimiter};
+#[cfg(feature = "postgres")]
+pub use rates::PgRates;
+pub use rates::{Limit, Limited, RateLimiter, RateStore};
 pub use rights::{Rights, RightsFile};
 
 /// One tools/call as the checks see it: a tool the inner handler has, called by a principal the

@@ -34,6 +34,8 @@ use std::time::{Duration, Instant};
 
 #[cfg(feature = "postgres")]
 mod postgres;
+#[cfg(feature = "postgres")]
+pub use postgres::PgRates;
 
 /// Units per token: one minute in nanoseconds, so that `per_minute` is the refill in units per ns.
 const UNITS_PER_TOKEN: u128 = 60_000_000_000;
@@ -303,27 +305,39 @@ impl RateLimiter {
     }
 }
 
+/// Where token buckets are kept: this process's memory ([`RateLimiter`]) or the database every
+/// replica shares (feature `postgres`, [`RateStore`] of `Rates::in_database`).
+/// `tests/rate_conformance.rs` runs the same cases against every store.
+///
+/// What every store guarantees: `take` takes one token from the bucket of every key listed, or
+/// none (all or nothing, atomically with respect to every other taker of the same store); a
+/// bucket starts full with its limit on first use and refills at its rate; a refusal names the
+/// first key whose bucket is empty and how long until it has a token. `Err` means the buckets
+/// cannot be reached; the check then refuses the call (fail closed).
+pub trait RateStore: Send + Sync + std::fmt::Debug {
+    /// Takes the tokens of `keys` now, or none.
+    fn take(&self, keys: &[(String, Limit)]) -> Result<Result<(), Limited>, String>;
+}
+
+impl RateStore for RateLimiter {
+    fn take(&self, keys: &[(String, Limit)]) -> Result<Result<(), Limited>, String> {
+        Ok(self.check(keys, Instant::now()))
+    }
+}
+
 /// The check: takes a token from the tool's and the principal's buckets (the policy's
 /// `rate_limits`), all or nothing, or refuses with the seconds to wait. A call coming back
 /// through `confirm_action` took its tokens at the preview.
-#[derive(Debug, Default)]
-pub(crate) struct Rates {
-    buckets: Buckets,
-}
-
-/// Where the buckets are kept.
 #[derive(Debug)]
-enum Buckets {
-    /// In this process.
-    Memory(RateLimiter),
-    /// In the database every replica shares.
-    #[cfg(feature = "postgres")]
-    Database(toolgate_storage::postgres::PgStore),
+pub(crate) struct Rates {
+    buckets: std::sync::Arc<dyn RateStore>,
 }
 
-impl Default for Buckets {
+impl Default for Rates {
     fn default() -> Self {
-        Buckets::Memory(RateLimiter::new())
+        Rates {
+            buckets: std::sync::Arc::new(RateLimiter::new()),
+        }
     }
 }
 
@@ -334,19 +348,14 @@ impl Rates {
     pub(crate) fn in_database(
         store: toolgate_storage::postgres::PgStore,
     ) -> Result<Self, toolgate_storage::postgres::PgError> {
-        postgres::migrate(&store)?;
         Ok(Rates {
-            buckets: Buckets::Database(store),
+            buckets: std::sync::Arc::new(PgRates::open(store)?),
         })
     }
 
     /// Takes the tokens of `keys`: `Err` when the buckets could not be reached.
     fn take(&self, keys: &[(String, Limit)]) -> Result<Result<(), Limited>, String> {
-        match &self.buckets {
-            Buckets::Memory(limiter) => Ok(limiter.check(keys, Instant::now())),
-            #[cfg(feature = "postgres")]
-            Buckets::Database(store) => postgres::take(store, keys).map_err(|e| e.to_string()),
-        }
+        self.buckets.take(keys)
     }
 }
 
@@ -608,50 +617,6 @@ mod tests {
             .collect();
         let granted: usize = handles.into_iter().map(|h| h.join().unwrap()).sum();
         assert_eq!(granted, 300);
-    }
-
-    /// Two replicas' buckets on one database: concurrent takers never get more than the burst
-    /// between them, a refused call consumes nothing from the other bucket, and a refusal
-    /// says how long to wait.
-    #[cfg(feature = "postgres")]
-    #[test]
-    fn database_buckets_are_shared_by_replicas_and_never_overspent() {
-        use std::sync::Arc;
-        let url = toolgate_pgtest::PgCluster::shared()
-            .unwrap()
-            .create_database("rates")
-            .unwrap();
-        let replica = || {
-            let store = toolgate_storage::postgres::PgStore::connect(&url).unwrap();
-            Arc::new(Rates::in_database(store).unwrap())
-        };
-        let (a, b) = (replica(), replica());
-        let keys = vec![key("tool:send", 20, 1), key("principal:p", 100, 1)];
-        let handles: Vec<_> = [a.clone(), b.clone()]
-            .into_iter()
-            .map(|rates| {
-                let keys = keys.clone();
-                std::thread::spawn(move || {
-                    (0..30)
-                        .filter(|_| rates.take(&keys).unwrap().is_ok())
-                        .count()
-                })
-            })
-            .collect();
-        let granted: usize = handles.into_iter().map(|h| h.join().unwrap()).sum();
-        assert_eq!(granted, 20);
-        let limited = b.take(&keys).unwrap().unwrap_err();
-        assert_eq!(limited.key_index, 0);
-        assert!(
-            limited.retry_after <= Duration::from_secs(60),
-            "{limited:?}"
-        );
-        // The principal's bucket lost one token per granted call only.
-        let principal = [key("principal:p", 100, 1)];
-        for _ in 0..80 {
-            a.take(&principal).unwrap().unwrap();
-        }
-        assert!(a.take(&principal).unwrap().is_err());
     }
 
     /// A database that stops answering refuses to count (the check then refuses the call),

@@ -6,7 +6,7 @@
 
 use toolgate_storage::postgres::{PgError, PgStore, get, query_error};
 
-use super::{GuardError, Halt};
+use super::{GuardError, Halt, HaltStore, Status, UNREADABLE_HALT_BY};
 
 /// The component's migrations (`toolgate_schema`, component `control`).
 const MIGRATIONS: &[&str] = &[
@@ -24,9 +24,42 @@ const MIGRATIONS: &[&str] = &[
      )",
 ];
 
-/// Creates or migrates the switch's table.
-pub(super) fn migrate(store: &PgStore) -> Result<(), PgError> {
-    store.migrate("control", MIGRATIONS).map(drop)
+/// The halts of every replica on one database.
+#[derive(Debug, Clone)]
+pub(super) struct PgHalts {
+    store: PgStore,
+}
+
+impl PgHalts {
+    /// The halts in `store`; creates or migrates the switch's tables.
+    pub(super) fn open(store: PgStore) -> Result<PgHalts, GuardError> {
+        store.migrate("control", MIGRATIONS)?;
+        Ok(PgHalts { store })
+    }
+}
+
+impl HaltStore for PgHalts {
+    fn status(&self, tenant: Option<&str>, _: Option<&str>) -> Status {
+        match status(&self.store, tenant) {
+            Ok(None) => Status::Running,
+            Ok(Some(halt)) => Status::Halted(halt),
+            Err(e) => Status::Halted(Halt {
+                by: UNREADABLE_HALT_BY.to_owned(),
+                reason: format!(
+                    "the kill switch cannot be read ({e}); every call is refused until the database answers"
+                ),
+                since_ns: 0,
+            }),
+        }
+    }
+
+    fn put(&self, tenant: Option<&str>, halt: &Halt) -> Result<Option<Halt>, GuardError> {
+        put(&self.store, tenant, halt)
+    }
+
+    fn take(&self, tenant: Option<&str>, _: Option<&str>) -> Result<Option<Halt>, GuardError> {
+        take(&self.store, tenant)
+    }
 }
 
 fn halt_of(row: &toolgate_storage::postgres::PgRow) -> Halt {
@@ -39,7 +72,7 @@ fn halt_of(row: &toolgate_storage::postgres::PgRow) -> Halt {
 }
 
 /// The halt in force (of `tenant`, or of everyone), if any.
-pub(super) fn status(store: &PgStore, tenant: Option<&str>) -> Result<Option<Halt>, PgError> {
+fn status(store: &PgStore, tenant: Option<&str>) -> Result<Option<Halt>, PgError> {
     let tenant = tenant.map(str::to_owned);
     store.run(|pool, database| async move {
         let client = get(&pool, &database).await?;
@@ -68,11 +101,7 @@ pub(super) fn status(store: &PgStore, tenant: Option<&str>) -> Result<Option<Hal
 
 /// Sets `halt` (of `tenant`, or of everyone), returning the one it replaced (read in the same
 /// transaction).
-pub(super) fn halt(
-    store: &PgStore,
-    tenant: Option<&str>,
-    halt: &Halt,
-) -> Result<Option<Halt>, GuardError> {
+fn put(store: &PgStore, tenant: Option<&str>, halt: &Halt) -> Result<Option<Halt>, GuardError> {
     let halt = halt.clone();
     let tenant = tenant.map(str::to_owned);
     let since = i64::try_from(halt.since_ns).unwrap_or(i64::MAX);
@@ -118,7 +147,7 @@ pub(super) fn halt(
 }
 
 /// Lifts the halt (of `tenant`, or of everyone), returning exactly the one that was in force.
-pub(super) fn resume(store: &PgStore, tenant: Option<&str>) -> Result<Option<Halt>, GuardError> {
+fn take(store: &PgStore, tenant: Option<&str>) -> Result<Option<Halt>, GuardError> {
     let tenant = tenant.map(str::to_owned);
     store
         .run(|pool, database| async move {

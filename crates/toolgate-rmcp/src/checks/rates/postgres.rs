@@ -9,7 +9,7 @@ use std::collections::HashMap;
 
 use toolgate_storage::postgres::{PgError, PgStore, PgToSql, get, query_error};
 
-use super::{Bucket, Limit, Limited};
+use super::{Bucket, Limit, Limited, RateStore};
 
 /// The component's migrations (`toolgate_schema`, component `rates`).
 const MIGRATIONS: &[&str] = &["CREATE TABLE toolgate_rate_buckets (
@@ -20,9 +20,24 @@ const MIGRATIONS: &[&str] = &["CREATE TABLE toolgate_rate_buckets (
          per_minute bigint NOT NULL
      )"];
 
-/// Creates or migrates the buckets' table.
-pub(super) fn migrate(store: &PgStore) -> Result<(), PgError> {
-    store.migrate("rates", MIGRATIONS).map(drop)
+/// The buckets of every replica on one database.
+#[derive(Debug, Clone)]
+pub struct PgRates {
+    store: PgStore,
+}
+
+impl PgRates {
+    /// The buckets in `store`; creates or migrates their table.
+    pub fn open(store: PgStore) -> Result<PgRates, PgError> {
+        store.migrate("rates", MIGRATIONS)?;
+        Ok(PgRates { store })
+    }
+}
+
+impl RateStore for PgRates {
+    fn take(&self, keys: &[(String, Limit)]) -> Result<Result<(), Limited>, String> {
+        take(&self.store, keys).map_err(|e| e.to_string())
+    }
 }
 
 /// One column of bucket values per field, as the statements take them (`unnest`).
@@ -57,10 +72,7 @@ impl Columns {
 }
 
 /// Takes one token per listing from the buckets of `keys`, or none, in one transaction.
-pub(super) fn take(
-    store: &PgStore,
-    keys: &[(String, Limit)],
-) -> Result<Result<(), Limited>, PgError> {
+fn take(store: &PgStore, keys: &[(String, Limit)]) -> Result<Result<(), Limited>, PgError> {
     let keys = keys.to_vec();
     store.run(move |pool, database| async move {
         let query = |what| query_error(&database, what);

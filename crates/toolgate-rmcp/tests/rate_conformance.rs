@@ -1,0 +1,133 @@
+//! The behaviours every rate-limit bucket store (`RateStore`) must have, run against this
+//! process's memory (`RateLimiter`) and (with the feature `postgres`) a real PostgreSQL database
+//! shared by two handles: a bucket starts full and then refuses with the time to wait, a call's
+//! keys are taken all or nothing, buckets of other keys are untouched, and concurrent takers
+//! never get more than the burst between them. Where a store cannot be reached is the database
+//! store's own test (`checks::rates`). There is no file store: buckets in a ledger would cost an
+//! fsync per call (docs/checks.md).
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use toolgate_rmcp::checks::{Limit, RateLimiter, RateStore};
+
+/// A store, and a second handle on the same buckets (another replica on the database).
+struct Subject {
+    name: &'static str,
+    store: Arc<dyn RateStore>,
+    other: Arc<dyn RateStore>,
+}
+
+fn subjects(database: &str) -> Vec<Subject> {
+    let memory: Arc<dyn RateStore> = Arc::new(RateLimiter::new());
+    #[allow(unused_mut)]
+    let mut subjects = vec![Subject {
+        name: "memory",
+        store: Arc::clone(&memory),
+        other: memory,
+    }];
+    #[cfg(feature = "postgres")]
+    {
+        let url = toolgate_pgtest::PgCluster::shared()
+            .unwrap()
+            .create_database(database)
+            .unwrap();
+        let open = || -> Arc<dyn RateStore> {
+            let store = toolgate_storage::postgres::PgStore::connect(&url).unwrap();
+            Arc::new(toolgate_rmcp::checks::PgRates::open(store).unwrap())
+        };
+        subjects.push(Subject {
+            name: "postgres",
+            store: open(),
+            other: open(),
+        });
+    }
+    #[cfg(not(feature = "postgres"))]
+    let _ = database;
+    subjects
+}
+
+/// A key whose bucket holds `burst` tokens and refills one per minute (nothing refills during a
+/// test).
+fn key(name: &str, burst: u32) -> (String, Limit) {
+    (
+        name.to_owned(),
+        Limit {
+            burst,
+            per_minute: 1,
+        },
+    )
+}
+
+#[test]
+fn a_bucket_starts_full_and_then_refuses_with_the_time_to_wait() {
+    for subject in subjects("rates_full") {
+        let name = subject.name;
+        let keys = [key("tool:send", 3)];
+        for _ in 0..3 {
+            assert_eq!(subject.store.take(&keys).unwrap(), Ok(()), "{name}");
+        }
+        let limited = subject.other.take(&keys).unwrap().unwrap_err();
+        assert_eq!(limited.key_index, 0, "{name}");
+        assert!(
+            limited.retry_after > Duration::ZERO && limited.retry_after <= Duration::from_secs(60),
+            "{name}: {limited:?}"
+        );
+        assert!(limited.retry_after_secs() >= 1, "{name}");
+    }
+}
+
+#[test]
+fn a_calls_keys_are_taken_all_or_nothing() {
+    for subject in subjects("rates_all_or_nothing") {
+        let name = subject.name;
+        let tool = key("tool:send", 1);
+        let principal = key("principal:p", 5);
+        let both = [tool.clone(), principal.clone()];
+        assert_eq!(subject.store.take(&both).unwrap(), Ok(()), "{name}");
+        // The tool's bucket is empty: the call is refused, naming it, and the principal's
+        // bucket keeps the token the refused call would have taken.
+        let limited = subject.store.take(&both).unwrap().unwrap_err();
+        assert_eq!(limited.key_index, 0, "{name}");
+        for _ in 0..4 {
+            assert_eq!(
+                subject
+                    .other
+                    .take(std::slice::from_ref(&principal))
+                    .unwrap(),
+                Ok(()),
+                "{name}"
+            );
+        }
+        assert!(subject.store.take(&[principal]).unwrap().is_err(), "{name}");
+        // Another key's bucket is its own.
+        assert_eq!(
+            subject.store.take(&[key("tool:other", 1)]).unwrap(),
+            Ok(()),
+            "{name}"
+        );
+    }
+}
+
+#[test]
+fn concurrent_takers_never_get_more_than_the_burst_between_them() {
+    for subject in subjects("rates_concurrent") {
+        let name = subject.name;
+        let keys = vec![key("tool:shared", 20)];
+        let takers: Vec<_> = [Arc::clone(&subject.store), Arc::clone(&subject.other)]
+            .into_iter()
+            .map(|store| {
+                let keys = keys.clone();
+                std::thread::spawn(move || {
+                    (0..30)
+                        .filter(|_| store.take(&keys).unwrap().is_ok())
+                        .count()
+                })
+            })
+            .collect();
+        let granted: usize = takers.into_iter().map(|t| t.join().unwrap()).sum();
+        assert_eq!(granted, 20, "{name}");
+    }
+}
