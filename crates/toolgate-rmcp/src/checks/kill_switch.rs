@@ -101,8 +101,14 @@ impl Status {
 pub trait HaltStore: Send + Sync + std::fmt::Debug {
     /// The halt in force for `tenant` (or everyone), read afresh; fail closed.
     fn status(&self, tenant: Option<&str>, resume_command: Option<&str>) -> Status;
-    /// Puts `halt` in force for `tenant` (or everyone), durably; returns the halt it replaced.
-    fn put(&self, tenant: Option<&str>, halt: &Halt) -> Result<Option<Halt>, GuardError>;
+    /// Puts `halt` in force for `tenant` (or everyone), durably; returns the halt it replaced
+    /// (an unreadable one as [`HaltStore::status`] reports it).
+    fn put(
+        &self,
+        tenant: Option<&str>,
+        halt: &Halt,
+        resume_command: Option<&str>,
+    ) -> Result<Option<Halt>, GuardError>;
     /// Lifts the halt of `tenant` (or everyone), durably; returns the halt lifted.
     fn take(
         &self,
@@ -234,7 +240,11 @@ impl KillSwitch {
             reason: reason.to_owned(),
             since_ns: nanos_since_epoch(now),
         };
-        let previous = self.store.put(self.tenant.as_deref(), &halt)?;
+        let previous = self.store.put(
+            self.tenant.as_deref(),
+            &halt,
+            self.resume_command.as_deref(),
+        )?;
         Ok((halt, previous))
     }
 
@@ -322,9 +332,14 @@ impl HaltStore for FileHalts {
         }
     }
 
-    fn put(&self, tenant: Option<&str>, halt: &Halt) -> Result<Option<Halt>, GuardError> {
+    fn put(
+        &self,
+        tenant: Option<&str>,
+        halt: &Halt,
+        resume_command: Option<&str>,
+    ) -> Result<Option<Halt>, GuardError> {
         toolgate_storage::create_dir_durably(self.storage.as_ref(), &self.dir)?;
-        let previous = match self.status(tenant, None) {
+        let previous = match self.status(tenant, resume_command) {
             Status::Running => None,
             Status::Halted(previous) => Some(previous),
         };
@@ -392,7 +407,12 @@ impl HaltStore for MemoryHalts {
         }
     }
 
-    fn put(&self, tenant: Option<&str>, halt: &Halt) -> Result<Option<Halt>, GuardError> {
+    fn put(
+        &self,
+        tenant: Option<&str>,
+        halt: &Halt,
+        _: Option<&str>,
+    ) -> Result<Option<Halt>, GuardError> {
         Ok(self.halts().insert(tenant.map(str::to_owned), halt.clone()))
     }
 
@@ -583,6 +603,17 @@ mod tests {
         everyone.resume().unwrap();
         assert_eq!(acme.resume().unwrap(), Some(halt));
         assert!(check.halted(Some("acme")).is_none());
+    }
+
+    #[test]
+    fn replacing_an_unreadable_halt_file_reports_it_as_status_does() {
+        let dir = tempfile::tempdir().unwrap();
+        fs::write(dir.path().join(HALT_FILE_NAME), b"garbage").unwrap();
+        let ks = KillSwitch::new(dir.path()).resume_command("srv resume");
+        let reported = halted(ks.status());
+        let (_, previous) = ks.halt_at("fixed", "ops", at(7)).unwrap();
+        assert_eq!(previous, Some(reported.clone()));
+        assert!(reported.reason.contains("`srv resume`"), "{reported:?}");
     }
 
     #[test]

@@ -53,7 +53,12 @@ impl HaltStore for PgHalts {
         }
     }
 
-    fn put(&self, tenant: Option<&str>, halt: &Halt) -> Result<Option<Halt>, GuardError> {
+    fn put(
+        &self,
+        tenant: Option<&str>,
+        halt: &Halt,
+        _: Option<&str>,
+    ) -> Result<Option<Halt>, GuardError> {
         put(&self.store, tenant, halt)
     }
 
