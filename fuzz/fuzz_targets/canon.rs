@@ -1,10 +1,13 @@
 //! Canonical JSON (RFC 8785): for any JSON text, canonicalizing is a fixed point, `is_canonical`
-//! agrees with it, the two entry points agree, and digests parse back from their hex form.
+//! agrees with it, the append writers give the same bytes, and digests parse back from their hex
+//! form.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
 use serde_json::Value;
-use toolgate_canon::{Sha256Digest, canonical_value, is_canonical, to_canonical_vec};
+use toolgate_canon::{
+    Sha256Digest, canonical_value, is_canonical, write_canonical_object, write_canonical_value,
+};
 
 fuzz_target!(|data: &[u8]| {
     if let Ok(text) = std::str::from_utf8(data) {
@@ -21,11 +24,22 @@ fuzz_target!(|data: &[u8]| {
         return;
     };
     let once = canonical_value(&value);
+    let mut appended = b"[".to_vec();
+    write_canonical_value(&mut appended, &value);
     assert_eq!(
-        to_canonical_vec(&value).ok().as_ref(),
-        Some(&once),
-        "to_canonical_vec and canonical_value disagree"
+        appended[1..],
+        once[..],
+        "write_canonical_value and canonical_value disagree"
     );
+    if let Value::Object(map) = &value {
+        appended.truncate(1);
+        write_canonical_object(&mut appended, map);
+        assert_eq!(
+            appended[1..],
+            once[..],
+            "write_canonical_object and canonical_value disagree"
+        );
+    }
     assert!(
         is_canonical(&once),
         "canonical form not recognised as canonical: {}",

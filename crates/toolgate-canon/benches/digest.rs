@@ -3,10 +3,11 @@
 //!
 //! Criterion rows: `of` over 1 MiB in memory, and `of_parts` over one audit-record-sized message
 //! (64-byte previous hash + 470 bytes); and the canonical JSON of an audit-record-like value:
-//! this crate's writer on the `serde_json::Value` (`canonical_value`, which walks the value) and
-//! through `Serialize` (`to_canonical_vec`, on the same `Value` and on a derived struct with the
-//! same fields), next to `serde_json_canonicalizer::to_vec` (the crate it replaced, whose bytes it
-//! reproduces) and plain, non-canonical `serde_json::to_vec` of the same value. Then a comparison
+//! this crate's writer on the `serde_json::Value` (`canonical_value`, which walks the value), and
+//! of a derived struct with the same fields through `serde_json::to_value` first, next to
+//! `serde_json_canonicalizer::to_vec` (the crate it replaced, whose bytes it reproduces) and plain,
+//! non-canonical `serde_json::to_vec` of the same value; then `canonical_value` and
+//! `serde_json::to_vec` of a tool's input schema of about 10 KB. Then a comparison
 //! outside criterion: a 64 MiB file hashed
 //! by reading it and calling `Sha256Digest::of`, against `sha256sum FILE` (process start
 //! included, page cache warm), median of 7 runs each, in MB/s, plus `sha256sum` of a 1 MiB file
@@ -26,7 +27,7 @@ use std::time::{Duration, Instant};
 
 use criterion::{Criterion, Throughput};
 use serde::Serialize;
-use toolgate_canon::{Sha256Digest, canonical_value, to_canonical_vec};
+use toolgate_canon::{Sha256Digest, canonical_value};
 
 const MIB: usize = 1024 * 1024;
 
@@ -78,8 +79,11 @@ fn criterion_groups(c: &mut Criterion) {
     });
     let typed: AuditRecord = serde_json::from_value(record.clone()).unwrap();
     let canonical = canonical_value(&record);
-    assert_eq!(to_canonical_vec(&record).unwrap(), canonical);
-    assert_eq!(to_canonical_vec(&typed).unwrap(), canonical);
+    assert_eq!(
+        canonical_value(&serde_json::to_value(&typed).unwrap()),
+        canonical
+    );
+    assert_eq!(serde_json_canonicalizer::to_vec(&typed).unwrap(), canonical);
     assert_eq!(
         serde_json_canonicalizer::to_vec(&record).unwrap(),
         canonical
@@ -88,11 +92,12 @@ fn criterion_groups(c: &mut Criterion) {
     group.bench_function("canonical_value_audit_record", |b| {
         b.iter(|| black_box(canonical_value(black_box(&record))))
     });
-    group.bench_function("to_canonical_vec_value_audit_record", |b| {
-        b.iter(|| black_box(to_canonical_vec(black_box(&record)).unwrap()))
-    });
-    group.bench_function("to_canonical_vec_struct_audit_record", |b| {
-        b.iter(|| black_box(to_canonical_vec(black_box(&typed)).unwrap()))
+    group.bench_function("to_value_canonical_value_struct_audit_record", |b| {
+        b.iter(|| {
+            black_box(canonical_value(
+                &serde_json::to_value(black_box(&typed)).unwrap(),
+            ))
+        })
     });
     group.bench_function("serde_json_canonicalizer_audit_record", |b| {
         b.iter(|| black_box(serde_json_canonicalizer::to_vec(black_box(&record)).unwrap()))
@@ -100,11 +105,100 @@ fn criterion_groups(c: &mut Criterion) {
     group.bench_function("serde_json_to_vec_audit_record", |b| {
         b.iter(|| black_box(serde_json::to_vec(black_box(&record)).unwrap()))
     });
+    // A tool's input schema of about 10 KB, as a lockfile or contract digests it.
+    let schema = tool_schema();
+    let canonical = canonical_value(&schema);
+    assert_eq!(
+        serde_json_canonicalizer::to_vec(&schema).unwrap(),
+        canonical
+    );
+    assert!(
+        (9_000..12_000).contains(&canonical.len()),
+        "{}",
+        canonical.len()
+    );
+    group.bench_function("canonical_value_tool_schema", |b| {
+        b.iter(|| black_box(canonical_value(black_box(&schema))))
+    });
+    group.bench_function("serde_json_to_vec_tool_schema", |b| {
+        b.iter(|| black_box(serde_json::to_vec(black_box(&schema)).unwrap()))
+    });
     group.finish();
 }
 
-/// The audit record above as a derived struct, fields in declaration (not canonical) order, so
-/// `to_canonical_vec` has to sort them.
+/// A JSON Schema of about 10 KB: 32 properties of every kind, with descriptions (some with
+/// non-ASCII text and escapes), enums, bounds, a nested object and an array of objects.
+fn tool_schema() -> serde_json::Value {
+    use serde_json::{Map, Value, json};
+    let mut properties = Map::new();
+    for i in 0..32u32 {
+        let description = format!(
+            "Field {i} of the request: what the tool does with it, in a sentence long enough to \
+             look like a real one (limits, units, défauts \"quoted\")."
+        );
+        let property = match i % 4 {
+            0 => json!({
+                "type": "string",
+                "description": description,
+                "minLength": 1,
+                "maxLength": 256 + i,
+                "pattern": "^[a-z][a-z0-9_\\-]*$",
+            }),
+            1 => json!({
+                "type": "integer",
+                "description": description,
+                "minimum": -1_000_000,
+                "maximum": 9_007_199_254_740_991u64,
+                "default": i * 10,
+            }),
+            2 => json!({
+                "type": "string",
+                "description": description,
+                "enum": ["alpha", "beta", "gamma", "delta", format!("opt_{i}")],
+            }),
+            _ => json!({
+                "type": "array",
+                "description": description,
+                "maxItems": 64,
+                "items": {
+                    "type": "object",
+                    "properties": {
+                        "weight": {"type": "number", "minimum": 0.0, "maximum": 1.5e3, "multipleOf": 0.25},
+                        "label": {"type": "string", "maxLength": 40},
+                        "enabled": {"type": "boolean", "default": true},
+                    },
+                    "required": ["label"],
+                    "additionalProperties": false,
+                },
+            }),
+        };
+        properties.insert(
+            format!(
+                "field_{i:02}_{}",
+                ["name", "count", "mode", "items"][i as usize % 4]
+            ),
+            property,
+        );
+    }
+    let required: Vec<Value> = properties
+        .keys()
+        .step_by(3)
+        .cloned()
+        .map(Value::from)
+        .collect();
+    json!({
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        "title": "write_note",
+        "description": "Writes a note to the store; every field is described below.",
+        "type": "object",
+        "properties": properties,
+        "required": required,
+        "additionalProperties": false,
+    })
+}
+
+/// The audit record above as a derived struct, fields in declaration (not canonical) order
+/// (`serde_json::to_value` puts them in a map, which `canonical_value` writes in order).
 #[derive(Serialize, serde::Deserialize)]
 struct AuditRecord {
     ts: u64,

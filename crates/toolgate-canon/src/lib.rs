@@ -4,13 +4,23 @@
 //! sections) is a SHA-256 over the canonical bytes produced here, so two independent programs that
 //! agree on RFC 8785 agree on every digest. This crate performs no I/O.
 //!
-//! The writer is this crate's own (module `jcs`). Its output is byte-for-byte that of the
+//! The writer is this crate's own (module `jcs`), and it writes one thing: a `serde_json::Value`
+//! ([`canonical_value`], and the `write_canonical_*` functions for callers that assemble a larger
+//! canonical document piece by piece). Its output is byte-for-byte that of the
 //! `serde_json_canonicalizer` 0.4 crate, which produced every digest written before it, including
-//! that crate's quirks (every number goes through `f64`, so integers above 2^53 are rounded; a
-//! non-finite float nested in a value is written `null`); a differential property test against
-//! that crate guards the equivalence, and the tests below check the test vectors of RFC 8785
-//! (appendix B numbers, section 3.2.3 key ordering by UTF-16 code units, and the appendix's
-//! complete example).
+//! that crate's quirk that every number goes through `f64` (integers above 2^53 are rounded); a
+//! differential property test against that crate guards the equivalence, and the tests below check
+//! the test vectors of RFC 8785 (appendix B numbers, section 3.2.3 key ordering by UTF-16 code
+//! units, and the appendix's complete example).
+//!
+//! A typed value is canonicalized as `canonical_value(&serde_json::to_value(&value)?)`. For
+//! ordinary data (structs, enums, strings, maps with string or small integer keys, numbers within
+//! 64 bits) that gives the canonicalizer's bytes for the typed value too (the differential test
+//! checks random derived structs). Where `serde_json::to_value` itself differs from the
+//! canonicalizer's serializer, the `Value` decides: a repeated map key keeps its last value instead
+//! of being an error, a non-finite float is `null` even as the whole value, a 128-bit integer
+//! beyond 64 bits is an error, and a float or above-2^53 integer map key is written as serde_json
+//! writes it (`1.0`, every digit) rather than as an ECMAScript number.
 
 #![forbid(unsafe_code)]
 
@@ -26,34 +36,11 @@ use std::str::FromStr;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use sha2::{Digest as _, Sha256};
 
-/// Why a value could not be canonicalized.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum CanonError {
-    /// The value has no RFC 8785 form: a non-finite number as the whole value, a map key that is
-    /// not a string, number, bool or char, two keys that are the same string, or a `Serialize`
-    /// impl that failed. Represent it as a JSON string or integer instead.
-    #[error(
-        "value cannot be written as canonical JSON (RFC 8785): {0}; use only JSON-representable values"
-    )]
-    NotRepresentable(String),
-}
-
-/// The RFC 8785 canonical bytes of `value`.
+/// The RFC 8785 canonical bytes of a `serde_json::Value`.
 ///
-/// Keys are sorted by UTF-16 code units, there is no insignificant whitespace, strings are UTF-8 without
-/// `\u` escapes for non-ASCII, and numbers use the ECMAScript shortest round-trip form.
-///
-/// Numbers are written as ECMAScript writes the `f64` nearest to them, whatever their Rust type
-/// (so `u64` values above 2^53 are rounded). A non-finite float is an error when it is the whole
-/// value and `null` when nested; a map key that is not a string, a number, a bool or a char, two
-/// keys that are the same string, or a failing `Serialize` impl are errors.
-pub fn to_canonical_vec<T: Serialize>(value: &T) -> Result<Vec<u8>, CanonError> {
-    jcs::to_vec(value).map_err(|e| CanonError::NotRepresentable(e.to_string()))
-}
-
-/// The canonical bytes of a `serde_json::Value`: the same bytes as
-/// `to_canonical_vec(value)`, written by walking the value directly.
+/// Keys are sorted by UTF-16 code units, there is no insignificant whitespace, strings are UTF-8
+/// without `\u` escapes for non-ASCII, and numbers use the ECMAScript shortest round-trip form of
+/// the nearest `f64` (so integers above 2^53 are rounded).
 ///
 /// A `Value` always has string keys, distinct within an object, and finite numbers, so this cannot
 /// fail.
@@ -128,11 +115,6 @@ impl Sha256Digest {
         let mut canonical = Vec::with_capacity(jcs::INITIAL_CAPACITY);
         write_canonical_object(&mut canonical, map);
         Self::of(&canonical)
-    }
-
-    /// The SHA-256 of the canonical JSON of any serializable value.
-    pub fn of_canonical<T: Serialize>(value: &T) -> Result<Self, CanonError> {
-        Ok(Self::of(&to_canonical_vec(value)?))
     }
 
     /// The raw 32 bytes.
@@ -323,20 +305,14 @@ mod tests {
             (0x43143ff3c1cb0959, "1424953923781206.2"),
         ];
         for &(bits, expected) in vectors {
-            let number = f64::from_bits(bits);
-            let got = to_canonical_vec(&number).expect("finite numbers canonicalize");
+            let number = json!(f64::from_bits(bits));
+            let got = canonical_value(&number);
             assert_eq!(
                 String::from_utf8(got).expect("utf-8"),
                 expected,
                 "bits {bits:#018x}"
             );
         }
-    }
-
-    #[test]
-    fn non_finite_numbers_are_an_error_not_a_panic() {
-        assert!(to_canonical_vec(&f64::NAN).is_err());
-        assert!(to_canonical_vec(&f64::INFINITY).is_err());
     }
 
     #[test]

@@ -6,10 +6,12 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use serde::{Deserialize, Serialize};
+use serde::Deserialize;
 use serde_json::Value;
 use serde_json::value::RawValue;
-use toolgate_canon::{Sha256Digest, is_canonical, to_canonical_vec};
+use toolgate_canon::{
+    Sha256Digest, canonical_value, is_canonical, write_canonical_str, write_canonical_u64,
+};
 
 use super::EffectError;
 
@@ -220,7 +222,7 @@ const TOOL_RESULT_TAIL: &[u8] = b"}";
 impl StoredResult {
     /// The stored form of a result given to `complete` or `resolve`.
     pub(crate) fn from_value(value: &Value) -> Result<Self, EffectError> {
-        let bytes = canonical(value)?;
+        let bytes = canonical_value(value);
         let canonical = String::from_utf8(bytes).map_err(|_| EffectError::InvalidKey {
             reason: "the result's canonical JSON is not UTF-8".to_owned(),
         })?;
@@ -442,7 +444,7 @@ pub(crate) fn encode_line(
     out.extend_from_slice(name.to_hex().as_bytes());
     out.extend_from_slice(b"\",\"record\":");
     match record {
-        Some(record) => record.write_canonical(&mut out)?,
+        Some(record) => record.write_canonical(&mut out),
         None => out.extend_from_slice(b"null"),
     }
     out.extend_from_slice(b"}\n");
@@ -465,7 +467,7 @@ impl Record {
     /// Appends the canonical JSON object of this record. Keys in RFC 8785 order (UTF-16 code
     /// units; all ASCII here, so byte order): created_ns, error, fingerprint, finished_ns,
     /// lease_until_ns, owner (nonce, pid, start_ticks), principal, result, retryable, state, tool.
-    fn write_canonical(&self, out: &mut Vec<u8>) -> Result<(), EffectError> {
+    fn write_canonical(&self, out: &mut Vec<u8>) {
         let (state, result, error, retryable) = match &self.state {
             State::InProgress => ("in_progress", None, None, None),
             State::Completed(result) => ("completed", Some(result), None, None),
@@ -477,7 +479,7 @@ impl Record {
         write_decimal_string(out, self.created_ns);
         if let Some(error) = error {
             out.extend_from_slice(b",\"error\":");
-            write_string(out, error)?;
+            write_canonical_str(out, error);
         }
         out.extend_from_slice(b",\"fingerprint\":\"");
         out.extend_from_slice(self.fingerprint.to_hex().as_bytes());
@@ -495,11 +497,11 @@ impl Record {
             )
             .as_bytes(),
         );
-        write_number(out, u64::from(self.owner.pid))?;
+        write_canonical_u64(out, u64::from(self.owner.pid));
         out.extend_from_slice(b",\"start_ticks\":");
-        write_number(out, self.owner.start_ticks)?;
+        write_canonical_u64(out, self.owner.start_ticks);
         out.extend_from_slice(b"},\"principal\":");
-        write_string(out, &self.principal)?;
+        write_canonical_str(out, &self.principal);
         if let Some(result) = result {
             out.extend_from_slice(b",\"result\":");
             result.write_canonical(out);
@@ -514,9 +516,8 @@ impl Record {
         out.extend_from_slice(b",\"state\":\"");
         out.extend_from_slice(state.as_bytes());
         out.extend_from_slice(b"\",\"tool\":");
-        write_string(out, &self.tool)?;
+        write_canonical_str(out, &self.tool);
         out.push(b'}');
-        Ok(())
     }
 }
 
@@ -525,32 +526,6 @@ fn write_decimal_string(out: &mut Vec<u8>, n: u64) {
     out.push(b'"');
     out.extend_from_slice(n.to_string().as_bytes());
     out.push(b'"');
-}
-
-/// A JSON string in canonical form. Printable ASCII other than `"` and `\` is written as is (the
-/// only form RFC 8785 allows for it); anything else goes through the canonicalizer.
-fn write_string(out: &mut Vec<u8>, s: &str) -> Result<(), EffectError> {
-    if s.bytes()
-        .all(|b| (0x20..0x7f).contains(&b) && b != b'"' && b != b'\\')
-    {
-        out.push(b'"');
-        out.extend_from_slice(s.as_bytes());
-        out.push(b'"');
-    } else {
-        out.extend(canonical(&s)?);
-    }
-    Ok(())
-}
-
-/// A JSON number in canonical form: plain digits up to 2^53 (where a double is exact), the
-/// canonicalizer's form beyond.
-fn write_number(out: &mut Vec<u8>, n: u64) -> Result<(), EffectError> {
-    if n <= MAX_EXACT_INTEGER {
-        out.extend_from_slice(n.to_string().as_bytes());
-    } else {
-        out.extend(canonical(&n)?);
-    }
-    Ok(())
 }
 
 /// Parses one complete journal line (without its newline), requiring exactly the canonical bytes
@@ -596,15 +571,6 @@ pub(crate) fn parse_line(
         None => None,
     };
     Ok((name, record))
-}
-
-fn canonical<T: Serialize>(value: &T) -> Result<Vec<u8>, EffectError> {
-    // Cannot fail: records hold only strings, small integers and a `serde_json::Value` (finite
-    // numbers, string keys), all of which RFC 8785 represents. The error is kept rather than
-    // unwrapped so that a future field cannot turn into a panic.
-    to_canonical_vec(value).map_err(|e| EffectError::InvalidKey {
-        reason: format!("the result cannot be stored as canonical JSON: {e}"),
-    })
 }
 
 impl Record {
@@ -840,8 +806,7 @@ mod tests {
             }
             file
         });
-        let mut bytes =
-            to_canonical_vec(&json!({"name": name.to_hex(), "record": record})).expect("canonical");
+        let mut bytes = canonical_value(&json!({"name": name.to_hex(), "record": record}));
         bytes.push(b'\n');
         bytes
     }
@@ -890,10 +855,7 @@ mod tests {
                 serde_json::to_string(&value).expect("serializes"),
                 "case {case}"
             );
-            assert_eq!(
-                stored.canonical().as_bytes(),
-                to_canonical_vec(&value).expect("canonical")
-            );
+            assert_eq!(stored.canonical().as_bytes(), canonical_value(&value));
             // Only values that need it keep more than the text.
             assert_eq!(stored.exact.is_none(), reads_back_exactly(&value));
             if reads_back_exactly(&value) {
@@ -917,7 +879,7 @@ mod tests {
         }
         fn check(value: &Value) -> Form {
             let stored = StoredResult::from_value(value).expect("canonicalizes");
-            let canonical = to_canonical_vec(value).expect("canonical");
+            let canonical = canonical_value(value);
             assert_eq!(stored.canonical().as_bytes(), canonical, "{value}");
             let mut line = Vec::new();
             stored.write_canonical(&mut line);
@@ -951,7 +913,7 @@ mod tests {
         let odd = json!({"s": "quote \" back \\ nl \n tab \t ctl \u{1f} é \u{2028} 😀", "n": [1, -2, null]});
         assert_eq!(
             check(&tool_result(
-                Value::String(String::from_utf8(to_canonical_vec(&odd).unwrap()).unwrap()),
+                Value::String(String::from_utf8(canonical_value(&odd)).unwrap()),
                 odd,
                 false
             )),

@@ -115,9 +115,9 @@ impl Confirmation {
         args_digest: Sha256Digest,
     ) -> Result<Preparation, String> {
         let Some(preflight) = self.preflight.clone() else {
-            let canonical = toolgate_canon::to_canonical_vec(&Value::Object(sent.clone()))
-                .map(|bytes| String::from_utf8_lossy(&bytes).into_owned())
-                .unwrap_or_default();
+            let mut bytes = Vec::new();
+            toolgate_canon::write_canonical_object(&mut bytes, sent);
+            let canonical = String::from_utf8_lossy(&bytes);
             let mut summary = format!("call {name} with {canonical}");
             if summary.chars().count() > MAX_DEFAULT_SUMMARY_CHARS {
                 summary = summary.chars().take(MAX_DEFAULT_SUMMARY_CHARS).collect();
