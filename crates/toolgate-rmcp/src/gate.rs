@@ -304,7 +304,8 @@ impl<H: ServerHandler> GatedBuilder<H> {
     /// exactly-once store, the audit chain, the kill switch, the rate-limit buckets, the pending
     /// confirmations and the rights, shared by every replica using the same database (a limit
     /// counts calls across replicas; a preview issued by one is confirmed once on any; rights set
-    /// with `RightsFile::set_in_database` apply to every replica's next call);
+    /// with `RightsFile::set_from_file` on a `toolgate_postgres::PgRights` apply to every
+    /// replica's next call);
     /// opened (connected, schema migrated) at [`GatedBuilder::build`], which fails naming the
     /// cause when the database cannot be reached, refuses the credentials, or has a newer schema.
     /// Takes precedence over [`GatedBuilder::ledger`] for those parts, not over an explicit
@@ -568,10 +569,17 @@ impl<H: ServerHandler> GatedBuilder<H> {
         #[cfg(feature = "postgres")]
         if let Some(store) = database {
             // Rate limits, pending confirmations and rights count across every replica.
-            rates = crate::checks::rates::Rates::in_database(store.clone())?;
-            pending = PendingActions::in_database(pending_ttl, store.clone())?;
+            rates = crate::checks::rates::Rates::with_store(Arc::new(
+                toolgate_postgres::PgRates::open(store.clone())?,
+            ));
+            pending = PendingActions::with_store(
+                pending_ttl,
+                Arc::new(toolgate_postgres::PgPending::open(store.clone())?),
+            );
             if self.rights.is_none() {
-                self.rights = Some(RightsFile::in_database(store.clone())?);
+                self.rights = Some(RightsFile::with_store(Arc::new(
+                    toolgate_postgres::PgRights::open(store.clone())?,
+                )));
             }
             if self.effects.is_none() {
                 let config = effect_config(PathBuf::new(), &policy);
@@ -593,7 +601,9 @@ impl<H: ServerHandler> GatedBuilder<H> {
                 self.audit = Some(Arc::new(chain));
             }
             if self.kill_switch.is_none() {
-                self.kill_switch = Some(self.named(KillSwitch::in_database(store)?));
+                self.kill_switch = Some(self.named(KillSwitch::with_store(Arc::new(
+                    toolgate_postgres::PgHalts::open(store)?,
+                ))));
             }
         }
         if let Some(dir) = &self.ledger {

@@ -210,8 +210,9 @@ fn database_switch(
     store: toolgate::storage::postgres::PgStore,
 ) -> anyhow::Result<toolgate::checks::KillSwitch> {
     let database = store.database().to_owned();
-    Ok(toolgate::checks::KillSwitch::in_database(store)
-        .with_context(|| format!("cannot open the kill switch in {database}"))?
+    let halts = toolgate::postgres::PgHalts::open(store)
+        .with_context(|| format!("cannot open the kill switch in {database}"))?;
+    Ok(toolgate::checks::KillSwitch::with_store(Arc::new(halts))
         .resume_command(format!("{SERVER_NAME} resume")))
 }
 
@@ -1200,9 +1201,8 @@ pub fn set_rights(
 /// The rights document in force on the database of `--store`, if one is set.
 #[cfg(feature = "postgres")]
 pub fn rights_document(options: &ServerOptions) -> anyhow::Result<Option<Vec<u8>>> {
-    Ok(toolgate::checks::RightsFile::document_in_database(
-        rights_store(options)?,
-    )?)
+    let rights = toolgate::postgres::PgRights::open(rights_store(options)?)?;
+    Ok(toolgate::checks::RightsFile::with_store(Arc::new(rights)).document()?)
 }
 
 /// Without the feature `postgres` there is no database to keep rights in.

@@ -54,9 +54,18 @@ pub mod effect {
 }
 
 /// The state the gate's checks consult on every call: the kill switch, rights file, rate limits,
-/// pending confirmations and path containment (`toolgate_rmcp::checks`).
+/// pending confirmations (their stores: `toolgate-state`) and path containment
+/// (`toolgate_rmcp::checks`).
 pub mod checks {
     pub use toolgate_rmcp::checks::*;
+    pub use toolgate_state::{kill_switch, pending, rates, rights};
+}
+
+/// The PostgreSQL stores of the governance state, shared by every replica on one database
+/// (`toolgate-postgres`, feature `postgres`).
+#[cfg(feature = "postgres")]
+pub mod postgres {
+    pub use toolgate_postgres::*;
 }
 
 /// The tool contract: lockfile, digests, verdicts, attestation (`toolgate-contract`), and a

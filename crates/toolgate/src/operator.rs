@@ -238,7 +238,10 @@ pub fn set_rights(
     audit: &dyn AuditSink,
     file: Option<&std::path::Path>,
 ) -> Result<Option<Sha256Digest>, OperatorError> {
-    let digest = toolgate_rmcp::checks::RightsFile::set_in_database(store, file)?;
+    let rights = toolgate_state::RightsFile::with_store(std::sync::Arc::new(
+        toolgate_postgres::PgRights::open(store)?,
+    ));
+    let digest = rights.set_from_file(file)?;
     let reason = match &digest {
         Some(digest) => format!("rights set: sha256:{digest}"),
         None => "rights cleared: only the policy decides".to_owned(),

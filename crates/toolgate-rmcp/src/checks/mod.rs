@@ -24,14 +24,17 @@
 //! The state that changes while the server runs is consulted again on every call, so that an
 //! operator's decision takes effect on the very next call without a restart:
 //!
-//! - [`kill_switch`]: `<ledger_dir>/halt.json`. While it exists every call is refused. Read fresh
+//! The stores of that state are `toolgate-state`'s traits (file, memory) and `toolgate-postgres`'s
+//! (the database every replica shares); the checks here read them:
+//!
+//! - `kill_switch`: `<ledger_dir>/halt.json`. While it exists every call is refused. Read fresh
 //!   on each call (one failed `open` when running), and fail-closed: an unreadable halt file halts.
-//! - [`rights`]: the rights file mapping principals to the tools they may call. Re-read when it
+//! - `rights`: the rights file mapping principals to the tools they may call. Re-read when it
 //!   changes, so a revocation applies to the next call; an invalid file refuses every call. Or
 //!   the same document in the database every replica shares.
-//! - [`rates`]: token buckets (per principal, per tool), taken all-or-nothing per call. In
+//! - `rates`: token buckets (per principal, per tool), taken all-or-nothing per call. In
 //!   memory, or in the database every replica shares (`GatedBuilder::store_url`).
-//! - [`confirmation`]: pending two-step actions. A preview issues a one-time token; the confirming
+//! - `confirmation`: pending two-step actions. A preview issues a one-time token; the confirming
 //!   call must present it with the preview's exact summary. In memory, per process, or in the
 //!   database every replica shares.
 //! - [`paths`]: whether a path argument, with symbolic links followed, stays inside the allowed
@@ -58,30 +61,26 @@ use crate::state::GateState;
 
 pub(crate) mod arguments;
 pub(crate) mod batch;
-pub mod confirmation;
+pub(crate) mod confirmation;
 pub(crate) mod duplicates;
-mod error;
 pub(crate) mod exactly_once;
-pub mod kill_switch;
+pub(crate) mod kill_switch;
 pub mod paths;
-pub mod rates;
+pub(crate) mod rates;
 pub(crate) mod results;
-pub mod rights;
+pub(crate) mod rights;
 pub(crate) mod untrusted;
 pub(crate) mod versions;
 pub(crate) mod visibility;
 
-pub use confirmation::pending::{
-    ConfirmError, ConfirmToken, Issued, PendingAction, PendingActions,
-};
 pub use duplicates::{MAX_SEPARATE_REASON_CHARS, REASON_ARGUMENT, SEPARATE_ARGUMENT};
-pub use error::GuardError;
-pub use kill_switch::{FileHalts, Halt, HaltStore, KillSwitch, MemoryHalts, Status};
 pub use paths::{PathError, resolve_within};
-#[cfg(feature = "postgres")]
-pub use rates::PgRates;
-pub use rates::{Limit, Limited, RateLimiter, RateStore};
-pub use rights::{Rights, RightsFile};
+pub use toolgate_state::{
+    ConfirmError, ConfirmToken, FileHalts, FileRights, GuardError, Halt, HaltStore, Issued,
+    KillSwitch, Limit, Limited, MemoryHalts, MemoryPending, MemoryRights, PendingAction,
+    PendingActions, PendingStore, RateLimiter, RateStore, Rights, RightsDocument, RightsFile,
+    RightsStore, Status,
+};
 
 /// One tools/call as the checks see it: a tool the inner handler has, called by a principal the
 /// transport vouched for.

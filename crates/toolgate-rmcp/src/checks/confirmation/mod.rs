@@ -13,7 +13,6 @@
 //! `changed_since_preview` with a new preview (the old token is spent). `reject_action` kills a
 //! token.
 
-pub mod pending;
 mod tools;
 
 pub(crate) use tools::confirmation_tool;
@@ -29,7 +28,7 @@ use toolgate_canon::Sha256Digest;
 use super::{Answer, Call, Check, Verdict};
 use crate::state::GateState;
 use crate::world::{CONFIRM_ACTION, Preflight, Preparation, REJECT_ACTION};
-use pending::{PendingAction, PendingActions};
+use toolgate_state::{PendingAction, PendingActions};
 
 /// How the summary of a call without a preflight is written: the tool and its canonical
 /// arguments, cut to this many characters.

@@ -1,6 +1,6 @@
-//! Rate-limit buckets in a PostgreSQL database (feature `postgres`), shared by every replica on
+//! Rate-limit buckets in a PostgreSQL database, shared by every replica on
 //! it: one row per key, taken in one transaction under the rows' locks by the same arithmetic as
-//! the in-memory limiter ([`super::take`]), timed by the database's clock (replicas' clocks never
+//! the in-memory limiter (`toolgate_state::rates::take`), timed by the database's clock (replicas' clocks never
 //! meet: one clock counts for all). A limit of N per minute therefore admits N calls across all
 //! replicas together. Rows are per tool and per principal with a limit, so their number is
 //! bounded by the policy.
@@ -9,7 +9,7 @@ use std::collections::HashMap;
 
 use toolgate_storage::postgres::{PgError, PgStore, PgToSql, get, query_error};
 
-use super::{Bucket, Limit, Limited, RateStore};
+use toolgate_state::rates::{Bucket, Limit, Limited, RateStore};
 
 /// The component's migrations (`toolgate_schema`, component `rates`).
 const MIGRATIONS: &[&str] = &["CREATE TABLE toolgate_rate_buckets (
@@ -140,7 +140,7 @@ fn take(store: &PgStore, keys: &[(String, Limit)]) -> Result<Result<(), Limited>
             buckets.insert(key, bucket);
         }
 
-        let taken = super::take(&mut buckets, &keys, now);
+        let taken = toolgate_state::rates::take(&mut buckets, &keys, now);
         // Refused or not, every bucket was brought up to now and to its listed limit, as the
         // in-memory limiter keeps them.
         let mut columns = Columns::default();

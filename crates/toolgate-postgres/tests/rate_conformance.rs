@@ -1,9 +1,9 @@
 //! The behaviours every rate-limit bucket store (`RateStore`) must have, run against this
-//! process's memory (`RateLimiter`) and (with the feature `postgres`) a real PostgreSQL database
+//! process's memory (`RateLimiter`) and a real PostgreSQL database
 //! shared by two handles: a bucket starts full and then refuses with the time to wait, a call's
 //! keys are taken all or nothing, buckets of other keys are untouched, and concurrent takers
-//! never get more than the burst between them. Where a store cannot be reached is the database
-//! store's own test (`checks::rates`). There is no file store: buckets in a ledger would cost an
+//! never get more than the burst between them. A database that goes down and comes back is the last
+//! case. There is no file store: buckets in a ledger would cost an
 //! fsync per call (docs/checks.md).
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -11,7 +11,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use toolgate_rmcp::checks::{Limit, RateLimiter, RateStore};
+use toolgate_postgres::{PgRates, PgStore};
+use toolgate_state::{Limit, RateLimiter, RateStore};
 
 /// A store, and a second handle on the same buckets (another replica on the database).
 struct Subject {
@@ -22,31 +23,25 @@ struct Subject {
 
 fn subjects(database: &str) -> Vec<Subject> {
     let memory: Arc<dyn RateStore> = Arc::new(RateLimiter::new());
-    #[allow(unused_mut)]
-    let mut subjects = vec![Subject {
-        name: "memory",
-        store: Arc::clone(&memory),
-        other: memory,
-    }];
-    #[cfg(feature = "postgres")]
-    {
-        let url = toolgate_pgtest::PgCluster::shared()
-            .unwrap()
-            .create_database(database)
-            .unwrap();
-        let open = || -> Arc<dyn RateStore> {
-            let store = toolgate_storage::postgres::PgStore::connect(&url).unwrap();
-            Arc::new(toolgate_rmcp::checks::PgRates::open(store).unwrap())
-        };
-        subjects.push(Subject {
+    let url = toolgate_pgtest::PgCluster::shared()
+        .unwrap()
+        .create_database(database)
+        .unwrap();
+    let open = || -> Arc<dyn RateStore> {
+        Arc::new(PgRates::open(PgStore::connect(&url).unwrap()).unwrap())
+    };
+    vec![
+        Subject {
+            name: "memory",
+            store: Arc::clone(&memory),
+            other: memory,
+        },
+        Subject {
             name: "postgres",
             store: open(),
             other: open(),
-        });
-    }
-    #[cfg(not(feature = "postgres"))]
-    let _ = database;
-    subjects
+        },
+    ]
 }
 
 /// A key whose bucket holds `burst` tokens and refills one per minute (nothing refills during a
@@ -130,4 +125,35 @@ fn concurrent_takers_never_get_more_than_the_burst_between_them() {
         let granted: usize = takers.into_iter().map(|t| t.join().unwrap()).sum();
         assert_eq!(granted, 20, "{name}");
     }
+}
+
+/// A database that stops answering refuses to count (the check then refuses the call),
+/// naming the database and never the password; counting resumes when it is back.
+#[test]
+fn database_buckets_fail_closed_while_the_database_is_down() {
+    let cluster = toolgate_pgtest::PgCluster::start().unwrap();
+    let url = cluster.create_database("rates_down").unwrap();
+    let rates = PgRates::open(PgStore::connect(&url).unwrap()).unwrap();
+    let keys = [(
+        "tool:send".to_owned(),
+        Limit {
+            burst: 5,
+            per_minute: 60,
+        },
+    )];
+    rates.take(&keys).unwrap().unwrap();
+    cluster.stop_immediate().unwrap();
+    let cause = rates.take(&keys).unwrap_err();
+    assert!(cause.contains("PostgreSQL"), "{cause}");
+    assert!(!cause.contains(toolgate_pgtest::PASSWORD), "{cause}");
+    cluster.start_again().unwrap();
+    // The pool replaces the broken connections: counting works again without a restart.
+    let back = (0..300).find_map(|_| match rates.take(&keys) {
+        Ok(taken) => Some(taken),
+        Err(_) => {
+            std::thread::sleep(Duration::from_millis(100));
+            None
+        }
+    });
+    assert_eq!(back, Some(Ok(())));
 }

@@ -1,16 +1,15 @@
-//! The rights document in a PostgreSQL database (feature `postgres`), shared by every replica on
+//! The rights document in a PostgreSQL database, shared by every replica on
 //! it: one row holding a version and the document (the bytes of a rights file, or NULL while no
 //! rights are set). Every call reads the version; the document is fetched and parsed again only
 //! when the version moved, so a change through any replica applies to the next call of all of
 //! them. A missing row, an invalid document or an unreadable database refuses every call.
 
-use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
+use std::time::SystemTime;
 
-use toolgate_canon::Sha256Digest;
 use toolgate_storage::postgres::{PgError, PgStore, get, query_error};
 
-use super::{Grants, GuardError, parse};
+use toolgate_state::{GuardError, RightsDocument, RightsStore};
 
 /// The component's migrations (`toolgate_schema`, component `rights`).
 const MIGRATIONS: &[&str] = &["CREATE TABLE toolgate_rights (
@@ -22,32 +21,36 @@ const MIGRATIONS: &[&str] = &["CREATE TABLE toolgate_rights (
 
 /// The database's rights row and the last version of it this process parsed.
 #[derive(Debug)]
-pub(super) struct RightsRow {
+pub struct PgRights {
     store: PgStore,
-    cache: Mutex<Option<(i64, Arc<Grants>)>>,
+    cache: Mutex<Option<(i64, Arc<RightsDocument>)>>,
 }
 
 /// A problem with what the database holds, as the guards report a database failure.
 fn unusable(store: &PgStore, cause: String) -> GuardError {
-    GuardError::Database(PgError::Query {
+    GuardError::backend(PgError::Query {
         database: store.database().to_owned(),
         what: "read the rights",
         cause,
     })
 }
 
-impl RightsRow {
+impl PgRights {
     /// Creates or migrates the rights table (no rights set in a new one).
-    pub(super) fn open(store: PgStore) -> Result<Self, GuardError> {
-        store.migrate("rights", MIGRATIONS)?;
-        Ok(RightsRow {
+    pub fn open(store: PgStore) -> Result<Self, GuardError> {
+        store
+            .migrate("rights", MIGRATIONS)
+            .map_err(GuardError::backend)?;
+        Ok(PgRights {
             store,
             cache: Mutex::new(None),
         })
     }
+}
 
-    /// The rights in force now.
-    pub(super) fn load(&self) -> Result<Arc<Grants>, GuardError> {
+impl RightsStore for PgRights {
+    /// The rights in force now (the database's row; `now` is not needed).
+    fn load(&self, _now: SystemTime) -> Result<Arc<RightsDocument>, GuardError> {
         // The cache only ever holds a whole parsed version: valid even after a panic elsewhere.
         let mut cache = self.cache.lock().unwrap_or_else(PoisonError::into_inner);
         let known = cache.as_ref().map_or(-1, |(version, _)| *version);
@@ -68,7 +71,7 @@ impl RightsRow {
             })
             .and_then(|row| row);
         let grants = match row {
-            Err(error) => Err(GuardError::Database(error)),
+            Err(error) => Err(GuardError::backend(error)),
             Ok(None) => Err(unusable(
                 &self.store,
                 "the rights row is missing; set the rights again with the operator's `rights set` \
@@ -79,14 +82,10 @@ impl RightsRow {
                 let version: i64 = row.get(0);
                 match (&*cache, row.get::<_, bool>(2)) {
                     (Some((cached, grants)), _) if *cached == version => Ok(Arc::clone(grants)),
-                    (_, true) => Ok(Arc::new(Grants {
-                        digest: Sha256Digest::of(b""),
-                        principals: HashMap::new(),
-                        everyone: true,
-                    })),
+                    (_, true) => Ok(Arc::new(RightsDocument::unset())),
                     (_, false) => {
                         let bytes: Vec<u8> = row.get::<_, Option<Vec<u8>>>(1).unwrap_or_default();
-                        parse(&bytes, Sha256Digest::of(&bytes))
+                        RightsDocument::parse(&bytes)
                             .map(Arc::new)
                             .map_err(|problem| {
                                 unusable(
@@ -114,12 +113,8 @@ impl RightsRow {
         }
     }
 
-    /// Replaces the document (already validated) or clears it; returns the digest now in force.
-    pub(super) fn set(
-        &self,
-        document: Option<Vec<u8>>,
-    ) -> Result<Option<Sha256Digest>, GuardError> {
-        let digest = document.as_deref().map(Sha256Digest::of);
+    /// Replaces the document (already validated) or clears it, for every replica's next call.
+    fn replace(&self, document: Option<Vec<u8>>) -> Result<(), GuardError> {
         self.store
             .run(move |pool, database| async move {
                 let client = get(&pool, &database).await?;
@@ -133,12 +128,13 @@ impl RightsRow {
                     .await
                     .map_err(query_error(&database, "set the rights"))
             })
-            .and_then(|r| r)?;
-        Ok(digest)
+            .and_then(|r| r)
+            .map_err(GuardError::backend)?;
+        Ok(())
     }
 
     /// The document in force, if one is set.
-    pub(super) fn document(&self) -> Result<Option<Vec<u8>>, GuardError> {
+    fn document(&self) -> Result<Option<Vec<u8>>, GuardError> {
         let row = self
             .store
             .run(|pool, database| async move {
@@ -148,7 +144,8 @@ impl RightsRow {
                     .await
                     .map_err(query_error(&database, "read the rights"))
             })
-            .and_then(|r| r)?;
+            .and_then(|r| r)
+            .map_err(GuardError::backend)?;
         let row = row.ok_or_else(|| {
             unusable(
                 &self.store,

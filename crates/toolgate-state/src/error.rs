@@ -9,7 +9,7 @@ use std::path::PathBuf;
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum GuardError {
-    /// The halt reason given to [`super::KillSwitch::halt`] is not acceptable; nothing was written.
+    /// The halt reason given to [`crate::KillSwitch::halt`] is not acceptable; nothing was written.
     #[error(
         "invalid halt reason: {problem}; give a non-empty reason of at most 1000 characters \
          without control characters (nothing was written)"
@@ -19,7 +19,7 @@ pub enum GuardError {
         problem: String,
     },
 
-    /// The `by` field given to [`super::KillSwitch::halt`] is not acceptable; nothing was written.
+    /// The `by` field given to [`crate::KillSwitch::halt`] is not acceptable; nothing was written.
     #[error(
         "invalid halt author: {problem}; identify who halts with at most 256 characters without \
          control characters (nothing was written)"
@@ -29,7 +29,7 @@ pub enum GuardError {
         problem: String,
     },
 
-    /// The tenant given to [`super::KillSwitch::for_tenant`] is not a valid name; nothing was
+    /// The tenant given to [`crate::KillSwitch::for_tenant`] is not a valid name; nothing was
     /// written.
     #[error(
         "invalid tenant {name:?}: use {grammar} (nothing was written)",
@@ -40,10 +40,11 @@ pub enum GuardError {
         name: String,
     },
 
-    /// The PostgreSQL database of the kill switch or the rights failed; nothing was changed.
-    #[cfg(feature = "postgres")]
+    /// The store behind the kill switch or the rights failed (a database that cannot be
+    /// reached, or holds a row this version cannot use); nothing was changed. The cause names the
+    /// store and the fix, never a password.
     #[error("{0}; retry once the database is reachable")]
-    Database(#[from] toolgate_storage::postgres::PgError),
+    Backend(#[source] Box<dyn std::error::Error + Send + Sync + 'static>),
 
     /// An operating system call on the ledger directory failed.
     #[error(
@@ -83,6 +84,17 @@ pub enum GuardError {
         /// What is wrong with it.
         problem: String,
     },
+
+    /// A rights document given to `RightsFile::set` is not a valid rights document; nothing was
+    /// changed.
+    #[error(
+        "the rights document is invalid: {problem}; fix it (format: docs/checks.md); nothing was \
+         changed"
+    )]
+    RightsDocumentInvalid {
+        /// What is wrong with it.
+        problem: String,
+    },
 }
 
 impl From<toolgate_storage::StorageError> for GuardError {
@@ -96,8 +108,13 @@ impl From<toolgate_storage::StorageError> for GuardError {
 }
 
 impl GuardError {
+    /// A failure of the store behind the kill switch or the rights, for [`GuardError::Backend`].
+    pub fn backend(cause: impl std::error::Error + Send + Sync + 'static) -> Self {
+        GuardError::Backend(Box::new(cause))
+    }
+
     /// Shorthand for building [`GuardError::Io`].
-    pub(crate) fn io(op: &'static str, path: impl Into<PathBuf>, source: std::io::Error) -> Self {
+    pub fn io(op: &'static str, path: impl Into<PathBuf>, source: std::io::Error) -> Self {
         GuardError::Io {
             op,
             path: path.into(),

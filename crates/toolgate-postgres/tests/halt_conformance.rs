@@ -1,5 +1,5 @@
 //! The behaviours every kill-switch store (`HaltStore`) must have, run against the ledger's files,
-//! memory and (with the feature `postgres`) a real PostgreSQL database: a halt and its resume,
+//! memory and a real PostgreSQL database: a halt and its resume,
 //! the halt it replaced, tenants kept apart from everyone and from each other, and two handles on
 //! one store seeing each other's halts on the next read. What only the file store does (its
 //! format, failing closed on a broken file, its durable writes) is tested beside it.
@@ -8,7 +8,10 @@
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use toolgate_rmcp::checks::{GuardError, KillSwitch, Status};
+use std::sync::Arc;
+
+use toolgate_postgres::{PgHalts, PgStore};
+use toolgate_state::{GuardError, KillSwitch, Status};
 
 /// A store, and a second handle on the same store (another process on the ledger, another
 /// replica on the database, the same memory).
@@ -22,8 +25,16 @@ struct Subject {
 fn subjects() -> Vec<Subject> {
     let dir = tempfile::tempdir().unwrap();
     let memory = KillSwitch::in_memory();
-    #[allow(unused_mut)]
-    let mut subjects = vec![
+    let url = toolgate_pgtest::PgCluster::shared()
+        .unwrap()
+        .create_database("halt_conformance")
+        .unwrap();
+    let connect = || {
+        KillSwitch::with_store(Arc::new(
+            PgHalts::open(PgStore::connect(&url).unwrap()).unwrap(),
+        ))
+    };
+    vec![
         Subject {
             name: "file",
             switch: KillSwitch::new(dir.path()),
@@ -36,22 +47,13 @@ fn subjects() -> Vec<Subject> {
             other: memory,
             _dir: None,
         },
-    ];
-    #[cfg(feature = "postgres")]
-    {
-        let url = toolgate_pgtest::PgCluster::shared()
-            .unwrap()
-            .create_database("halt_conformance")
-            .unwrap();
-        let connect = || toolgate_storage::postgres::PgStore::connect(&url).unwrap();
-        subjects.push(Subject {
+        Subject {
             name: "postgres",
-            switch: KillSwitch::in_database(connect()).unwrap(),
-            other: KillSwitch::in_database(connect()).unwrap(),
+            switch: connect(),
+            other: connect(),
             _dir: None,
-        });
-    }
-    subjects
+        },
+    ]
 }
 
 fn at(ns: u64) -> SystemTime {

@@ -1,4 +1,4 @@
-//! The kill switch in a PostgreSQL database (feature `postgres`): one row (and one per halted
+//! The kill switch in a PostgreSQL database: one row (and one per halted
 //! tenant, in `toolgate_tenant_halt`), shared by every
 //! replica on the database, so a halt ordered through any of them (or the operator's `halt
 //! --store`) refuses the next call of all of them. Reading fails closed: a database that cannot
@@ -6,7 +6,8 @@
 
 use toolgate_storage::postgres::{PgError, PgStore, get, query_error};
 
-use super::{GuardError, Halt, HaltStore, Status, UNREADABLE_HALT_BY};
+use toolgate_state::kill_switch::UNREADABLE_HALT_BY;
+use toolgate_state::{GuardError, Halt, HaltStore, Status};
 
 /// The component's migrations (`toolgate_schema`, component `control`).
 const MIGRATIONS: &[&str] = &[
@@ -26,14 +27,16 @@ const MIGRATIONS: &[&str] = &[
 
 /// The halts of every replica on one database.
 #[derive(Debug, Clone)]
-pub(super) struct PgHalts {
+pub struct PgHalts {
     store: PgStore,
 }
 
 impl PgHalts {
     /// The halts in `store`; creates or migrates the switch's tables.
-    pub(super) fn open(store: PgStore) -> Result<PgHalts, GuardError> {
-        store.migrate("control", MIGRATIONS)?;
+    pub fn open(store: PgStore) -> Result<PgHalts, GuardError> {
+        store
+            .migrate("control", MIGRATIONS)
+            .map_err(GuardError::backend)?;
         Ok(PgHalts { store })
     }
 }
@@ -148,7 +151,7 @@ fn put(store: &PgStore, tenant: Option<&str>, halt: &Halt) -> Result<Option<Halt
             Ok(previous.as_ref().map(halt_of))
         })
         .and_then(|r| r)
-        .map_err(GuardError::from)
+        .map_err(GuardError::backend)
 }
 
 /// Lifts the halt (of `tenant`, or of everyone), returning exactly the one that was in force.
@@ -180,5 +183,5 @@ fn take(store: &PgStore, tenant: Option<&str>) -> Result<Option<Halt>, GuardErro
             Ok(row.as_ref().map(halt_of))
         })
         .and_then(|r| r)
-        .map_err(GuardError::from)
+        .map_err(GuardError::backend)
 }

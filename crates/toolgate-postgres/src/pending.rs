@@ -1,4 +1,4 @@
-//! Pending actions in a PostgreSQL database (feature `postgres`), shared by every replica on it:
+//! Pending actions in a PostgreSQL database, shared by every replica on it:
 //! one row per token (its SHA-256, never the token), decided under the row's lock by the same
 //! rules as in memory, so a preview issued by one replica is confirmed at most once across all
 //! of them. The per-principal cap is counted under a transaction-scoped advisory lock of the
@@ -11,8 +11,8 @@ use serde_json::{Map, Value};
 use toolgate_canon::Sha256Digest;
 use toolgate_storage::postgres::{PgDriverError, PgError, PgStore, get, query_error};
 
-use super::{
-    ConfirmError, ConfirmToken, Issued, PendingAction, TokenState, is_token, judge, random_token,
+use toolgate_state::pending::{
+    ConfirmError, ConfirmToken, Lifetime, PendingAction, PendingStore, TokenState, judge,
     summary_step,
 };
 
@@ -37,9 +37,44 @@ const MIGRATIONS: &[&str] = &[
     "ALTER TABLE toolgate_pending ADD COLUMN idempotency_key text",
 ];
 
-/// Creates or migrates the pending actions' table.
-pub(super) fn migrate(store: &PgStore) -> Result<(), PgError> {
-    store.migrate("confirmations", MIGRATIONS).map(drop)
+/// The pending actions of every replica on one database.
+#[derive(Debug, Clone)]
+pub struct PgPending {
+    store: PgStore,
+}
+
+impl PgPending {
+    /// The pending actions in `store`; creates or migrates their table.
+    pub fn open(store: PgStore) -> Result<PgPending, PgError> {
+        store.migrate("confirmations", MIGRATIONS)?;
+        Ok(PgPending { store })
+    }
+}
+
+impl PendingStore for PgPending {
+    fn issue(
+        &self,
+        action: PendingAction,
+        now: SystemTime,
+        lifetime: Lifetime,
+        max_live: usize,
+    ) -> Result<ConfirmToken, ConfirmError> {
+        prepare(&self.store, action, now, lifetime, max_live)
+    }
+
+    fn decide(
+        &self,
+        token: &str,
+        principal: &str,
+        now: SystemTime,
+        summary: Option<&str>,
+    ) -> Result<PendingAction, ConfirmError> {
+        decide(&self.store, token, principal, now, summary)
+    }
+
+    fn count(&self, principal: Option<&str>, now: SystemTime) -> Result<usize, ConfirmError> {
+        count(&self.store, principal, now)
+    }
 }
 
 /// Nanoseconds since the epoch, as stored (0 before it, `i64::MAX` past 2262).
@@ -83,13 +118,16 @@ fn digest(bytes: Vec<u8>) -> Option<Sha256Digest> {
 }
 
 /// Issues a token for `action`, after forgetting and expiring what is due at `now`.
-pub(super) fn prepare(
+fn prepare(
     store: &PgStore,
     action: PendingAction,
     now: SystemTime,
-    (expires_at, forget_at): (SystemTime, SystemTime),
+    Lifetime {
+        expires_at,
+        forget_at,
+    }: Lifetime,
     max_per_principal: usize,
-) -> Result<Issued, ConfirmError> {
+) -> Result<ConfirmToken, ConfirmError> {
     let arguments = serde_json::to_string(&action.arguments).map_err(|e| ConfirmError::Store {
         cause: format!("the arguments cannot be stored: {e}"),
     })?;
@@ -134,8 +172,8 @@ pub(super) fn prepare(
                 });
             }
             let token = loop {
-                let token = random_token()?;
-                let hash = Sha256Digest::of(token.as_bytes());
+                let token = ConfirmToken::random()?;
+                let hash = token.hash();
                 // 2^-256 per pair; even then two actions never share a token.
                 let inserted = tx
                     .execute(
@@ -166,24 +204,21 @@ pub(super) fn prepare(
             tx.commit()
                 .await
                 .map_err(fail(&database, "commit a pending action"))?;
-            Ok(Issued {
-                token: ConfirmToken(token),
-                expires_at,
-            })
+            Ok(token)
         })
         .map_err(unavailable)?
 }
 
 /// Confirms (`summary` given) or rejects (`None`) the action of `token` for `principal`, under
 /// the token's row lock.
-pub(super) fn decide(
+fn decide(
     store: &PgStore,
     token: &str,
     principal: &str,
     now: SystemTime,
     summary: Option<&str>,
 ) -> Result<PendingAction, ConfirmError> {
-    if !is_token(token) {
+    if !ConfirmToken::is_well_formed(token) {
         return Err(ConfirmError::Malformed);
     }
     let hash = Sha256Digest::of(token.as_bytes());
@@ -271,11 +306,7 @@ pub(super) fn decide(
 }
 
 /// Live tokens of `principal`, or every remembered token (`None`), at `now`.
-pub(super) fn count(
-    store: &PgStore,
-    principal: Option<&str>,
-    now: SystemTime,
-) -> Result<usize, ConfirmError> {
+fn count(store: &PgStore, principal: Option<&str>, now: SystemTime) -> Result<usize, ConfirmError> {
     let principal = principal.map(str::to_owned);
     store
         .run(move |pool, database| async move {
