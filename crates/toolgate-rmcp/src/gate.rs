@@ -39,7 +39,7 @@ mod call;
 mod confirm;
 mod tasks;
 use crate::checks::arguments::InputShape;
-use crate::checks::{Checks, KillSwitch, PendingActions, RightsFile};
+use crate::checks::{Checks, KillSwitch, PendingActions, PendingStore, RateStore, RightsFile};
 use crate::permit::Permit;
 use crate::principal::{FixedPrincipal, FromExtensions, PrincipalSource};
 use crate::state::{GateState, PolicyHandle};
@@ -98,14 +98,6 @@ pub enum GateError {
     /// The ledger's exactly-once store could not be opened.
     #[error("cannot open the ledger's effect store: {0}")]
     Effects(#[from] toolgate_commit::EffectError),
-    /// The PostgreSQL store of [`GatedBuilder::store_url`] could not be reached or opened.
-    #[cfg(feature = "postgres")]
-    #[error("cannot open the PostgreSQL store: {0}")]
-    Store(#[from] toolgate_storage::postgres::PgError),
-    /// The kill switch in the PostgreSQL store could not be opened.
-    #[cfg(feature = "postgres")]
-    #[error("cannot open the kill switch: {0}")]
-    KillSwitch(#[from] crate::checks::GuardError),
 }
 
 /// How to supply each missing part, for [`GateError::Missing`].
@@ -129,10 +121,10 @@ fn conflict_fix(first: &str, second: &str) -> &'static str {
             "give the policy once, either loaded (::policy) or as a file read at build (::policy_file)"
         }
         ("checkpoint_key", "audit") => {
-            "the key signs only an audit log the builder opens itself (::ledger or ::store_url); give it to your own sink instead (toolgate_audit::AuditConfig::checkpoint_key) or leave out ::audit"
+            "the key signs only an audit log the builder opens itself (::ledger); give it to your own sink instead (toolgate_audit::AuditConfig::checkpoint_key) or leave out ::audit"
         }
         ("checkpoint_every", "audit") => {
-            "the interval applies only to an audit log the builder opens itself (::ledger or ::store_url); give it to your own sink instead (toolgate_audit::AuditConfig::checkpoint_every) or leave out ::audit"
+            "the interval applies only to an audit log the builder opens itself (::ledger); give it to your own sink instead (toolgate_audit::AuditConfig::checkpoint_every) or leave out ::audit"
         }
         _ => "leave out one of them",
     }
@@ -231,10 +223,6 @@ pub struct GatedBuilder<H> {
     policy: Option<Arc<Policy>>,
     policy_file: Option<PathBuf>,
     ledger: Option<PathBuf>,
-    #[cfg(feature = "postgres")]
-    store_url: Option<String>,
-    #[cfg(feature = "postgres")]
-    database: Option<toolgate_storage::postgres::PgStore>,
     checkpoint_key: Option<HmacKey>,
     checkpoint_every: Option<u64>,
     storage: Option<Arc<dyn toolgate_storage::Storage>>,
@@ -246,6 +234,8 @@ pub struct GatedBuilder<H> {
     probes: BTreeMap<String, EffectProbe>,
     kill_switch: Option<KillSwitch>,
     rights: Option<RightsFile>,
+    rates: Option<Arc<dyn RateStore>>,
+    pending: Option<Arc<dyn PendingStore>>,
     preflight: Option<Arc<dyn Preflight>>,
     unavailable: Option<Arc<dyn UnavailableTools>>,
     contract_digest: Option<Sha256Digest>,
@@ -300,33 +290,6 @@ impl<H: ServerHandler> GatedBuilder<H> {
         self
     }
 
-    /// A PostgreSQL database (`postgres://USER[:PASSWORD]@HOST[:PORT]/DATABASE`) that holds the
-    /// exactly-once store, the audit chain, the kill switch, the rate-limit buckets, the pending
-    /// confirmations and the rights, shared by every replica using the same database (a limit
-    /// counts calls across replicas; a preview issued by one is confirmed once on any; rights set
-    /// with `RightsFile::set_from_file` on a `toolgate_postgres::PgRights` apply to every
-    /// replica's next call);
-    /// opened (connected, schema migrated) at [`GatedBuilder::build`], which fails naming the
-    /// cause when the database cannot be reached, refuses the credentials, or has a newer schema.
-    /// Takes precedence over [`GatedBuilder::ledger`] for those parts, not over an explicit
-    /// [`GatedBuilder::audit`], [`GatedBuilder::effect_store`], [`GatedBuilder::kill_switch`] or
-    /// [`GatedBuilder::rights`]. See `docs/postgres.md`.
-    #[cfg(feature = "postgres")]
-    pub fn store_url(mut self, url: impl Into<String>) -> Self {
-        self.store_url = Some(url.into());
-        self
-    }
-
-    /// As [`GatedBuilder::store_url`], on a database the caller has already connected (and
-    /// opened some parts on, passed explicitly): the parts not given explicitly (the rights
-    /// among them), the rate-limit buckets and the pending confirmations are kept there. A store
-    /// URL takes precedence.
-    #[cfg(feature = "postgres")]
-    pub fn database(mut self, store: toolgate_storage::postgres::PgStore) -> Self {
-        self.database = Some(store);
-        self
-    }
-
     /// The name of the server's binary (e.g. `bookings-mcp`), used in every message that names an
     /// operator command (`<name> resume` when calls are halted). Without it messages name no
     /// command.
@@ -343,8 +306,8 @@ impl<H: ServerHandler> GatedBuilder<H> {
     }
 
     /// The HMAC key that signs the audit log's checkpoints when the builder opens that log
-    /// itself: the ledger's file ([`GatedBuilder::ledger`]) or the database's chain
-    /// (`GatedBuilder::store_url`, `GatedBuilder::database`), a checkpoint every
+    /// itself, the ledger's file ([`GatedBuilder::ledger`]; a database's chain is opened with its
+    /// key by `toolgate::stores::Stores::database`), a checkpoint every
     /// `toolgate_audit::DEFAULT_CHECKPOINT_EVERY` records. Keep it outside the ledger. With an
     /// explicit [`GatedBuilder::audit`] the builder opens no log, so the two together are refused
     /// at build ([`GateError::Conflict`]): configure the sink's own key instead.
@@ -414,6 +377,21 @@ impl<H: ServerHandler> GatedBuilder<H> {
     /// and refused like a denied one; an unreadable file refuses everything (fail closed).
     pub fn rights(mut self, rights: RightsFile) -> Self {
         self.rights = Some(rights);
+        self
+    }
+
+    /// Where the rate-limit buckets are kept (default: this process's memory, a
+    /// `toolgate_state::RateLimiter`); a database's buckets count calls across every replica.
+    pub fn rate_store(mut self, rates: Arc<dyn RateStore>) -> Self {
+        self.rates = Some(rates);
+        self
+    }
+
+    /// Where pending confirmations are kept (default: this process's memory); a database's let a
+    /// preview issued by one replica be confirmed once on any. Tokens live as long as the
+    /// policy's `confirmation_ttl` says.
+    pub fn pending_store(mut self, pending: Arc<dyn PendingStore>) -> Self {
+        self.pending = Some(pending);
         self
     }
 
@@ -494,21 +472,15 @@ impl<H: ServerHandler> GatedBuilder<H> {
         self
     }
 
-    /// `switch` naming this server's resume command, when the server is named.
+    /// `switch` naming this server's resume command, when the server is named (unless the switch
+    /// names one already).
     fn named(&self, switch: KillSwitch) -> KillSwitch {
         match &self.server_name {
-            Some(name) => switch.resume_command(format!("{name} resume")),
-            None => switch,
+            Some(name) if !switch.has_resume_command() => {
+                switch.resume_command(format!("{name} resume"))
+            }
+            _ => switch,
         }
-    }
-
-    /// Whether a store for the audit log was named (a ledger or a database).
-    fn has_store(&self) -> bool {
-        #[cfg(feature = "postgres")]
-        if self.store_url.is_some() || self.database.is_some() {
-            return true;
-        }
-        self.ledger.is_some()
     }
 
     /// Builds the gate: loads the policy file and opens the ledger's parts if they were given,
@@ -541,7 +513,7 @@ impl<H: ServerHandler> GatedBuilder<H> {
         }
         let missing: Vec<&'static str> = [
             ("policy", self.policy.is_none()),
-            ("audit", self.audit.is_none() && !self.has_store()),
+            ("audit", self.audit.is_none() && self.ledger.is_none()),
             (
                 "checkpoint_key",
                 self.checkpoint_every.is_some() && self.checkpoint_key.is_none(),
@@ -557,55 +529,14 @@ impl<H: ServerHandler> GatedBuilder<H> {
             self.set_contract(&crate::contract::live_lockfile(&tools, &policy, &lockfile)?);
         }
         let pending_ttl = policy.confirmation_ttl();
-        #[cfg_attr(not(feature = "postgres"), allow(unused_mut))]
-        let mut rates = crate::checks::rates::Rates::default();
-        #[cfg_attr(not(feature = "postgres"), allow(unused_mut))]
-        let mut pending = PendingActions::new(pending_ttl);
-        #[cfg(feature = "postgres")]
-        let database = match self.store_url.take() {
-            Some(url) => Some(toolgate_storage::postgres::PgStore::connect(&url)?),
-            None => self.database.take(),
+        let rates = match self.rates.take() {
+            Some(store) => crate::checks::rates::Rates::with_store(store),
+            None => crate::checks::rates::Rates::default(),
         };
-        #[cfg(feature = "postgres")]
-        if let Some(store) = database {
-            // Rate limits, pending confirmations and rights count across every replica.
-            rates = crate::checks::rates::Rates::with_store(Arc::new(
-                toolgate_postgres::PgRates::open(store.clone())?,
-            ));
-            pending = PendingActions::with_store(
-                pending_ttl,
-                Arc::new(toolgate_postgres::PgPending::open(store.clone())?),
-            );
-            if self.rights.is_none() {
-                self.rights = Some(RightsFile::with_store(Arc::new(
-                    toolgate_postgres::PgRights::open(store.clone())?,
-                )));
-            }
-            if self.effects.is_none() {
-                let config = effect_config(PathBuf::new(), &policy);
-                self.effects = Some(Arc::new(toolgate_commit::PgEffects::open(
-                    store.clone(),
-                    &config,
-                )?));
-            }
-            if self.audit.is_none() {
-                let chain = toolgate_audit::PgAuditLog::open(store.clone())?;
-                let chain = match self.checkpoint_key.take() {
-                    Some(key) => chain.with_checkpoints(
-                        key,
-                        self.checkpoint_every
-                            .unwrap_or(toolgate_audit::DEFAULT_CHECKPOINT_EVERY),
-                    ),
-                    None => chain,
-                };
-                self.audit = Some(Arc::new(chain));
-            }
-            if self.kill_switch.is_none() {
-                self.kill_switch = Some(self.named(KillSwitch::with_store(Arc::new(
-                    toolgate_postgres::PgHalts::open(store)?,
-                ))));
-            }
-        }
+        let pending = match self.pending.take() {
+            Some(store) => PendingActions::with_store(pending_ttl, store),
+            None => PendingActions::new(pending_ttl),
+        };
         if let Some(dir) = &self.ledger {
             let storage = self
                 .storage
@@ -629,9 +560,10 @@ impl<H: ServerHandler> GatedBuilder<H> {
                 )?));
             }
             if self.kill_switch.is_none() {
-                self.kill_switch = Some(self.named(KillSwitch::on_storage(dir, storage)));
+                self.kill_switch = Some(KillSwitch::on_storage(dir, storage));
             }
         }
+        let kill_switch = self.kill_switch.take().map(|switch| self.named(switch));
         if self.effects.is_none()
             && let Some(tool) = policy
                 .allowed()
@@ -659,7 +591,7 @@ impl<H: ServerHandler> GatedBuilder<H> {
         };
         let checks = Checks::new(crate::checks::Parts {
             rights: self.rights,
-            kill_switch: self.kill_switch,
+            kill_switch,
             server_name: self.server_name,
             effects: self.effects.clone(),
             probes: self.probes,
@@ -689,10 +621,6 @@ impl<H: ServerHandler> Gated<H> {
             policy: None,
             policy_file: None,
             ledger: None,
-            #[cfg(feature = "postgres")]
-            store_url: None,
-            #[cfg(feature = "postgres")]
-            database: None,
             checkpoint_key: None,
             checkpoint_every: None,
             storage: None,
@@ -704,6 +632,8 @@ impl<H: ServerHandler> Gated<H> {
             probes: BTreeMap::new(),
             kill_switch: None,
             rights: None,
+            rates: None,
+            pending: None,
             preflight: None,
             unavailable: None,
             contract_digest: None,

@@ -242,47 +242,6 @@ fn a_locked_contract_is_computed_at_build_under_the_loaded_policy() {
     assert!(matches!(broken, Err(GateError::Contract(_))), "{broken:?}");
 }
 
-/// The checkpoint key signs the database chain the builder opens from a store URL (it was
-/// ignored there): past `DEFAULT_CHECKPOINT_EVERY` calls the chain carries a checkpoint that
-/// verifies with the key, and is refused with another one.
-#[cfg(feature = "postgres")]
-#[tokio::test]
-async fn a_checkpoint_key_signs_the_database_chain_of_a_store_url() {
-    let url = toolgate_pgtest::PgCluster::shared()
-        .unwrap()
-        .create_database("builder_key")
-        .unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let policy = dir.path().join("policy.json");
-    std::fs::write(&policy, r#"{"version":1,"allow":["echo"]}"#).unwrap();
-    let key = || toolgate_canon::HmacKey::new(b"a checkpoint key of at least 32 bytes").unwrap();
-    let gate = Gated::builder(Echo)
-        .policy_file(&policy)
-        .store_url(&url)
-        .checkpoint_key(key())
-        .build()
-        .unwrap();
-    let (peer, _server, _client) = peer().await;
-    for id in 0..toolgate_audit::DEFAULT_CHECKPOINT_EVERY {
-        let request = CallToolRequestParams::new("echo".to_owned());
-        let context =
-            RequestContext::new(RequestId::Number(i64::try_from(id).unwrap()), peer.clone());
-        gate.call_tool(request, context).await.unwrap();
-    }
-    let chain = toolgate_audit::PgAuditLog::open(
-        toolgate_storage::postgres::PgStore::connect(&url).unwrap(),
-    )
-    .unwrap();
-    let mut checkpoints = Vec::new();
-    let count = toolgate_audit::AuditSink::export_checkpoints(&chain, &mut checkpoints).unwrap();
-    assert_eq!(count, 1, "{}", String::from_utf8_lossy(&checkpoints));
-    let report = toolgate_audit::verify_sink_with(&chain, Some(&key())).unwrap();
-    assert!(report.problem.is_none(), "{report}");
-    let other = toolgate_canon::HmacKey::new(b"another key of at least 32 bytes!!").unwrap();
-    let report = toolgate_audit::verify_sink_with(&chain, Some(&other)).unwrap();
-    assert!(report.problem.is_some(), "{report}");
-}
-
 /// `checkpoint_every` sets how often the checkpoint key signs the log the ledger opens (it was
 /// fixed at `DEFAULT_CHECKPOINT_EVERY`, so a server wanting another interval had to open the log
 /// itself); without a key it is refused, naming the missing setting.

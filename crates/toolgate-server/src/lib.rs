@@ -126,38 +126,37 @@ pub fn open_effects(
         .with_context(|| format!("cannot open the effect store in {}", ledger.display()))
 }
 
-/// The stores behind a server: where its audit chain and its exactly-once records live.
-#[derive(Debug, Clone)]
-pub struct Stores {
-    /// The audit chain.
-    pub audit: Arc<dyn AuditSink>,
-    /// The exactly-once store.
-    pub effects: Arc<dyn EffectBackend>,
-    /// The kill switch, when it is not the ledger's file (`--store`: the database's).
-    pub kill_switch: Option<toolgate::checks::KillSwitch>,
-    /// The database of `--store`, which also keeps the rate limits and pending confirmations.
-    #[cfg(feature = "postgres")]
-    pub database: Option<toolgate::storage::postgres::PgStore>,
-}
+use toolgate::stores::GatedBuilderStores as _;
+/// The stores behind a server (`toolgate::stores`): its audit chain, exactly-once records and
+/// kill switch, and with `--store` the rights, rate buckets and pending confirmations every
+/// replica shares.
+pub use toolgate::stores::Stores;
 
 /// Opens the stores of `options`: the PostgreSQL database of `store` when it is given, else the
-/// ledger's files. The database is reached (and its schema migrated) before anything is written
-/// under the ledger, so a bad URL, a refused password or a newer schema stops the server first.
+/// ledger's files (the audit log configured like the operator commands'). The database is
+/// reached (and its schema migrated) before anything is written under the ledger, so a bad URL,
+/// a refused password or a newer schema stops the server first.
 pub fn open_stores(options: &ServerOptions, policy: &Policy) -> anyhow::Result<Stores> {
-    if let Some(url) = &options.store {
-        return open_database_stores(options, url, policy);
-    }
-    let audit = file_audit(options)?;
-    if let Some(recovery) = audit.recovered() {
-        tracing::warn!(?recovery, "repaired a torn audit tail left by a crash");
-    }
-    let effects = open_effects(&options.ledger, policy, options.storage())?;
+    open_stores_with(options, policy, audit_config(options)?)
+}
+
+/// As [`open_stores`], the ledger's audit log opened with `audit` (the serving path adds its
+/// fault hook).
+fn open_stores_with(
+    options: &ServerOptions,
+    policy: &Policy,
+    audit: AuditConfig,
+) -> anyhow::Result<Stores> {
+    let stores = match &options.store {
+        Some(url) => open_database_stores(options, url, policy)?,
+        None => Stores::ledger_on(&options.ledger, audit, policy, options.storage())
+            .with_context(|| format!("cannot open the ledger {}", options.ledger.display()))?,
+    };
     Ok(Stores {
-        audit: Arc::new(audit),
-        effects: Arc::new(effects),
-        kill_switch: None,
-        #[cfg(feature = "postgres")]
-        database: None,
+        kill_switch: stores
+            .kill_switch
+            .resume_command(format!("{SERVER_NAME} resume")),
+        ..stores
     })
 }
 
@@ -175,18 +174,23 @@ fn open_database_stores(
         );
     }
     let store = connect_store(options, url)?;
-    let config = toolgate::ledger_effect_config(&options.ledger, policy);
-    let effects = toolgate::effect::PgEffects::open(store.clone(), &config)
-        .with_context(|| format!("cannot open the effect store in {}", store.database()))?;
-    let audit = database_chain(options, &store)?;
-    let kill_switch = database_switch(store.clone())?;
-    tracing::info!(database = store.database(), "stores on PostgreSQL");
-    Ok(Stores {
-        audit: Arc::new(audit),
-        effects: Arc::new(effects),
-        kill_switch: Some(kill_switch),
-        database: Some(store),
-    })
+    let database = store.database().to_owned();
+    let stores = Stores::on_database(store, policy, checkpoints(options)?)
+        .with_context(|| format!("cannot open the stores in {database}"))?;
+    tracing::info!(database, "stores on PostgreSQL");
+    Ok(stores)
+}
+
+/// The checkpoint key of `--audit-key-file` and how often it signs (`--checkpoint-every`).
+#[cfg(feature = "postgres")]
+fn checkpoints(options: &ServerOptions) -> anyhow::Result<Option<(toolgate::canon::HmacKey, u64)>> {
+    let Some(path) = &options.audit_key_file else {
+        return Ok(None);
+    };
+    let every = options
+        .checkpoint_every
+        .unwrap_or(toolgate::audit::DEFAULT_CHECKPOINT_EVERY);
+    Ok(Some((toolgate::operator::load_key(path)?, every)))
 }
 
 /// Connects to the database of `--store`, refusing options the database chain does not support.
@@ -232,13 +236,8 @@ fn database_chain(
 ) -> anyhow::Result<toolgate::audit::PgAuditLog> {
     let chain = toolgate::audit::PgAuditLog::open(store.clone())
         .with_context(|| format!("cannot open the audit chain in {}", store.database()))?;
-    Ok(match &options.audit_key_file {
-        Some(path) => chain.with_checkpoints(
-            toolgate::operator::load_key(path)?,
-            options
-                .checkpoint_every
-                .unwrap_or(toolgate::audit::DEFAULT_CHECKPOINT_EVERY),
-        ),
+    Ok(match checkpoints(options)? {
+        Some((key, every)) => chain.with_checkpoints(key, every),
         None => chain,
     })
 }
@@ -442,23 +441,8 @@ fn finish_gate<H: rmcp::ServerHandler>(
     per_request: bool,
     reload: ReloadFn,
 ) -> anyhow::Result<BuiltServer<H>> {
-    let Stores {
-        audit,
-        effects,
-        kill_switch,
-        #[cfg(feature = "postgres")]
-        database,
-    } = stores;
-    let storage = options.storage();
-    let gated = gated
-        .policy(policy)
-        .audit(Arc::clone(&audit))
-        .effect_store(Arc::clone(&effects))
-        .server_name(SERVER_NAME)
-        // The audit log and the effect store are opened above (fault hooks, shutdown handles);
-        // the ledger gives the rest of the documented layout: the kill switch.
-        .ledger(&options.ledger)
-        .storage(Arc::clone(&storage));
+    let (audit, effects) = (Arc::clone(&stores.audit), Arc::clone(&stores.effects));
+    let gated = gated.policy(policy).stores(stores).server_name(SERVER_NAME);
     let gated = if per_request {
         gated.principal_source(toolgate::FromExtensions)
     } else {
@@ -468,16 +452,6 @@ fn finish_gate<H: rmcp::ServerHandler>(
                 .clone()
                 .unwrap_or_else(|| "local".to_owned()),
         )
-    };
-    let gated = match kill_switch {
-        Some(switch) => gated.kill_switch(switch),
-        None => gated,
-    };
-    // The rate limits and pending confirmations of every replica on the database.
-    #[cfg(feature = "postgres")]
-    let gated = match database {
-        Some(store) => gated.database(store),
-        None => gated,
     };
     let gated = match &options.rights {
         Some(path) => gated.rights(toolgate::checks::RightsFile::new(path)),
@@ -503,49 +477,31 @@ fn server_stores(
 ) -> anyhow::Result<Stores> {
     // The stores first: a database that cannot be used stops the server before the ledger is
     // touched.
-    let stores = match &options.store {
-        Some(_) => Some(open_stores(options, policy)?),
-        None => None,
-    };
+    if options.store.is_some() {
+        let stores = open_stores(options, policy)?;
+        check_ledger_layout(&options.ledger)?;
+        // The file stores create the ledger; with the database's, the notes need it.
+        toolgate::storage::create_dir_durably(options.storage().as_ref(), &options.ledger)
+            .with_context(|| format!("cannot create the ledger {}", options.ledger.display()))?;
+        return tidy_ledger(options).map(|()| stores);
+    }
     check_ledger_layout(&options.ledger)?;
-    let storage = options.storage();
-    let stores = match stores {
-        Some(stores) => {
-            // The file stores create the ledger; with the database's, the notes need it.
-            toolgate::storage::create_dir_durably(storage.as_ref(), &options.ledger).with_context(
-                || format!("cannot create the ledger {}", options.ledger.display()),
-            )?;
-            stores
-        }
-        None => {
-            let audit_config = audit_config(options)?;
-            #[cfg(feature = "fault-injection")]
-            let audit_config = match hook {
-                Some(hook) => audit_config.fault_hook(hook.clone()),
-                None => audit_config,
-            };
-            let audit = FileAuditLog::open_with(audit_config).with_context(|| {
-                format!("cannot open the audit log in {}", options.ledger.display())
-            })?;
-            if let Some(recovery) = audit.recovered() {
-                tracing::warn!(?recovery, "repaired a torn audit tail left by a crash");
-            }
-            let effects = open_effects(&options.ledger, policy, Arc::clone(&storage))?;
-            Stores {
-                audit: Arc::new(audit),
-                effects: Arc::new(effects),
-                kill_switch: None,
-                #[cfg(feature = "postgres")]
-                database: None,
-            }
-        }
+    let audit_config = audit_config(options)?;
+    #[cfg(feature = "fault-injection")]
+    let audit_config = match hook {
+        Some(hook) => audit_config.fault_hook(hook.clone()),
+        None => audit_config,
     };
-    // Temporary files that writers in the ledger directory (the kill switch, torn-tail evidence)
-    // left when their process died mid-write; a live writer's are kept.
-    toolgate::storage::remove_orphaned_temps(storage.as_ref(), &options.ledger, false)
-        .with_context(|| format!("cannot tidy the ledger {}", options.ledger.display()))?;
+    let stores = open_stores_with(options, policy, audit_config)?;
+    tidy_ledger(options).map(|()| stores)
+}
 
-    Ok(stores)
+/// Removes the temporary files that writers in the ledger directory (the kill switch, torn-tail
+/// evidence) left when their process died mid-write; a live writer's are kept.
+fn tidy_ledger(options: &ServerOptions) -> anyhow::Result<()> {
+    toolgate::storage::remove_orphaned_temps(options.storage().as_ref(), &options.ledger, false)
+        .with_context(|| format!("cannot tidy the ledger {}", options.ledger.display()))?;
+    Ok(())
 }
 
 /// Refuses a ledger whose `notes/` or `effects/` is a link or not a directory: the layout has no

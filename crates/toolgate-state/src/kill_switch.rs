@@ -181,6 +181,11 @@ impl KillSwitch {
         self
     }
 
+    /// Whether [`KillSwitch::resume_command`] named the command.
+    pub fn has_resume_command(&self) -> bool {
+        self.resume_command.is_some()
+    }
+
     /// Whether calls may proceed, read fresh from the store.
     ///
     /// In a ledger, when running this costs one failed `open` (no parse, no allocation beyond the

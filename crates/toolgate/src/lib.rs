@@ -122,6 +122,7 @@ pub mod kit {
 pub use toolgate_kit::harness;
 
 pub mod operator;
+pub mod stores;
 
 /// What a gated server uses, in one import: `use toolgate::prelude::*;`.
 pub mod prelude {
@@ -130,6 +131,7 @@ pub mod prelude {
     pub use crate::checks::{KillSwitch, RightsFile};
     pub use crate::effect::{EffectConfig, EffectStore, MemoryEffects};
     pub use crate::policy::Policy;
+    pub use crate::stores::{GatedBuilderStores as _, Stores};
     pub use crate::{
         Caller, Current, FixedPrincipal, FromExtensions, GateError, Gated, GatedBuilder, Permit,
         Preflight, Preparation, PrincipalSource, StdioConfig, StdioTransport, VerifiedPrincipal,

@@ -33,7 +33,7 @@
 //!   changes, so a revocation applies to the next call; an invalid file refuses every call. Or
 //!   the same document in the database every replica shares.
 //! - `rates`: token buckets (per principal, per tool), taken all-or-nothing per call. In
-//!   memory, or in the database every replica shares (`GatedBuilder::store_url`).
+//!   memory, or in the database every replica shares (`GatedBuilder::rate_store`).
 //! - `confirmation`: pending two-step actions. A preview issues a one-time token; the confirming
 //!   call must present it with the preview's exact summary. In memory, per process, or in the
 //!   database every replica shares.

@@ -1,0 +1,193 @@
+//! Opening the stores of a gated server once, from a ledger directory or a database URL, for the
+//! builder's callers and the reference server alike.
+//!
+//! A gate needs an audit chain, an exactly-once store and a kill switch; with a database, the
+//! rights, the rate-limit buckets and the pending confirmations are shared by every replica too.
+//! [`Stores::ledger`] opens the ledger's files (the documented layout: `audit.jsonl`,
+//! `effects/`, `halt.json`); [`Stores::database`] (feature `postgres`) opens all six in one
+//! PostgreSQL database. [`GatedBuilderStores::stores`] hands them to a [`GatedBuilder`], which
+//! takes open stores and never names a backend.
+//!
+//! ```no_run
+//! use toolgate::prelude::*;
+//! use toolgate::stores::{GatedBuilderStores as _, Stores};
+//!
+//! # #[derive(Clone)] struct MyServer;
+//! # impl rmcp::ServerHandler for MyServer {}
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let policy = toolgate::policy::Policy::load(std::path::Path::new("policy.json"))?;
+//! let stores = Stores::ledger("ledger", AuditConfig::new("ledger/audit.jsonl"), &policy)?;
+//! let gated = Gated::builder(MyServer).policy(policy).stores(stores).build()?;
+//! # drop(gated); Ok(()) }
+//! ```
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use toolgate_audit::{AuditConfig, AuditError, AuditSink, FileAuditLog};
+use toolgate_commit::{EffectBackend, EffectError, EffectStore};
+use toolgate_policy::Policy;
+use toolgate_rmcp::GatedBuilder;
+use toolgate_state::{KillSwitch, PendingStore, RateStore, RightsFile};
+use toolgate_storage::{FsStorage, Storage};
+
+/// Why the stores could not be opened. Nothing was served; the message names the store and
+/// the cause.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum StoresError {
+    /// The audit chain could not be opened.
+    #[error("cannot open the audit chain: {0}")]
+    Audit(#[from] AuditError),
+    /// The exactly-once store could not be opened.
+    #[error("cannot open the exactly-once store: {0}")]
+    Effects(#[from] EffectError),
+    /// The database could not be reached or its schema could not be migrated.
+    #[cfg(feature = "postgres")]
+    #[error("cannot open the PostgreSQL store: {0}")]
+    Database(#[from] toolgate_postgres::PgError),
+    /// A governance store in the database (kill switch, rights) could not be opened.
+    #[cfg(feature = "postgres")]
+    #[error("cannot open the governance state in the database: {0}")]
+    State(#[from] toolgate_state::GuardError),
+}
+
+/// The open stores of one gated server.
+#[derive(Debug, Clone)]
+pub struct Stores {
+    /// The audit chain.
+    pub audit: Arc<dyn AuditSink>,
+    /// The exactly-once store.
+    pub effects: Arc<dyn EffectBackend>,
+    /// The kill switch (name its resume command with [`KillSwitch::resume_command`], or let the
+    /// builder's `server_name` do it).
+    pub kill_switch: KillSwitch,
+    /// The rights, when the store keeps them (a database); a rights file is the caller's choice
+    /// ([`GatedBuilder::rights`]).
+    pub rights: Option<RightsFile>,
+    /// The rate-limit buckets shared by replicas; `None`: the gate's own, in memory.
+    pub rates: Option<Arc<dyn RateStore>>,
+    /// The pending confirmations shared by replicas; `None`: the gate's own, in memory.
+    pub pending: Option<Arc<dyn PendingStore>>,
+}
+
+impl Stores {
+    /// The ledger directory `dir` in the documented layout: the audit log of `audit` (its path,
+    /// checkpoint key and storage are the caller's; `AuditConfig::new(dir.join("audit.jsonl"))`
+    /// is the layout's), the exactly-once store `dir/effects/` with the policy's windows
+    /// ([`crate::ledger_effect_config`]) and the kill switch `dir/halt.json` (these two on the
+    /// filesystem; [`Stores::ledger_on`] chooses their storage).
+    pub fn ledger(
+        dir: impl AsRef<Path>,
+        audit: AuditConfig,
+        policy: &Policy,
+    ) -> Result<Stores, StoresError> {
+        Stores::ledger_on(dir, audit, policy, Arc::new(FsStorage))
+    }
+
+    /// As [`Stores::ledger`], the exactly-once store and the kill switch writing through
+    /// `storage` (fault injection in tests; give the audit config the same one).
+    pub fn ledger_on(
+        dir: impl AsRef<Path>,
+        audit: AuditConfig,
+        policy: &Policy,
+        storage: Arc<dyn Storage>,
+    ) -> Result<Stores, StoresError> {
+        let dir = dir.as_ref();
+        let audit = FileAuditLog::open_with(audit)?;
+        if let Some(recovery) = audit.recovered() {
+            tracing::warn!(?recovery, "repaired a torn audit tail left by a crash");
+        }
+        let effects = EffectStore::open_with_storage(
+            crate::ledger_effect_config(dir, policy),
+            Arc::clone(&storage),
+        )?;
+        Ok(Stores {
+            audit: Arc::new(audit),
+            effects: Arc::new(effects),
+            kill_switch: KillSwitch::on_storage(dir, storage),
+            rights: None,
+            rates: None,
+            pending: None,
+        })
+    }
+
+    /// Every store in the PostgreSQL database at `url`
+    /// (`postgres://USER[:PASSWORD]@HOST[:PORT]/DATABASE`), shared by every replica on it: the
+    /// audit chain (signing a checkpoint every `checkpoints.1` records with `checkpoints.0` when
+    /// given), the exactly-once store (the policy's windows), the kill switch, the rights, the
+    /// rate-limit buckets and the pending confirmations. Each creates or migrates its tables; a
+    /// database that cannot be reached, refuses the credentials or has a newer schema is an error
+    /// naming it. See `docs/postgres.md`.
+    #[cfg(feature = "postgres")]
+    pub fn database(
+        url: &str,
+        policy: &Policy,
+        checkpoints: Option<(toolgate_canon::HmacKey, u64)>,
+    ) -> Result<Stores, StoresError> {
+        Stores::on_database(
+            toolgate_postgres::PgStore::connect(url)?,
+            policy,
+            checkpoints,
+        )
+    }
+
+    /// As [`Stores::database`], on a database the caller has connected.
+    #[cfg(feature = "postgres")]
+    pub fn on_database(
+        store: toolgate_postgres::PgStore,
+        policy: &Policy,
+        checkpoints: Option<(toolgate_canon::HmacKey, u64)>,
+    ) -> Result<Stores, StoresError> {
+        use toolgate_postgres::{PgHalts, PgPending, PgRates, PgRights};
+        let audit = toolgate_audit::PgAuditLog::open(store.clone())?;
+        let audit = match checkpoints {
+            Some((key, every)) => audit.with_checkpoints(key, every),
+            None => audit,
+        };
+        let effects = toolgate_commit::PgEffects::open(
+            store.clone(),
+            &crate::ledger_effect_config(&PathBuf::new(), policy),
+        )?;
+        Ok(Stores {
+            audit: Arc::new(audit),
+            effects: Arc::new(effects),
+            kill_switch: KillSwitch::with_store(Arc::new(PgHalts::open(store.clone())?)),
+            rights: Some(RightsFile::with_store(Arc::new(PgRights::open(
+                store.clone(),
+            )?))),
+            rates: Some(Arc::new(PgRates::open(store.clone())?)),
+            pending: Some(Arc::new(PgPending::open(store)?)),
+        })
+    }
+}
+
+/// [`GatedBuilder::stores`]: hands a set of open [`Stores`] to the builder.
+pub trait GatedBuilderStores: Sized {
+    /// Every store of `stores`: the audit chain, the exactly-once store, the kill switch, and
+    /// what the store shares between replicas (rights, rate buckets, pending confirmations).
+    /// A later [`GatedBuilder::rights`] replaces the store's rights (the reference server refuses
+    /// a rights file together with a database: two sources of rights would disagree).
+    fn stores(self, stores: Stores) -> Self;
+}
+
+impl<H: rmcp::ServerHandler> GatedBuilderStores for GatedBuilder<H> {
+    fn stores(self, stores: Stores) -> Self {
+        let builder = self
+            .audit(stores.audit)
+            .effect_store(stores.effects)
+            .kill_switch(stores.kill_switch);
+        let builder = match stores.rights {
+            Some(rights) => builder.rights(rights),
+            None => builder,
+        };
+        let builder = match stores.rates {
+            Some(rates) => builder.rate_store(rates),
+            None => builder,
+        };
+        match stores.pending {
+            Some(pending) => builder.pending_store(pending),
+            None => builder,
+        }
+    }
+}
