@@ -33,6 +33,7 @@ mod group;
 mod journal;
 mod lock;
 mod open;
+pub mod paths;
 #[cfg(feature = "postgres")]
 pub mod postgres;
 

@@ -37,7 +37,7 @@
 //! - `confirmation`: pending two-step actions. A preview issues a one-time token; the confirming
 //!   call must present it with the preview's exact summary. In memory, per process, or in the
 //!   database every replica shares.
-//! - [`paths`]: whether a path argument, with symbolic links followed, stays inside the allowed
+//! - `paths`: whether a path argument (`toolgate_storage::paths::resolve_within`), with symbolic links followed, stays inside the allowed
 //!   roots.
 //! - `versions` and `duplicates`: the object as it is now, asked of the server's
 //!   [`crate::Preflight`] on every call (its current version; an existing object with the same
@@ -65,7 +65,7 @@ pub(crate) mod confirmation;
 pub(crate) mod duplicates;
 pub(crate) mod exactly_once;
 pub(crate) mod kill_switch;
-pub mod paths;
+pub(crate) mod paths;
 pub(crate) mod rates;
 pub(crate) mod results;
 pub(crate) mod rights;
@@ -74,13 +74,13 @@ pub(crate) mod versions;
 pub(crate) mod visibility;
 
 pub use duplicates::{MAX_SEPARATE_REASON_CHARS, REASON_ARGUMENT, SEPARATE_ARGUMENT};
-pub use paths::{PathError, resolve_within};
 pub use toolgate_state::{
     ConfirmError, ConfirmToken, FileHalts, FileRights, GuardError, Halt, HaltStore, Issued,
     KillSwitch, Limit, Limited, MemoryHalts, MemoryPending, MemoryRights, PendingAction,
     PendingActions, PendingStore, RateLimiter, RateStore, Rights, RightsDocument, RightsFile,
     RightsStore, Status,
 };
+pub use toolgate_storage::paths::{PathError, resolve_within};
 
 /// One tools/call as the checks see it: a tool the inner handler has, called by a principal the
 /// transport vouched for.
