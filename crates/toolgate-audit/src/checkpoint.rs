@@ -31,7 +31,7 @@ pub struct Checkpoint {
 
 impl Checkpoint {
     /// Signs `(count, head, ts)` with `key`.
-    pub(crate) fn sign(key: &HmacKey, count: u64, head: Sha256Digest, ts: u64) -> Self {
+    pub fn sign(key: &HmacKey, count: u64, head: Sha256Digest, ts: u64) -> Self {
         let key_id = key.key_id();
         let mac = key.mac(&message(count, head, &key_id, ts));
         Checkpoint {
@@ -44,7 +44,7 @@ impl Checkpoint {
     }
 
     /// The checkpoint file line, canonical JSON with its `\n`.
-    pub(crate) fn line(&self) -> Vec<u8> {
+    pub fn line(&self) -> Vec<u8> {
         let mut map = fields(self.count, self.head, &self.key_id, self.ts);
         map.insert(
             "mac".into(),

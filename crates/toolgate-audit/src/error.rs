@@ -138,7 +138,8 @@ impl AuditError {
     /// A copy of this error for another appender of the same group commit: every record of a
     /// failed batch gets the batch's error. `io::Error` is not `Clone`, so its kind and text are
     /// carried over.
-    pub(crate) fn duplicate(&self) -> Self {
+    #[doc(hidden)]
+    pub fn duplicate(&self) -> Self {
         let io_copy = |e: &io::Error| io::Error::new(e.kind(), e.to_string());
         match self {
             AuditError::Io {

@@ -224,8 +224,9 @@ impl std::fmt::Debug for FileAuditLog {
     }
 }
 
-/// Nanoseconds since the UNIX epoch, as RFC 8785 will write them; 0 if the clock is before 1970.
-pub(crate) fn now_ns() -> u64 {
+/// Nanoseconds since the UNIX epoch, as RFC 8785 will write them; 0 if the clock is before 1970:
+/// every record's `ts`.
+pub fn now_ns() -> u64 {
     let nanos = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_nanos());

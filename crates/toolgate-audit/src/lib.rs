@@ -16,8 +16,6 @@ mod error;
 mod file;
 mod memory;
 mod outcome;
-#[cfg(feature = "postgres")]
-mod postgres;
 mod record;
 mod segments;
 pub mod stats;
@@ -30,12 +28,11 @@ pub use checkpoint::Checkpoint;
 pub use error::AuditError;
 #[cfg(feature = "fault-injection")]
 pub use file::FaultHook;
+pub use file::now_ns;
 pub use file::{AuditConfig, AuditStats, DEFAULT_CHECKPOINT_EVERY, FileAuditLog, Recovery};
 pub use memory::MemoryAuditLog;
 pub use outcome::Outcome;
-#[cfg(feature = "postgres")]
-pub use postgres::PgAuditLog;
-pub use record::{MAX_LINE_BYTES, MAX_REASON_BYTES, MAX_TEXT_FIELD_BYTES};
+pub use record::{MAX_LINE_BYTES, MAX_REASON_BYTES, MAX_TEXT_FIELD_BYTES, Sealed, seal};
 pub use segments::read_records;
 pub use toolgate_canon::{HmacKey, KeyError};
 pub use verify::{

@@ -61,10 +61,11 @@ impl<'a> Bounded<'a> {
 
 /// A record ready to be written.
 #[derive(Debug)]
-pub(crate) struct Sealed {
+pub struct Sealed {
     /// Canonical JSON followed by `\n`.
-    pub(crate) line: Vec<u8>,
-    pub(crate) sha256: Sha256Digest,
+    pub line: Vec<u8>,
+    /// The record's `sha256`: the next record's `prev_sha256`.
+    pub sha256: Sha256Digest,
 }
 
 /// The chain link of a line that passed [`check_line`].
@@ -124,14 +125,17 @@ pub(crate) fn representable(ts: u64) -> u64 {
         .unwrap_or(LARGEST_BELOW_2_64)
 }
 
-/// Builds the line for `entry` chained onto `prev`. `extra` adds fields beyond the entry's own (used
-/// by the recovery record; a key repeated there replaces the entry's field).
+/// Builds the line for `entry` chained onto `prev`, record number `seq`, stamped `ts` (nanoseconds
+/// since the epoch, [`crate::now_ns`]): the one sealing of every sink, so that a chain kept
+/// elsewhere (the PostgreSQL one) has exactly the file format's lines. `extra` adds fields beyond
+/// the entry's own (used by the recovery record; a key repeated there replaces the entry's
+/// field).
 ///
 /// The members are written once, in RFC 8785 order, straight into the line's buffer (no JSON value
 /// is built for the entry's own fields): that is the hashed body, and `sha256` is then inserted at
 /// its place in that order, so the line is the canonical form of the record without a second pass (checked against the canonicalizer
 /// in the tests below and by every `check_line`).
-pub(crate) fn seal(
+pub fn seal(
     entry: &AuditEntry,
     extra: Vec<(&'static str, Value)>,
     ts: u64,

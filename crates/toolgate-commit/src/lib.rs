@@ -124,9 +124,20 @@
 pub type FaultHook = std::sync::Arc<dyn Fn(&'static str) + Send + Sync>;
 
 mod memory;
-#[cfg(feature = "postgres")]
-mod postgres;
 mod record;
+
+/// The pieces of the exactly-once state machine that every backend runs, public so that the
+/// PostgreSQL backend (`toolgate-postgres`) decides by the very code the file store does. Not a
+/// stable API: a backend outside this workspace should wrap an `EffectBackend` instead.
+#[doc(hidden)]
+pub mod machine {
+    pub use crate::record::{
+        Liveness, Owner, Record, State, StoredResult, liveness, now_ns, self_start_ticks,
+    };
+    pub use crate::{
+        CounterTable, Course, answer, decide, in_progress, record_name, resolvable, settled,
+    };
+}
 
 use std::collections::hash_map::Entry;
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -140,8 +151,6 @@ use serde_json::Value;
 use toolgate_canon::Sha256Digest;
 
 pub use memory::MemoryEffects;
-#[cfg(feature = "postgres")]
-pub use postgres::PgEffects;
 use record::{
     Liveness, Owner, Record, State, StoredResult, encode_line, liveness, now_ns, parse_line,
 };
@@ -287,7 +296,8 @@ pub enum EffectStatus {
 
 impl EffectStatus {
     /// The status of `record`, whose owner (when in progress) is `live`.
-    fn of(record: &Record, live: Liveness, path: &Path) -> Result<Self, EffectError> {
+    #[doc(hidden)]
+    pub fn of(record: &Record, live: Liveness, path: &Path) -> Result<Self, EffectError> {
         let fingerprint = record.fingerprint;
         Ok(match &record.state {
             State::InProgress => EffectStatus::InProgress {
@@ -361,6 +371,23 @@ pub struct EffectConfig {
     compact_min_bytes: u64,
     #[cfg(feature = "fault-injection")]
     fault_hook: Option<crate::FaultHook>,
+}
+
+impl EffectConfig {
+    /// How long a begun effect's owner holds it before another may find it dead.
+    pub fn lease_time(&self) -> Duration {
+        self.lease
+    }
+
+    /// How long completed records answer retries.
+    pub fn completed_retention(&self) -> Duration {
+        self.completed_ttl
+    }
+
+    /// How long a `begin` waits for an effect in progress elsewhere (`None`: it answers at once).
+    pub fn in_progress_wait(&self) -> Option<Duration> {
+        self.wait_in_progress
+    }
 }
 
 impl EffectConfig {
@@ -478,7 +505,8 @@ const MAX_PAUSE: Duration = Duration::from_millis(50);
 
 impl InProgressWait {
     /// A wait starting now that lasts `limit` (none: `InProgress` at once).
-    fn start(limit: Option<Duration>) -> Self {
+    #[doc(hidden)]
+    pub fn start(limit: Option<Duration>) -> Self {
         InProgressWait {
             started: Instant::now(),
             limit,
@@ -504,16 +532,24 @@ impl InProgressWait {
 /// owner: indeterminate for unsafe effects, taken over for idempotent ones.
 #[must_use = "report the effect's outcome with EffectStore::complete or EffectStore::fail"]
 pub struct Ticket {
-    scope: Scope,
-    key: String,
-    fingerprint: Sha256Digest,
-    owner: Owner,
-    name: Sha256Digest,
-    created_ns: u64,
-    lease_until_ns: u64,
+    #[doc(hidden)]
+    pub scope: Scope,
+    #[doc(hidden)]
+    pub key: String,
+    #[doc(hidden)]
+    pub fingerprint: Sha256Digest,
+    #[doc(hidden)]
+    pub owner: Owner,
+    #[doc(hidden)]
+    pub name: Sha256Digest,
+    #[doc(hidden)]
+    pub created_ns: u64,
+    #[doc(hidden)]
+    pub lease_until_ns: u64,
     /// The kind the effect was begun as: an `Unsafe` outcome is durable before `complete`/`fail`
     /// return, an `Idempotent` one is written (see "Idempotent effects" in the module docs).
-    kind: EffectKind,
+    #[doc(hidden)]
+    pub kind: EffectKind,
 }
 
 impl Ticket {
@@ -1136,7 +1172,9 @@ impl fmt::Debug for EffectStore {
 }
 
 /// What a record means for a `begin`.
-enum Course {
+#[doc(hidden)]
+#[derive(Debug)]
+pub enum Course {
     Replay(StoredResult),
     ReplayFailure(String),
     Conflict,
@@ -2169,7 +2207,8 @@ const SETTLED_MARGIN: Duration = Duration::from_secs(60);
 /// it yet, so every backend may answer it from what it read without the lock that `begin` takes.
 /// `None` (decide under the lock) for a record in progress, near or past the end of its window,
 /// or to be retried.
-fn settled(
+#[doc(hidden)]
+pub fn settled(
     record: &Record,
     path: &Path,
     req: &EffectRequest,
@@ -2190,7 +2229,8 @@ fn settled(
     }
 }
 
-fn decide(
+#[doc(hidden)]
+pub fn decide(
     record: &Record,
     path: &Path,
     req: &EffectRequest,
@@ -2232,7 +2272,8 @@ fn decide(
 
 /// A fresh `in_progress` record of `req` for a new owner of this process (shared by every
 /// backend), with the scope's names as the backend keeps them.
-fn in_progress(
+#[doc(hidden)]
+pub fn in_progress(
     req: &EffectRequest,
     now: u64,
     lease: Duration,
@@ -2254,7 +2295,8 @@ fn in_progress(
 
 /// The record `resolve` may settle (shared by every backend): one `in_progress` whose owner is
 /// gone; anything else is `NotIndeterminate`, naming what it is.
-fn resolvable(
+#[doc(hidden)]
+pub fn resolvable(
     record: Option<&Record>,
     name: Sha256Digest,
     live: Option<Liveness>,
@@ -2283,7 +2325,8 @@ fn held_by(record: Option<&Record>, owner: &Owner) -> bool {
 
 /// Turns a decision that is not `Take` into the caller's answer, counting it (shared by every
 /// backend, so they answer alike). `corrupt_path` names the store in a `Corrupt` error.
-fn answer(
+#[doc(hidden)]
+pub fn answer(
     decision: Course,
     name: Sha256Digest,
     req: &EffectRequest,
@@ -2334,10 +2377,12 @@ fn answer(
 
 /// Outcome counts per tool, shared by the backends.
 #[derive(Debug, Default)]
-struct CounterTable(Mutex<BTreeMap<String, Counters>>);
+#[doc(hidden)]
+pub struct CounterTable(pub Mutex<BTreeMap<String, Counters>>);
 
 impl CounterTable {
-    fn count(&self, tool: &str, bump: impl FnOnce(&mut Counters)) {
+    /// Adds to the counts of `tool`.
+    pub fn count(&self, tool: &str, bump: impl FnOnce(&mut Counters)) {
         // Plain counters stay consistent even if a holder panicked.
         let mut counters = self.0.lock().unwrap_or_else(PoisonError::into_inner);
         match counters.get_mut(tool) {
@@ -2346,7 +2391,8 @@ impl CounterTable {
         }
     }
 
-    fn snapshot(&self) -> BTreeMap<String, Counters> {
+    /// The counts of every tool.
+    pub fn snapshot(&self) -> BTreeMap<String, Counters> {
         self.0
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
@@ -2382,7 +2428,8 @@ fn check_key(key: &str) -> Result<(), EffectError> {
 }
 
 /// The record name: SHA-256 of the canonical `{"key","principal","tool"}`, after checking the key.
-fn record_name(scope: &Scope, key: &str) -> Result<Sha256Digest, EffectError> {
+#[doc(hidden)]
+pub fn record_name(scope: &Scope, key: &str) -> Result<Sha256Digest, EffectError> {
     check_key(key)?;
     let value = serde_json::json!({
         "key": key,

@@ -20,10 +20,10 @@ use super::EffectError;
 /// `pid` and `start_ticks` (field 22 of `/proc/<pid>/stat`) identify a process even across pid
 /// reuse; `nonce` identifies one [`super::Ticket`] within it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Owner {
-    pub(crate) pid: u32,
-    pub(crate) start_ticks: u64,
-    pub(crate) nonce: u64,
+pub struct Owner {
+    pub pid: u32,
+    pub start_ticks: u64,
+    pub nonce: u64,
 }
 
 /// Nonces of tickets handed out by this process and not yet consumed or dropped.
@@ -45,7 +45,7 @@ fn set(
 impl Owner {
     /// A fresh owner for this process: unique within the process (counter), and unlikely to repeat
     /// across processes that share a pid and start time (time-derived base).
-    pub(crate) fn fresh() -> Self {
+    pub fn fresh() -> Self {
         static BASE: OnceLock<u64> = OnceLock::new();
         let base = *BASE.get_or_init(|| {
             let nanos = now_ns(SystemTime::now());
@@ -69,15 +69,15 @@ impl Owner {
         }
     }
 
-    pub(crate) fn register_live(&self) {
+    pub fn register_live(&self) {
         set(&LIVE).insert(self.nonce);
     }
 
-    pub(crate) fn unregister_live(&self) {
+    pub fn unregister_live(&self) {
         set(&LIVE).remove(&self.nonce);
     }
 
-    pub(crate) fn mark_aborted(&self) {
+    pub fn mark_aborted(&self) {
         set(&LIVE).remove(&self.nonce);
         set(&ABORTED).insert(self.nonce);
     }
@@ -89,7 +89,7 @@ impl Owner {
 
 /// What the store knows about an `in_progress` record's owner.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Liveness {
+pub enum Liveness {
     /// The owner may still be running the effect.
     Live,
     /// The owner is gone; the effect may or may not have happened.
@@ -99,7 +99,7 @@ pub(crate) enum Liveness {
 }
 
 /// Decides whether `owner` is alive. `lease_until_ns` is only consulted where `/proc` is missing.
-pub(crate) fn liveness(owner: &Owner, lease_until_ns: u64, now_ns: u64) -> Liveness {
+pub fn liveness(owner: &Owner, lease_until_ns: u64, now_ns: u64) -> Liveness {
     if owner.pid == 0 {
         // Abandoned (`Owner::abandoned`): its execution may or may not have happened.
         return Liveness::Dead;
@@ -148,7 +148,7 @@ fn parse_stat(stat: &str) -> Option<(char, u64)> {
 }
 
 /// This process's start time in clock ticks, or 0 where `/proc` is unavailable.
-pub(crate) fn self_start_ticks() -> u64 {
+pub fn self_start_ticks() -> u64 {
     static TICKS: OnceLock<u64> = OnceLock::new();
     *TICKS.get_or_init(|| {
         std::fs::read_to_string("/proc/self/stat")
@@ -159,21 +159,21 @@ pub(crate) fn self_start_ticks() -> u64 {
 }
 
 /// Nanoseconds since the Unix epoch (0 for times before it, saturating far in the future).
-pub(crate) fn now_ns(t: SystemTime) -> u64 {
+pub fn now_ns(t: SystemTime) -> u64 {
     t.duration_since(UNIX_EPOCH)
         .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
 }
 
 /// The state part of a record.
 #[derive(Debug, Clone)]
-pub(crate) enum State {
+pub enum State {
     InProgress,
     Completed(StoredResult),
     Failed { error: Box<str>, retryable: bool },
 }
 
 impl State {
-    pub(crate) fn is_in_progress(&self) -> bool {
+    pub fn is_in_progress(&self) -> bool {
         matches!(self, State::InProgress)
     }
 }
@@ -189,7 +189,7 @@ impl State {
 /// this process stay identical to the first result. (A process that reads the record from the
 /// journal only has the canonical text, as before.)
 #[derive(Debug, Clone)]
-pub(crate) struct StoredResult {
+pub struct StoredResult {
     /// The canonical text, or in [`Form::ToolResult`] only the canonical text of the result's
     /// structured content.
     text: Arc<str>,
@@ -221,7 +221,7 @@ const TOOL_RESULT_TAIL: &[u8] = b"}";
 
 impl StoredResult {
     /// The stored form of a result given to `complete` or `resolve`.
-    pub(crate) fn from_value(value: &Value) -> Result<Self, EffectError> {
+    pub fn from_value(value: &Value) -> Result<Self, EffectError> {
         let bytes = canonical_value(value);
         let canonical = String::from_utf8(bytes).map_err(|_| EffectError::InvalidKey {
             reason: "the result's canonical JSON is not UTF-8".to_owned(),
@@ -317,8 +317,7 @@ impl StoredResult {
     }
 
     /// The canonical JSON text.
-    #[cfg(any(test, feature = "postgres"))]
-    pub(crate) fn canonical(&self) -> String {
+    pub fn canonical(&self) -> String {
         let mut out = Vec::new();
         self.write_canonical(&mut out);
         // Canonical JSON is UTF-8; a lossy conversion never changes it.
@@ -365,15 +364,15 @@ fn reads_back_exactly(value: &Value) -> bool {
 /// `principal` and `tool` are shared with every other record of the same scope (the journal
 /// interns them), so a record costs its fixed fields plus its result text.
 #[derive(Debug, Clone)]
-pub(crate) struct Record {
-    pub(crate) state: State,
-    pub(crate) fingerprint: Sha256Digest,
-    pub(crate) owner: Owner,
-    pub(crate) lease_until_ns: u64,
-    pub(crate) created_ns: u64,
-    pub(crate) finished_ns: Option<u64>,
-    pub(crate) principal: Arc<str>,
-    pub(crate) tool: Arc<str>,
+pub struct Record {
+    pub state: State,
+    pub fingerprint: Sha256Digest,
+    pub owner: Owner,
+    pub lease_until_ns: u64,
+    pub created_ns: u64,
+    pub finished_ns: Option<u64>,
+    pub principal: Arc<str>,
+    pub tool: Arc<str>,
 }
 
 /// The file form. Times are decimal strings and the nonce is hex, because RFC 8785 numbers are

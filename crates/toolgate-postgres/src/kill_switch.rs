@@ -4,7 +4,7 @@
 //! --store`) refuses the next call of all of them. Reading fails closed: a database that cannot
 //! be read halts, with a reason naming it.
 
-use toolgate_storage::postgres::{PgError, PgStore, get, query_error};
+use crate::store::{PgError, PgStore, get, query_error};
 
 use toolgate_state::kill_switch::UNREADABLE_HALT_BY;
 use toolgate_state::{GuardError, Halt, HaltStore, Status};
@@ -70,7 +70,7 @@ impl HaltStore for PgHalts {
     }
 }
 
-fn halt_of(row: &toolgate_storage::postgres::PgRow) -> Halt {
+fn halt_of(row: &crate::store::PgRow) -> Halt {
     let since: i64 = row.get(2);
     Halt {
         by: row.get(0),

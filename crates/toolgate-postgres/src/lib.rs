@@ -1,8 +1,10 @@
-//! The PostgreSQL stores of toolgate, shared by every replica on one database: the kill switch
-//! ([`PgHalts`]), the rights ([`PgRights`]), the rate buckets ([`PgRates`]) and the pending
-//! confirmations ([`PgPending`]), each implementing its `toolgate-state` trait with the guarantees
-//! written there. Every store creates or migrates its own tables (`toolgate_schema`, one component
-//! each) when opened on a `toolgate_storage::postgres::PgStore`.
+//! Every PostgreSQL store of toolgate, shared by the replicas on one database: the audit chain
+//! ([`PgAuditLog`], an `AuditSink`), the exactly-once store ([`PgEffects`], an `EffectBackend`),
+//! the kill switch ([`PgHalts`]), the rights ([`PgRights`]), the rate buckets ([`PgRates`]) and
+//! the pending confirmations ([`PgPending`]), each implementing its trait with the guarantees
+//! written there, and what they share ([`store`]: the connection pool, its runtime, TLS and the
+//! versioned migrations). Every store creates or migrates its own tables (`toolgate_schema`, one
+//! component each) when opened on a [`PgStore`].
 //!
 //! `tests/*_conformance.rs` run the same cases against these stores and the file and memory ones
 //! (this is the one crate that sees all three); they start a real PostgreSQL cluster from the
@@ -10,13 +12,18 @@
 
 #![forbid(unsafe_code)]
 
+mod audit;
+mod effects;
 mod kill_switch;
 mod pending;
 mod rates;
 mod rights;
+pub mod store;
 
+pub use audit::PgAuditLog;
+pub use effects::PgEffects;
 pub use kill_switch::PgHalts;
 pub use pending::PgPending;
 pub use rates::PgRates;
 pub use rights::PgRights;
-pub use toolgate_storage::postgres::{PgError, PgStore};
+pub use store::{PgError, PgStore};

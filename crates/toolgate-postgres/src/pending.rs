@@ -7,9 +7,9 @@
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use crate::store::{PgDriverError, PgError, PgStore, get, query_error};
 use serde_json::{Map, Value};
 use toolgate_canon::Sha256Digest;
-use toolgate_storage::postgres::{PgDriverError, PgError, PgStore, get, query_error};
 
 use toolgate_state::pending::{
     ConfirmError, ConfirmToken, Lifetime, PendingAction, PendingStore, TokenState, judge,

@@ -7,7 +7,7 @@
 
 use std::collections::HashMap;
 
-use toolgate_storage::postgres::{PgError, PgStore, PgToSql, get, query_error};
+use crate::store::{PgError, PgStore, PgToSql, get, query_error};
 
 use toolgate_state::rates::{Bucket, Limit, Limited, RateStore};
 

@@ -7,7 +7,7 @@
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::SystemTime;
 
-use toolgate_storage::postgres::{PgError, PgStore, get, query_error};
+use crate::store::{PgError, PgStore, get, query_error};
 
 use toolgate_state::{GuardError, RightsDocument, RightsStore};
 

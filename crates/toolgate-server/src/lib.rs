@@ -198,20 +198,20 @@ fn checkpoints(options: &ServerOptions) -> anyhow::Result<Option<(toolgate::cano
 fn connect_store(
     options: &ServerOptions,
     url: &str,
-) -> anyhow::Result<toolgate::storage::postgres::PgStore> {
+) -> anyhow::Result<toolgate::postgres::PgStore> {
     if options.checkpoint_mirror.is_some() || options.segment_bytes.is_some() {
         anyhow::bail!(
             "a checkpoint mirror and segments (--checkpoint-mirror, --segment-bytes) are options of the ledger's audit file, not of a PostgreSQL store; leave them out with --store (signed checkpoints, --audit-key-file, are kept in the database)"
         );
     }
-    toolgate::storage::postgres::PgStore::connect(url)
+    toolgate::postgres::PgStore::connect(url)
         .context("cannot open the store given with --store or TOOLGATE_STORE")
 }
 
 /// The kill switch in the database of `--store`.
 #[cfg(feature = "postgres")]
 fn database_switch(
-    store: toolgate::storage::postgres::PgStore,
+    store: toolgate::postgres::PgStore,
 ) -> anyhow::Result<toolgate::checks::KillSwitch> {
     let database = store.database().to_owned();
     let halts = toolgate::postgres::PgHalts::open(store)
@@ -232,7 +232,7 @@ fn database_audit(options: &ServerOptions, url: &str) -> anyhow::Result<Arc<dyn 
 #[cfg(feature = "postgres")]
 fn database_chain(
     options: &ServerOptions,
-    store: &toolgate::storage::postgres::PgStore,
+    store: &toolgate::postgres::PgStore,
 ) -> anyhow::Result<toolgate::audit::PgAuditLog> {
     let chain = toolgate::audit::PgAuditLog::open(store.clone())
         .with_context(|| format!("cannot open the audit chain in {}", store.database()))?;
@@ -1131,7 +1131,7 @@ fn rights_need_a_store() -> anyhow::Error {
 
 /// The database of `--store`, for the operator's rights commands.
 #[cfg(feature = "postgres")]
-fn rights_store(options: &ServerOptions) -> anyhow::Result<toolgate::storage::postgres::PgStore> {
+fn rights_store(options: &ServerOptions) -> anyhow::Result<toolgate::postgres::PgStore> {
     let url = options.store.as_ref().ok_or_else(rights_need_a_store)?;
     connect_store(options, url)
 }

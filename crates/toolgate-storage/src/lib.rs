@@ -34,8 +34,6 @@ mod journal;
 mod lock;
 mod open;
 pub mod paths;
-#[cfg(feature = "postgres")]
-pub mod postgres;
 
 pub use backend::{FaultyStorage, FsStorage, Op, Storage};
 pub use durable::{

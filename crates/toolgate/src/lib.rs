@@ -45,12 +45,18 @@ pub mod policy {
 /// (`toolgate-audit`).
 pub mod audit {
     pub use toolgate_audit::*;
+    /// The chain in PostgreSQL (`toolgate-postgres`, feature `postgres`).
+    #[cfg(feature = "postgres")]
+    pub use toolgate_postgres::PgAuditLog;
 }
 
 /// Exactly-once effects: the backend trait, the file store and the in-memory one
 /// (`toolgate-commit`).
 pub mod effect {
     pub use toolgate_commit::*;
+    /// The store in PostgreSQL (`toolgate-postgres`, feature `postgres`).
+    #[cfg(feature = "postgres")]
+    pub use toolgate_postgres::PgEffects;
 }
 
 /// The state the gate's checks consult on every call: the kill switch, rights file, rate limits,

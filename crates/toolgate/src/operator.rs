@@ -234,7 +234,7 @@ pub fn resolve_effect(
 /// Returns that digest.
 #[cfg(feature = "postgres")]
 pub fn set_rights(
-    store: toolgate_storage::postgres::PgStore,
+    store: toolgate_postgres::PgStore,
     audit: &dyn AuditSink,
     file: Option<&std::path::Path>,
 ) -> Result<Option<Sha256Digest>, OperatorError> {

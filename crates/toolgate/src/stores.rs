@@ -140,12 +140,12 @@ impl Stores {
         checkpoints: Option<(toolgate_canon::HmacKey, u64)>,
     ) -> Result<Stores, StoresError> {
         use toolgate_postgres::{PgHalts, PgPending, PgRates, PgRights};
-        let audit = toolgate_audit::PgAuditLog::open(store.clone())?;
+        let audit = toolgate_postgres::PgAuditLog::open(store.clone())?;
         let audit = match checkpoints {
             Some((key, every)) => audit.with_checkpoints(key, every),
             None => audit,
         };
-        let effects = toolgate_commit::PgEffects::open(
+        let effects = toolgate_postgres::PgEffects::open(
             store.clone(),
             &crate::ledger_effect_config(&PathBuf::new(), policy),
         )?;

@@ -43,17 +43,17 @@ use std::path::Path;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, SystemTime};
 
+use crate::store::{PgError, PgSession, PgStore, cause, get, query_error};
 use serde_json::Value;
 use toolgate_canon::Sha256Digest;
-use toolgate_storage::postgres::{PgError, PgSession, PgStore, cause, get, query_error};
 
-use super::record::{
-    Liveness, Owner, Record, State, StoredResult, liveness, now_ns, self_start_ticks,
+use toolgate_commit::machine::{
+    CounterTable, Course, Liveness, Owner, Record, State, StoredResult, answer, decide,
+    in_progress, liveness, now_ns, record_name, resolvable, self_start_ticks, settled,
 };
-use super::{
-    Attempt, Begin, CounterTable, Counters, Course, EffectBackend, EffectConfig, EffectError,
-    EffectKind, EffectRequest, EffectStatus, InProgressWait, Resolution, Scope, Ticket, answer,
-    decide, in_progress, record_name, resolvable, settled,
+use toolgate_commit::{
+    Attempt, Begin, Counters, EffectBackend, EffectConfig, EffectError, EffectKind, EffectRequest,
+    EffectStatus, InProgressWait, Resolution, Scope, Ticket,
 };
 
 /// The schema of component `effects`, one entry per version.
@@ -155,9 +155,9 @@ impl PgEffects {
             owner_key,
             session: Mutex::new(None),
             counters: CounterTable::default(),
-            lease: config.lease,
-            completed_ttl: config.completed_ttl,
-            wait_in_progress: config.wait_in_progress,
+            lease: config.lease_time(),
+            completed_ttl: config.completed_retention(),
+            wait_in_progress: config.in_progress_wait(),
         };
         effects.hold_liveness()?;
         Ok(effects)

@@ -1,7 +1,7 @@
 //! One conformance suite for every exactly-once backend: the same cases, the same answers.
 //!
 //! Each case runs against the file backend (`EffectStore`, a journal in a temporary directory),
-//! the in-memory one (`MemoryEffects`) and, with the feature `postgres`, the PostgreSQL one
+//! the in-memory one (`MemoryEffects`) and the PostgreSQL one
 //! (`PgEffects`, a fresh database of a real PostgreSQL cluster this test process starts).
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -32,14 +32,13 @@ fn backends(wait: Option<Duration>, ttl: Duration) -> Vec<Subject> {
         config = config.wait_in_progress(wait);
     }
     let memory = MemoryEffects::with_config(&config);
-    #[cfg(feature = "postgres")]
     let postgres = {
         let url = toolgate_pgtest::PgCluster::shared()
             .unwrap()
             .create_database("effects")
             .unwrap();
-        let store = toolgate_storage::postgres::PgStore::connect(&url).unwrap();
-        toolgate_commit::PgEffects::open(store, &config).unwrap()
+        let store = toolgate_postgres::PgStore::connect(&url).unwrap();
+        toolgate_postgres::PgEffects::open(store, &config).unwrap()
     };
     vec![
         Subject {
@@ -52,7 +51,6 @@ fn backends(wait: Option<Duration>, ttl: Duration) -> Vec<Subject> {
             backend: Arc::new(memory),
             _dir: None,
         },
-        #[cfg(feature = "postgres")]
         Subject {
             name: "postgres",
             backend: Arc::new(postgres),

@@ -1,11 +1,11 @@
-//! The audit chain on PostgreSQL (feature `postgres`): one chain shared by every replica.
+//! The audit chain on PostgreSQL: one chain shared by every replica.
 //!
 //! Tables (component `audit`, schema version 1): `toolgate_audit (seq, sha256, line)`, one row
 //! per record holding its canonical line (the exact bytes of the file format, without the
 //! newline), and `toolgate_audit_head`, one row with the chain's last `seq` and `sha256`.
 //!
 //! **One sequencer**: the head row. An append is one statement (one round trip, one commit):
-//! it seals its records onto the head this process last saw, exactly as [`crate::FileAuditLog`]
+//! it seals its records onto the head this process last saw, exactly as `toolgate_audit::FileAuditLog`
 //! does (same fields, same RFC 8785 line, same `prev_sha256`), and moves the head row to the new
 //! head only if the row still holds the old one, inserting the records only then (a
 //! compare-and-set: concurrent appenders of every replica queue on the row's lock, and the later
@@ -23,16 +23,16 @@
 //! `every` records also stores, in the same statement, a signed checkpoint of its new head, in the checkpoint
 //! file's line format; [`PgAuditLog::checkpoint`] signs the head on demand (at clean shutdown).
 //! Whoever can write the database can rewrite the chain and its head row together, but cannot
-//! sign: [`crate::verify_sink_with`] with the key finds the re-chained or cut chain.
+//! sign: `toolgate_audit::verify_sink_with` with the key finds the re-chained or cut chain.
 
+use toolgate_audit::{
+    AppendReceipt, AuditEntry, AuditError, AuditSink, ChainHead, Checkpoint, MAX_LINE_BYTES,
+    now_ns, seal,
+};
 use toolgate_canon::{HmacKey, Sha256Digest};
 use toolgate_storage::GroupCommit;
-use toolgate_storage::postgres::{PgError, PgStore, cause, get, query_error};
 
-use crate::checkpoint::Checkpoint;
-use crate::file::now_ns;
-use crate::record::{MAX_LINE_BYTES, seal};
-use crate::{AppendReceipt, AuditEntry, AuditError, AuditSink, ChainHead};
+use crate::store::{PgError, PgStore, cause, get, query_error};
 
 /// The schema of component `audit`, one entry per version.
 const MIGRATIONS: &[&str] = &[
@@ -269,7 +269,7 @@ const APPEND: &str = "WITH moved AS (
 
 /// The chain's head as stored.
 async fn read_head(
-    client: &toolgate_storage::postgres::PgClient,
+    client: &crate::store::PgClient,
     database: &str,
 ) -> Result<Result<(u64, Sha256Digest), AuditError>, PgError> {
     let read = client
@@ -457,7 +457,7 @@ impl AuditSink for PgAuditLog {
 
 /// Signs `(seq, head)` and stores it in the transaction `tx`.
 async fn sign(
-    tx: &toolgate_storage::postgres::PgTransaction<'_>,
+    tx: &crate::store::PgTransaction<'_>,
     key: &HmacKey,
     seq: i64,
     head: Sha256Digest,

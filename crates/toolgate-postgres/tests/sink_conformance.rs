@@ -1,5 +1,5 @@
 //! One conformance suite for every audit sink: the same cases against the file log, the
-//! in-memory one and, with the feature `postgres`, the PostgreSQL one (a fresh database of a real
+//! in-memory one and the PostgreSQL one (a fresh database of a real
 //! PostgreSQL cluster this test process starts).
 //!
 //! What every sink must do: chain records with consecutive `seq` from 1, report the head it
@@ -37,7 +37,6 @@ fn sinks() -> Vec<Subject> {
             sink: Arc::new(MemoryAuditLog::new()),
             _dir: None,
         },
-        #[cfg(feature = "postgres")]
         Subject {
             name: "postgres",
             sink: {
@@ -45,8 +44,8 @@ fn sinks() -> Vec<Subject> {
                     .unwrap()
                     .create_database("audit")
                     .unwrap();
-                let store = toolgate_storage::postgres::PgStore::connect(&url).unwrap();
-                Arc::new(toolgate_audit::PgAuditLog::open(store).unwrap())
+                let store = toolgate_postgres::PgStore::connect(&url).unwrap();
+                Arc::new(toolgate_postgres::PgAuditLog::open(store).unwrap())
             },
             _dir: None,
         },
@@ -227,15 +226,14 @@ fn signed_sinks(key: &toolgate_canon::HmacKey, every: u64) -> Vec<Signed> {
         sink: file,
         _dir: Some(dir),
     }];
-    #[cfg(feature = "postgres")]
     {
         let url = toolgate_pgtest::PgCluster::shared()
             .unwrap()
             .create_database("audit_signed")
             .unwrap();
-        let store = toolgate_storage::postgres::PgStore::connect(&url).unwrap();
+        let store = toolgate_postgres::PgStore::connect(&url).unwrap();
         let log = Arc::new(
-            toolgate_audit::PgAuditLog::open(store)
+            toolgate_postgres::PgAuditLog::open(store)
                 .unwrap()
                 .with_checkpoints(key.clone(), every),
         );
@@ -313,15 +311,14 @@ fn a_key_without_checkpoints_warns() {
 
 /// Someone who can write the database cuts records off the end and moves the head row back with
 /// them: a well-formed shorter chain that only a signed checkpoint exposes.
-#[cfg(feature = "postgres")]
 #[test]
 fn a_database_chain_cut_with_its_head_is_caught_by_a_checkpoint() {
     let cluster = toolgate_pgtest::PgCluster::shared().unwrap();
     let url = cluster.create_database("audit_cut").unwrap();
     let db = url.rsplit('/').next().unwrap().to_owned();
     let key = toolgate_canon::HmacKey::new(&[9; 32]).unwrap();
-    let store = toolgate_storage::postgres::PgStore::connect(&url).unwrap();
-    let log = toolgate_audit::PgAuditLog::open(store)
+    let store = toolgate_postgres::PgStore::connect(&url).unwrap();
+    let log = toolgate_postgres::PgAuditLog::open(store)
         .unwrap()
         .with_checkpoints(key.clone(), 4);
     for i in 1..=5 {
@@ -362,7 +359,6 @@ fn a_database_chain_cut_with_its_head_is_caught_by_a_checkpoint() {
 
 /// Two replicas' logs on one database: each starts sealing on the head it last saw, which the
 /// other keeps moving; alternating and concurrent appends still leave one chain without gaps.
-#[cfg(feature = "postgres")]
 #[test]
 fn two_database_replicas_append_to_one_chain() {
     let url = toolgate_pgtest::PgCluster::shared()
@@ -370,8 +366,8 @@ fn two_database_replicas_append_to_one_chain() {
         .create_database("audit_two")
         .unwrap();
     let replica = || {
-        let store = toolgate_storage::postgres::PgStore::connect(&url).unwrap();
-        Arc::new(toolgate_audit::PgAuditLog::open(store).unwrap())
+        let store = toolgate_postgres::PgStore::connect(&url).unwrap();
+        Arc::new(toolgate_postgres::PgAuditLog::open(store).unwrap())
     };
     let (a, b) = (replica(), replica());
     for i in 0..10 {
