@@ -126,11 +126,11 @@ pub fn open_effects(
         .with_context(|| format!("cannot open the effect store in {}", ledger.display()))
 }
 
-use toolgate::stores::GatedBuilderStores as _;
 /// The stores behind a server (`toolgate::stores`): its audit chain, exactly-once records and
 /// kill switch, and with `--store` the rights, rate buckets and pending confirmations every
 /// replica shares.
 pub use toolgate::stores::Stores;
+use toolgate::stores::{Database, GatedBuilderStores as _};
 
 /// Opens the stores of `options`: the PostgreSQL database of `store` when it is given, else the
 /// ledger's files (the audit log configured like the operator commands'). The database is
@@ -160,7 +160,6 @@ fn open_stores_with(
     })
 }
 
-#[cfg(feature = "postgres")]
 fn open_database_stores(
     options: &ServerOptions,
     url: &str,
@@ -173,16 +172,15 @@ fn open_database_stores(
             path.display()
         );
     }
-    let store = connect_store(options, url)?;
-    let database = store.database().to_owned();
-    let stores = Stores::on_database(store, policy, checkpoints(options)?)
-        .with_context(|| format!("cannot open the stores in {database}"))?;
-    tracing::info!(database, "stores on PostgreSQL");
+    let database = connect_store(options, url)?;
+    let stores = database
+        .stores(policy, checkpoints(options)?)
+        .with_context(|| format!("cannot open the stores in {}", database.name()))?;
+    tracing::info!(database = database.name(), "stores on PostgreSQL");
     Ok(stores)
 }
 
 /// The checkpoint key of `--audit-key-file` and how often it signs (`--checkpoint-every`).
-#[cfg(feature = "postgres")]
 fn checkpoints(options: &ServerOptions) -> anyhow::Result<Option<(toolgate::canon::HmacKey, u64)>> {
     let Some(path) = &options.audit_key_file else {
         return Ok(None);
@@ -194,69 +192,22 @@ fn checkpoints(options: &ServerOptions) -> anyhow::Result<Option<(toolgate::cano
 }
 
 /// Connects to the database of `--store`, refusing options the database chain does not support.
-#[cfg(feature = "postgres")]
-fn connect_store(
-    options: &ServerOptions,
-    url: &str,
-) -> anyhow::Result<toolgate::postgres::PgStore> {
+fn connect_store(options: &ServerOptions, url: &str) -> anyhow::Result<Database> {
     if options.checkpoint_mirror.is_some() || options.segment_bytes.is_some() {
         anyhow::bail!(
             "a checkpoint mirror and segments (--checkpoint-mirror, --segment-bytes) are options of the ledger's audit file, not of a PostgreSQL store; leave them out with --store (signed checkpoints, --audit-key-file, are kept in the database)"
         );
     }
-    toolgate::postgres::PgStore::connect(url)
-        .context("cannot open the store given with --store or TOOLGATE_STORE")
+    Database::connect(url).context("cannot open the store given with --store or TOOLGATE_STORE")
 }
 
-/// The kill switch in the database of `--store`.
-#[cfg(feature = "postgres")]
-fn database_switch(
-    store: toolgate::postgres::PgStore,
-) -> anyhow::Result<toolgate::checks::KillSwitch> {
-    let database = store.database().to_owned();
-    let halts = toolgate::postgres::PgHalts::open(store)
-        .with_context(|| format!("cannot open the kill switch in {database}"))?;
-    Ok(toolgate::checks::KillSwitch::with_store(Arc::new(halts))
-        .resume_command(format!("{SERVER_NAME} resume")))
-}
-
-/// The audit chain in the database of `--store`.
-#[cfg(feature = "postgres")]
+/// The audit chain in the database of `--store`, signing checkpoints with `--audit-key-file`
+/// (every `--checkpoint-every` records, and at clean shutdown) when it is given.
 fn database_audit(options: &ServerOptions, url: &str) -> anyhow::Result<Arc<dyn AuditSink>> {
-    let store = connect_store(options, url)?;
-    Ok(Arc::new(database_chain(options, &store)?))
-}
-
-/// The audit chain in the database of `store`, signing checkpoints with `--audit-key-file` (every
-/// `--checkpoint-every` records, and at clean shutdown) when it is given.
-#[cfg(feature = "postgres")]
-fn database_chain(
-    options: &ServerOptions,
-    store: &toolgate::postgres::PgStore,
-) -> anyhow::Result<toolgate::audit::PgAuditLog> {
-    let chain = toolgate::audit::PgAuditLog::open(store.clone())
-        .with_context(|| format!("cannot open the audit chain in {}", store.database()))?;
-    Ok(match checkpoints(options)? {
-        Some((key, every)) => chain.with_checkpoints(key, every),
-        None => chain,
-    })
-}
-
-#[cfg(not(feature = "postgres"))]
-fn open_database_stores(_: &ServerOptions, _: &str, _: &Policy) -> anyhow::Result<Stores> {
-    Err(no_postgres())
-}
-
-#[cfg(not(feature = "postgres"))]
-fn database_audit(_: &ServerOptions, _: &str) -> anyhow::Result<Arc<dyn AuditSink>> {
-    Err(no_postgres())
-}
-
-#[cfg(not(feature = "postgres"))]
-fn no_postgres() -> anyhow::Error {
-    anyhow::anyhow!(
-        "this build of {SERVER_NAME} has no PostgreSQL support (feature `postgres`); build it with the feature or leave out --store / TOOLGATE_STORE"
-    )
+    let database = connect_store(options, url)?;
+    database
+        .audit(checkpoints(options)?)
+        .with_context(|| format!("cannot open the audit chain in {}", database.name()))
 }
 
 /// What SIGHUP does to a running server: re-read the policy (and whatever goes with it) and
@@ -1056,13 +1007,12 @@ fn operator_audit(options: &ServerOptions) -> anyhow::Result<Arc<dyn AuditSink>>
 /// The kill switch of the operator commands: the database's with `--store`, else the ledger's
 /// file, written through the configured storage.
 fn ledger_switch(options: &ServerOptions) -> anyhow::Result<toolgate::checks::KillSwitch> {
-    #[cfg(feature = "postgres")]
     if let Some(url) = &options.store {
-        return database_switch(connect_store(options, url)?);
-    }
-    #[cfg(not(feature = "postgres"))]
-    if options.store.is_some() {
-        return Err(no_postgres());
+        let database = connect_store(options, url)?;
+        let switch = database
+            .kill_switch()
+            .with_context(|| format!("cannot open the kill switch in {}", database.name()))?;
+        return Ok(switch.resume_command(format!("{SERVER_NAME} resume")));
     }
     Ok(
         toolgate::checks::KillSwitch::on_storage(&options.ledger, options.storage())
@@ -1129,51 +1079,33 @@ fn rights_need_a_store() -> anyhow::Error {
     )
 }
 
-/// The database of `--store`, for the operator's rights commands.
-#[cfg(feature = "postgres")]
-fn rights_store(options: &ServerOptions) -> anyhow::Result<toolgate::postgres::PgStore> {
+/// The rights in the database of `--store`, for the operator's rights commands.
+fn database_rights(options: &ServerOptions) -> anyhow::Result<toolgate::checks::RightsFile> {
     let url = options.store.as_ref().ok_or_else(rights_need_a_store)?;
-    connect_store(options, url)
-}
-
-#[cfg(not(feature = "postgres"))]
-fn rights_store(options: &ServerOptions) -> anyhow::Result<()> {
-    options.store.as_ref().ok_or_else(rights_need_a_store)?;
-    Err(no_postgres())
+    let database = connect_store(options, url)?;
+    database
+        .rights()
+        .with_context(|| format!("cannot open the rights in {}", database.name()))
 }
 
 /// Sets the rights of every replica on the database of `--store` to the rights file at `file`
 /// (validated first), or clears them (`None`), and records it. Returns the digest now in force.
-#[cfg(feature = "postgres")]
 pub fn set_rights(
     options: &ServerOptions,
     file: Option<&Path>,
 ) -> anyhow::Result<Option<toolgate::canon::Sha256Digest>> {
-    let store = rights_store(options)?;
+    let rights = database_rights(options)?;
     let audit = operator_audit(options)?;
-    Ok(toolgate::operator::set_rights(store, audit.as_ref(), file)?)
+    Ok(toolgate::operator::set_rights(
+        &rights,
+        audit.as_ref(),
+        file,
+    )?)
 }
 
 /// The rights document in force on the database of `--store`, if one is set.
-#[cfg(feature = "postgres")]
 pub fn rights_document(options: &ServerOptions) -> anyhow::Result<Option<Vec<u8>>> {
-    let rights = toolgate::postgres::PgRights::open(rights_store(options)?)?;
-    Ok(toolgate::checks::RightsFile::with_store(Arc::new(rights)).document()?)
-}
-
-/// Without the feature `postgres` there is no database to keep rights in.
-#[cfg(not(feature = "postgres"))]
-pub fn set_rights(
-    options: &ServerOptions,
-    _: Option<&Path>,
-) -> anyhow::Result<Option<toolgate::canon::Sha256Digest>> {
-    rights_store(options).map(|()| None)
-}
-
-/// Without the feature `postgres` there is no database to keep rights in.
-#[cfg(not(feature = "postgres"))]
-pub fn rights_document(options: &ServerOptions) -> anyhow::Result<Option<Vec<u8>>> {
-    rights_store(options).map(|()| None)
+    Ok(database_rights(options)?.document()?)
 }
 
 /// `effects resolve`: settles the indeterminate call of `options.principal` (default `local`) to

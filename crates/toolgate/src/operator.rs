@@ -228,19 +228,15 @@ pub fn resolve_effect(
     Ok(())
 }
 
-/// Sets the rights of every replica on the database of `store` to the rights file at `file`
-/// (validated first: an invalid file changes nothing), or clears them (`None`: only the policy
-/// decides), and records `admin/rights` (`reloaded`, the new document's digest in the reason).
-/// Returns that digest.
-#[cfg(feature = "postgres")]
+/// Sets `rights` (every replica's, in a database: `toolgate::stores::Database::rights`) to the
+/// rights file at `file` (validated first: an invalid file changes nothing), or clears them
+/// (`None`: only the policy decides), and records `admin/rights` (`reloaded`, the new document's
+/// digest in the reason). Returns that digest.
 pub fn set_rights(
-    store: toolgate_postgres::PgStore,
+    rights: &toolgate_state::RightsFile,
     audit: &dyn AuditSink,
     file: Option<&std::path::Path>,
 ) -> Result<Option<Sha256Digest>, OperatorError> {
-    let rights = toolgate_state::RightsFile::with_store(std::sync::Arc::new(
-        toolgate_postgres::PgRights::open(store)?,
-    ));
     let digest = rights.set_from_file(file)?;
     let reason = match &digest {
         Some(digest) => format!("rights set: sha256:{digest}"),

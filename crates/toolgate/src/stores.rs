@@ -21,7 +21,7 @@
 //! # drop(gated); Ok(()) }
 //! ```
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 
 use toolgate_audit::{AuditConfig, AuditError, AuditSink, FileAuditLog};
@@ -50,6 +50,12 @@ pub enum StoresError {
     #[cfg(feature = "postgres")]
     #[error("cannot open the governance state in the database: {0}")]
     State(#[from] toolgate_state::GuardError),
+    /// A database URL was given to a build without PostgreSQL support.
+    #[error(
+        "this build has no PostgreSQL support (the feature `postgres` of toolgate); build it with \
+         the feature, or keep the stores in a ledger directory instead of a database"
+    )]
+    NoDatabaseSupport,
 }
 
 /// The open stores of one gated server.
@@ -118,18 +124,13 @@ impl Stores {
     /// given), the exactly-once store (the policy's windows), the kill switch, the rights, the
     /// rate-limit buckets and the pending confirmations. Each creates or migrates its tables; a
     /// database that cannot be reached, refuses the credentials or has a newer schema is an error
-    /// naming it. See `docs/postgres.md`.
-    #[cfg(feature = "postgres")]
+    /// naming it (see `docs/postgres.md`); without the feature `postgres` it is [`StoresError::NoDatabaseSupport`].
     pub fn database(
         url: &str,
         policy: &Policy,
         checkpoints: Option<(toolgate_canon::HmacKey, u64)>,
     ) -> Result<Stores, StoresError> {
-        Stores::on_database(
-            toolgate_postgres::PgStore::connect(url)?,
-            policy,
-            checkpoints,
-        )
+        Database::connect(url)?.stores(policy, checkpoints)
     }
 
     /// As [`Stores::database`], on a database the caller has connected.
@@ -147,7 +148,7 @@ impl Stores {
         };
         let effects = toolgate_postgres::PgEffects::open(
             store.clone(),
-            &crate::ledger_effect_config(&PathBuf::new(), policy),
+            &crate::ledger_effect_config(&std::path::PathBuf::new(), policy),
         )?;
         Ok(Stores {
             audit: Arc::new(audit),
@@ -159,6 +160,107 @@ impl Stores {
             rates: Some(Arc::new(PgRates::open(store.clone())?)),
             pending: Some(Arc::new(PgPending::open(store)?)),
         })
+    }
+}
+
+/// A PostgreSQL database to keep stores in, connected once and opened store by store: all of them
+/// for a server ([`Database::stores`]), one for an operator command (its audit chain, kill switch
+/// or rights). Without the feature `postgres`, [`Database::connect`] refuses
+/// ([`StoresError::NoDatabaseSupport`]) and there is no value of this type.
+#[derive(Debug, Clone)]
+pub struct Database {
+    #[cfg(feature = "postgres")]
+    store: toolgate_postgres::PgStore,
+    #[cfg(not(feature = "postgres"))]
+    never: std::convert::Infallible,
+}
+
+#[cfg(feature = "postgres")]
+impl Database {
+    /// Connects to the database at `url` (`postgres://USER[:PASSWORD]@HOST[:PORT]/DATABASE`,
+    /// `sslmode`, `sslrootcert`; docs/postgres.md).
+    pub fn connect(url: &str) -> Result<Database, StoresError> {
+        Ok(Database {
+            store: toolgate_postgres::PgStore::connect(url)?,
+        })
+    }
+
+    /// The database's name as messages show it (`user@host:port/db`, never a password).
+    pub fn name(&self) -> &str {
+        self.store.database()
+    }
+
+    /// Every store in this database ([`Stores::database`]).
+    pub fn stores(
+        &self,
+        policy: &Policy,
+        checkpoints: Option<(toolgate_canon::HmacKey, u64)>,
+    ) -> Result<Stores, StoresError> {
+        Stores::on_database(self.store.clone(), policy, checkpoints)
+    }
+
+    /// The audit chain alone (an operator command's), signing as [`Stores::database`] says.
+    pub fn audit(
+        &self,
+        checkpoints: Option<(toolgate_canon::HmacKey, u64)>,
+    ) -> Result<Arc<dyn AuditSink>, StoresError> {
+        let audit = toolgate_postgres::PgAuditLog::open(self.store.clone())?;
+        Ok(Arc::new(match checkpoints {
+            Some((key, every)) => audit.with_checkpoints(key, every),
+            None => audit,
+        }))
+    }
+
+    /// The kill switch alone.
+    pub fn kill_switch(&self) -> Result<KillSwitch, StoresError> {
+        let halts = toolgate_postgres::PgHalts::open(self.store.clone())?;
+        Ok(KillSwitch::with_store(Arc::new(halts)))
+    }
+
+    /// The rights alone (to set or show them).
+    pub fn rights(&self) -> Result<RightsFile, StoresError> {
+        let rights = toolgate_postgres::PgRights::open(self.store.clone())?;
+        Ok(RightsFile::with_store(Arc::new(rights)))
+    }
+}
+
+#[cfg(not(feature = "postgres"))]
+impl Database {
+    /// Refuses: this build has no PostgreSQL support.
+    pub fn connect(_url: &str) -> Result<Database, StoresError> {
+        Err(StoresError::NoDatabaseSupport)
+    }
+
+    /// Unreachable: there is no database without the feature `postgres`.
+    pub fn name(&self) -> &str {
+        match self.never {}
+    }
+
+    /// Unreachable: there is no database without the feature `postgres`.
+    pub fn stores(
+        &self,
+        _: &Policy,
+        _: Option<(toolgate_canon::HmacKey, u64)>,
+    ) -> Result<Stores, StoresError> {
+        match self.never {}
+    }
+
+    /// Unreachable: there is no database without the feature `postgres`.
+    pub fn audit(
+        &self,
+        _: Option<(toolgate_canon::HmacKey, u64)>,
+    ) -> Result<Arc<dyn AuditSink>, StoresError> {
+        match self.never {}
+    }
+
+    /// Unreachable: there is no database without the feature `postgres`.
+    pub fn kill_switch(&self) -> Result<KillSwitch, StoresError> {
+        match self.never {}
+    }
+
+    /// Unreachable: there is no database without the feature `postgres`.
+    pub fn rights(&self) -> Result<RightsFile, StoresError> {
+        match self.never {}
     }
 }
 
