@@ -1,10 +1,10 @@
 //! The behaviours every store of pending confirmations (`PendingStore`) must have, run against
-//! this process's memory (`MemoryPending`) and a real PostgreSQL database: a token confirmed once
+//! this process's memory (`MemoryPending`), a ledger's file (`FilePending`) and a real PostgreSQL
+//! database: a token confirmed once
 //! with the preview's exact summary, refused to another principal without being consumed,
 //! rejected, expired, remembered dead then forgotten, locked after the fifth wrong summary, the
-//! per-principal cap, and exactly one winner among concurrent confirmations. The last case takes
-//! the database down and back. There is no file store: a token is worth nothing after a crash,
-//! which is the safe direction (docs/checks.md).
+//! per-principal cap, and exactly one winner among concurrent confirmations. The last cases take
+//! the database down and back, and show the file store's tokens surviving a restart.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -15,7 +15,8 @@ use serde_json::{Map, Value};
 use toolgate_canon::Sha256Digest;
 use toolgate_postgres::{PgPending, PgStore};
 use toolgate_state::pending::{
-    ConfirmError, ConfirmToken, MAX_TTL, MAX_WRONG_SUMMARIES, PendingAction, PendingActions,
+    ConfirmError, ConfirmToken, FilePending, MAX_TTL, MAX_WRONG_SUMMARIES, PendingAction,
+    PendingActions,
 };
 
 const TTL: Duration = Duration::from_secs(300);
@@ -54,8 +55,19 @@ fn stores(ttl: Duration) -> Vec<PendingActions> {
     let store = PgPending::open(PgStore::connect(&url).unwrap()).unwrap();
     vec![
         PendingActions::new(ttl),
+        PendingActions::with_store(ttl, Arc::new(FilePending::new(fresh_dir()))),
         PendingActions::with_store(ttl, Arc::new(store)),
     ]
+}
+
+/// A directory of its own for one file store, under cargo's scratch directory for tests.
+fn fresh_dir() -> std::path::PathBuf {
+    static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("pending-{}-{n}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    dir
 }
 
 /// The counts, which every case expects the store to give.
@@ -436,4 +448,30 @@ fn database_failures_do_nothing_and_name_the_cause() {
         other => Some(other),
     });
     assert_eq!(confirmed, Some(Ok(action("alice"))));
+}
+
+/// A preview issued by one process is confirmed by another on the same directory (a restart, or
+/// a second server on the ledger), once; the file holds the token's hash, never the token.
+#[test]
+fn a_file_stores_token_survives_a_restart_and_is_confirmed_once() {
+    let dir = fresh_dir();
+    let first = PendingActions::with_store(TTL, Arc::new(FilePending::new(&dir)));
+    let token = issue(&first, "alice", t(0));
+    drop(first);
+    let file = std::fs::read_to_string(dir.join("pending.json")).unwrap();
+    assert!(!file.contains(&token), "the token itself is not stored");
+    let second = PendingActions::with_store(TTL, Arc::new(FilePending::new(&dir)));
+    assert_eq!(
+        second.confirm(&token, SUMMARY, "alice", t(1)),
+        Ok(action("alice"))
+    );
+    assert_eq!(
+        second.confirm(&token, SUMMARY, "alice", t(2)),
+        Err(ConfirmError::Used)
+    );
+    std::fs::write(dir.join("pending.json"), "{not json").unwrap();
+    let error = second.prepare(action("alice"), t(3)).unwrap_err();
+    assert_eq!(error.code(), "store_unavailable", "{error}");
+    assert!(error.to_string().contains("pending.json"), "{error}");
+    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -1,10 +1,9 @@
 //! The behaviours every rate-limit bucket store (`RateStore`) must have, run against this
-//! process's memory (`RateLimiter`) and a real PostgreSQL database
-//! shared by two handles: a bucket starts full and then refuses with the time to wait, a call's
+//! process's memory (`RateLimiter`), a ledger's file (`FileRates`) and a real PostgreSQL database,
+//! each shared by two handles: a bucket starts full and then refuses with the time to wait, a call's
 //! keys are taken all or nothing, buckets of other keys are untouched, and concurrent takers
-//! never get more than the burst between them. A database that goes down and comes back is the last
-//! case. There is no file store: buckets in a ledger would cost an
-//! fsync per call (docs/checks.md).
+//! never get more than the burst between them. A database that goes down and comes back, and a
+//! broken buckets file, are the last cases.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -12,13 +11,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use toolgate_postgres::{PgRates, PgStore};
-use toolgate_state::{Limit, RateLimiter, RateStore};
+use toolgate_state::{FileRates, Limit, RateLimiter, RateStore};
 
 /// A store, and a second handle on the same buckets (another replica on the database).
 struct Subject {
     name: &'static str,
     store: Arc<dyn RateStore>,
     other: Arc<dyn RateStore>,
+    _dir: Option<tempfile::TempDir>,
 }
 
 fn subjects(database: &str) -> Vec<Subject> {
@@ -30,16 +30,26 @@ fn subjects(database: &str) -> Vec<Subject> {
     let open = || -> Arc<dyn RateStore> {
         Arc::new(PgRates::open(PgStore::connect(&url).unwrap()).unwrap())
     };
+    let dir = tempfile::tempdir().unwrap();
+    let file = || -> Arc<dyn RateStore> { Arc::new(FileRates::new(dir.path().join("ledger"))) };
     vec![
         Subject {
             name: "memory",
             store: Arc::clone(&memory),
             other: memory,
+            _dir: None,
+        },
+        Subject {
+            name: "file",
+            store: file(),
+            other: file(),
+            _dir: Some(dir),
         },
         Subject {
             name: "postgres",
             store: open(),
             other: open(),
+            _dir: None,
         },
     ]
 }
@@ -156,4 +166,24 @@ fn database_buckets_fail_closed_while_the_database_is_down() {
         }
     });
     assert_eq!(back, Some(Ok(())));
+}
+
+/// A buckets file that is not one refuses (the check then refuses the call), naming the file
+/// and the fix; removing it starts every bucket full.
+#[test]
+fn a_broken_buckets_file_fails_closed_until_removed() {
+    let dir = tempfile::tempdir().unwrap();
+    let rates = FileRates::new(dir.path());
+    let keys = [key("tool:send", 2)];
+    rates.take(&keys).unwrap().unwrap();
+    assert!(rates.path().is_file(), "a bucket short of full is kept");
+    std::fs::write(rates.path(), "{not json").unwrap();
+    let cause = rates.take(&keys).unwrap_err();
+    assert!(
+        cause.contains(&rates.path().display().to_string()),
+        "{cause}"
+    );
+    assert!(cause.contains("remove it"), "{cause}");
+    std::fs::remove_file(rates.path()).unwrap();
+    assert_eq!(rates.take(&keys).unwrap(), Ok(()));
 }

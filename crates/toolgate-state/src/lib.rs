@@ -19,8 +19,8 @@ pub mod rights;
 pub use error::GuardError;
 pub use kill_switch::{FileHalts, Halt, HaltStore, KillSwitch, MemoryHalts, Status};
 pub use pending::{
-    ConfirmError, ConfirmToken, Issued, Lifetime, MemoryPending, PendingAction, PendingActions,
-    PendingStore, TokenState,
+    ConfirmError, ConfirmToken, FilePending, Issued, Lifetime, MemoryPending, PendingAction,
+    PendingActions, PendingStore, TokenState,
 };
-pub use rates::{Limit, Limited, RateLimiter, RateStore};
+pub use rates::{FileRates, Limit, Limited, RateLimiter, RateStore};
 pub use rights::{FileRights, MemoryRights, Rights, RightsDocument, RightsFile, RightsStore};

@@ -640,6 +640,314 @@ impl PendingStore for MemoryPending {
     }
 }
 
+/// The name of the pending confirmations' file in its directory.
+pub const PENDING_FILE_NAME: &str = "pending.json";
+/// The name of the lock file every process deciding on them holds while it does.
+pub const PENDING_LOCK_NAME: &str = "pending.lock";
+/// A pending confirmations file larger than this is refused as invalid.
+pub const MAX_PENDING_FILE_BYTES: u64 = 64 * 1024 * 1024;
+
+/// Pending actions in a file shared by every process on one directory (a ledger): a preview issued
+/// by one process can be confirmed once on another, and survives a restart. Every operation holds
+/// `<dir>/pending.lock` (an advisory `flock`), reads `<dir>/pending.json`, forgets and expires
+/// what is due, decides by the same rules as memory ([`judge`], [`summary_step`]), and replaces
+/// the file atomically and durably (a temporary file, fsync, rename, fsync of the directory)
+/// before it answers, so of concurrent confirmations of one token exactly one gets the action, and
+/// a crash never revives a used token.
+///
+/// Only a token's SHA-256 is stored. A live action's arguments and summary are in the file (as
+/// they are in the memory of the process that issued it), dropped when the token dies: keep the
+/// directory readable by the server only. A file that cannot be read or parsed refuses every
+/// preview and confirmation ([`ConfirmError::Store`]), naming the file and the fix.
+#[derive(Debug)]
+pub struct FilePending {
+    dir: std::path::PathBuf,
+    storage: Arc<dyn toolgate_storage::Storage>,
+    /// Opened on first use; threads of this process take turns on it.
+    lock: Mutex<Option<toolgate_storage::LockFile>>,
+}
+
+/// One token's entry in the file.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileEntry {
+    principal: String,
+    expires_ns: u64,
+    forget_ns: u64,
+    state: String,
+    wrong_summaries: u32,
+    /// Present while live.
+    action: Option<FileAction>,
+}
+
+/// A live token's action in the file.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileAction {
+    tool: String,
+    arguments: Map<String, Value>,
+    args_digest: Sha256Digest,
+    content_hash: Sha256Digest,
+    summary: String,
+    idempotency_key: Option<String>,
+}
+
+/// The file: entries by the hex SHA-256 of their token.
+#[derive(Debug, Default, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileDocument {
+    version: u64,
+    tokens: std::collections::BTreeMap<String, FileEntry>,
+}
+
+fn nanos(t: SystemTime) -> u64 {
+    t.duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
+}
+
+fn state_of(entry: &FileEntry) -> TokenState {
+    match entry.state.as_str() {
+        "live" => TokenState::Live {
+            wrong_summaries: entry.wrong_summaries,
+        },
+        "used" => TokenState::Used,
+        "rejected" => TokenState::Rejected,
+        "locked" => TokenState::Locked,
+        _ => TokenState::Expired,
+    }
+}
+
+fn state_name(state: TokenState) -> &'static str {
+    match state {
+        TokenState::Live { .. } => "live",
+        TokenState::Used => "used",
+        TokenState::Rejected => "rejected",
+        TokenState::Locked => "locked",
+        TokenState::Expired => "expired",
+    }
+}
+
+impl FileDocument {
+    /// Forgets what is past its time to forget, and expires the live tokens past their expiry.
+    fn sweep(&mut self, now: u64) {
+        self.tokens.retain(|_, entry| entry.forget_ns > now);
+        for entry in self.tokens.values_mut() {
+            if entry.state == "live" && entry.expires_ns <= now {
+                entry.state = "expired".to_owned();
+                entry.action = None;
+            }
+        }
+    }
+
+    fn live_of(&self, principal: &str) -> usize {
+        self.tokens
+            .values()
+            .filter(|entry| entry.state == "live" && entry.principal == principal)
+            .count()
+    }
+}
+
+impl FilePending {
+    /// The pending actions of `dir` (created on first use), on the filesystem.
+    pub fn new(dir: impl Into<std::path::PathBuf>) -> Self {
+        FilePending {
+            dir: dir.into(),
+            storage: Arc::new(toolgate_storage::FsStorage),
+            lock: Mutex::new(None),
+        }
+    }
+
+    /// Writes through `storage` (fault injection in tests) instead of the filesystem.
+    pub fn with_storage(mut self, storage: Arc<dyn toolgate_storage::Storage>) -> Self {
+        self.storage = storage;
+        self
+    }
+
+    /// The pending actions' file.
+    pub fn path(&self) -> std::path::PathBuf {
+        self.dir.join(PENDING_FILE_NAME)
+    }
+
+    fn unavailable(&self, what: &str, error: impl fmt::Display) -> ConfirmError {
+        ConfirmError::Store {
+            cause: format!("{what} {}: {error}", self.path().display()),
+        }
+    }
+
+    /// Runs `job` on the document under the lock; writes it back when `job` says it changed it.
+    fn with_document<T>(
+        &self,
+        now: SystemTime,
+        job: impl FnOnce(&mut FileDocument) -> (bool, Result<T, ConfirmError>),
+    ) -> Result<T, ConfirmError> {
+        let mut lock = self.lock.lock().unwrap_or_else(PoisonError::into_inner);
+        if lock.is_none() {
+            toolgate_storage::create_dir_durably(&*self.storage, &self.dir)
+                .map_err(|e| self.unavailable("cannot create the directory of", e))?;
+            *lock = Some(
+                toolgate_storage::LockFile::open(self.dir.join(PENDING_LOCK_NAME))
+                    .map_err(|e| self.unavailable("cannot open the lock of", e))?,
+            );
+        }
+        let Some(file) = lock.as_ref() else {
+            return Err(self.unavailable("cannot open the lock of", "not open"));
+        };
+        let _held = file
+            .lock()
+            .map_err(|e| self.unavailable("cannot take the lock of", e))?;
+        let path = self.path();
+        let mut document = match toolgate_storage::read_regular(
+            &path,
+            MAX_PENDING_FILE_BYTES,
+            toolgate_storage::Symlinks::Refuse,
+        ) {
+            Ok(None) => FileDocument {
+                version: 1,
+                tokens: Default::default(),
+            },
+            Ok(Some(bytes)) => serde_json::from_slice::<FileDocument>(&bytes)
+                .ok()
+                .filter(|document| document.version == 1)
+                .ok_or_else(|| {
+                    self.unavailable(
+                        "remove or repair (every pending confirmation in it is lost) the invalid file",
+                        "not a version-1 pending confirmations file",
+                    )
+                })?,
+            Err(e) => return Err(self.unavailable("cannot read", e)),
+        };
+        let before = document.tokens.len();
+        document.sweep(nanos(now));
+        let swept = document.tokens.len() != before;
+        let (changed, answer) = job(&mut document);
+        if changed || swept {
+            let mut bytes =
+                serde_json::to_vec(&document).map_err(|e| self.unavailable("cannot encode", e))?;
+            bytes.push(b'\n');
+            toolgate_storage::replace_file(&*self.storage, &self.dir, PENDING_FILE_NAME, &bytes)
+                .map_err(|e| self.unavailable("cannot write", e))?;
+        }
+        answer
+    }
+}
+
+impl PendingStore for FilePending {
+    fn issue(
+        &self,
+        action: PendingAction,
+        now: SystemTime,
+        lifetime: Lifetime,
+        max_live: usize,
+    ) -> Result<ConfirmToken, ConfirmError> {
+        self.with_document(now, |document| {
+            if document.live_of(&action.principal) >= max_live {
+                return (false, Err(ConfirmError::TooMany { limit: max_live }));
+            }
+            let token = loop {
+                let token = match ConfirmToken::random() {
+                    Ok(token) => token,
+                    Err(error) => return (false, Err(error)),
+                };
+                // 2^-256 per pair; even then two actions never share a token.
+                if !document.tokens.contains_key(&token.hash().to_hex()) {
+                    break token;
+                }
+            };
+            document.tokens.insert(
+                token.hash().to_hex(),
+                FileEntry {
+                    principal: action.principal,
+                    expires_ns: nanos(lifetime.expires_at),
+                    forget_ns: nanos(lifetime.forget_at),
+                    state: "live".to_owned(),
+                    wrong_summaries: 0,
+                    action: Some(FileAction {
+                        tool: action.tool,
+                        arguments: action.arguments,
+                        args_digest: action.args_digest,
+                        content_hash: action.content_hash,
+                        summary: action.summary,
+                        idempotency_key: action.idempotency_key,
+                    }),
+                },
+            );
+            (true, Ok(token))
+        })
+    }
+
+    fn decide(
+        &self,
+        token: &str,
+        principal: &str,
+        now: SystemTime,
+        summary: Option<&str>,
+    ) -> Result<PendingAction, ConfirmError> {
+        if !ConfirmToken::is_well_formed(token) {
+            return Err(ConfirmError::Malformed);
+        }
+        let hash = Sha256Digest::of(token.as_bytes());
+        self.with_document(now, |document| {
+            // Looked up by the token's hash: the token itself is never stored or compared.
+            let Some(entry) = document.tokens.get_mut(&hash.to_hex()) else {
+                return (false, Err(ConfirmError::Unknown));
+            };
+            let expires_at = SystemTime::UNIX_EPOCH + Duration::from_nanos(entry.expires_ns);
+            if let Err(error) = judge(
+                &entry.principal,
+                state_of(entry),
+                expires_at,
+                principal,
+                now,
+            ) {
+                return (false, Err(error));
+            }
+            let TokenState::Live { wrong_summaries } = state_of(entry) else {
+                return (false, Err(ConfirmError::Unknown));
+            };
+            let (next, verdict) = match summary {
+                None => (TokenState::Rejected, Ok(())),
+                Some(summary) => summary_step(
+                    wrong_summaries,
+                    entry
+                        .action
+                        .as_ref()
+                        .is_some_and(|a| a.summary.as_bytes() == summary.as_bytes()),
+                ),
+            };
+            entry.state = state_name(next).to_owned();
+            if let TokenState::Live { wrong_summaries } = next {
+                entry.wrong_summaries = wrong_summaries;
+                return (true, verdict.and(Err(ConfirmError::Unknown)));
+            }
+            let action = entry.action.take();
+            let owner = entry.principal.clone();
+            let answer = verdict.and_then(|()| {
+                let action = action.ok_or(ConfirmError::Unknown)?;
+                Ok(PendingAction {
+                    principal: owner,
+                    tool: action.tool,
+                    arguments: action.arguments,
+                    args_digest: action.args_digest,
+                    content_hash: action.content_hash,
+                    summary: action.summary,
+                    idempotency_key: action.idempotency_key,
+                })
+            });
+            (true, answer)
+        })
+    }
+
+    fn count(&self, principal: Option<&str>, now: SystemTime) -> Result<usize, ConfirmError> {
+        self.with_document(now, |document| {
+            let count = match principal {
+                Some(principal) => document.live_of(principal),
+                None => document.tokens.len(),
+            };
+            (false, Ok(count))
+        })
+    }
+}
+
 fn lock(state: &Mutex<State>) -> std::sync::MutexGuard<'_, State> {
     // A poisoned lock means a thread panicked inside an operation. Each operation changes at
     // most one entry's state plus the counters, so the worst case is a live count off by one

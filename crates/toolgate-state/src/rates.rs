@@ -321,6 +321,176 @@ impl RateStore for RateLimiter {
     }
 }
 
+/// The name of the buckets' file in its directory.
+pub const RATES_FILE_NAME: &str = "rates.json";
+/// The name of the lock file every process taking from the buckets holds while it does.
+pub const RATES_LOCK_NAME: &str = "rates.lock";
+/// A buckets file larger than this is refused as invalid.
+pub const MAX_RATES_FILE_BYTES: u64 = 16 * 1024 * 1024;
+
+/// Token buckets in a file shared by every process on one directory (a ledger): each take holds
+/// `<dir>/rates.lock` (an advisory `flock`), reads `<dir>/rates.json`, takes by the one
+/// arithmetic ([`take`]) timed by the wall clock (nanoseconds since the epoch; a clock that steps
+/// back refills nothing), drops the buckets that are full again, and replaces the file atomically
+/// and durably (a temporary file, fsync, rename, fsync of the directory) before it answers. So a
+/// limit of N per minute admits N calls across all those processes together, and a crash never
+/// hands back tokens that were taken.
+///
+/// It costs a durable write per call that has a limit: the gate's default is the process's
+/// [`RateLimiter`], and replicas on several machines share a database's buckets instead.
+/// A file that cannot be read or parsed refuses every call (fail closed), naming the file and
+/// the fix. Format: `{"version":1,"buckets":{KEY:{"at_ns":N,"burst":N,"per_minute":N,
+/// "units":"DECIMAL"}}}` (units as a string: they exceed JSON's exact integers).
+#[derive(Debug)]
+pub struct FileRates {
+    dir: std::path::PathBuf,
+    storage: std::sync::Arc<dyn toolgate_storage::Storage>,
+    /// Opened on first use; threads of this process take turns on it.
+    lock: Mutex<Option<toolgate_storage::LockFile>>,
+}
+
+impl FileRates {
+    /// The buckets of `dir` (created on first use), on the filesystem.
+    pub fn new(dir: impl Into<std::path::PathBuf>) -> Self {
+        FileRates {
+            dir: dir.into(),
+            storage: std::sync::Arc::new(toolgate_storage::FsStorage),
+            lock: Mutex::new(None),
+        }
+    }
+
+    /// Writes through `storage` (fault injection in tests) instead of the filesystem.
+    pub fn with_storage(mut self, storage: std::sync::Arc<dyn toolgate_storage::Storage>) -> Self {
+        self.storage = storage;
+        self
+    }
+
+    /// The buckets' file.
+    pub fn path(&self) -> std::path::PathBuf {
+        self.dir.join(RATES_FILE_NAME)
+    }
+
+    fn take_locked(
+        &self,
+        keys: &[(String, Limit)],
+        now: u64,
+    ) -> Result<Result<(), Limited>, String> {
+        let path = self.path();
+        let mut buckets = match toolgate_storage::read_regular(
+            &path,
+            MAX_RATES_FILE_BYTES,
+            toolgate_storage::Symlinks::Refuse,
+        ) {
+            Ok(None) => HashMap::new(),
+            Ok(Some(bytes)) => parse_buckets(&bytes).map_err(|problem| {
+                format!(
+                    "the rate buckets file {} is invalid: {problem}; remove it to start every bucket full (every call with a limit is refused until then)",
+                    path.display()
+                )
+            })?,
+            Err(error) => {
+                return Err(format!(
+                    "the rate buckets file {} cannot be read: {error}; make it a readable regular file or remove it",
+                    path.display()
+                ));
+            }
+        };
+        let taken = take(&mut buckets, keys, now);
+        for bucket in buckets.values_mut() {
+            bucket.refill(now);
+        }
+        buckets.retain(|_, bucket| !bucket.is_full());
+        toolgate_storage::replace_file(
+            &*self.storage,
+            &self.dir,
+            RATES_FILE_NAME,
+            &buckets_bytes(&buckets),
+        )
+        .map_err(|error| format!("the rate buckets cannot be written: {error}"))?;
+        Ok(taken)
+    }
+}
+
+impl RateStore for FileRates {
+    fn take(&self, keys: &[(String, Limit)]) -> Result<Result<(), Limited>, String> {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX));
+        // The file lock excludes other processes; this mutex, the threads of this one.
+        let mut lock = self.lock.lock().unwrap_or_else(PoisonError::into_inner);
+        if lock.is_none() {
+            toolgate_storage::create_dir_durably(&*self.storage, &self.dir).map_err(|error| {
+                format!("the rate buckets' directory cannot be created: {error}")
+            })?;
+            *lock = Some(
+                toolgate_storage::LockFile::open(self.dir.join(RATES_LOCK_NAME))
+                    .map_err(|error| format!("the rate buckets' lock cannot be opened: {error}"))?,
+            );
+        }
+        let Some(file) = lock.as_ref() else {
+            return Err("the rate buckets' lock is not open".to_owned());
+        };
+        let _held = file
+            .lock()
+            .map_err(|error| format!("the rate buckets' lock cannot be taken: {error}"))?;
+        self.take_locked(keys, now)
+    }
+}
+
+/// The buckets of a file's bytes.
+fn parse_buckets(bytes: &[u8]) -> Result<HashMap<String, Bucket>, String> {
+    let document: serde_json::Value =
+        serde_json::from_slice(bytes).map_err(|e| format!("not JSON ({e})"))?;
+    if document.get("version").and_then(serde_json::Value::as_u64) != Some(1) {
+        return Err("\"version\" is not 1".to_owned());
+    }
+    let Some(serde_json::Value::Object(entries)) = document.get("buckets") else {
+        return Err("\"buckets\" is not an object".to_owned());
+    };
+    let mut buckets = HashMap::with_capacity(entries.len());
+    for (key, entry) in entries {
+        let number = |name: &str| entry.get(name).and_then(serde_json::Value::as_u64);
+        let small = |name: &str| number(name).and_then(|n| u32::try_from(n).ok());
+        let bucket = (|| {
+            Some(Bucket {
+                units: entry.get("units")?.as_str()?.parse().ok()?,
+                at: number("at_ns")?,
+                limit: Limit {
+                    burst: small("burst")?,
+                    per_minute: small("per_minute")?,
+                },
+            })
+        })()
+        .ok_or_else(|| {
+            format!("the bucket {key:?} is not {{\"at_ns\",\"burst\",\"per_minute\",\"units\"}}")
+        })?;
+        buckets.insert(key.clone(), bucket);
+    }
+    Ok(buckets)
+}
+
+/// The file's bytes of `buckets` (keys sorted).
+fn buckets_bytes(buckets: &HashMap<String, Bucket>) -> Vec<u8> {
+    let entries: serde_json::Map<String, serde_json::Value> = buckets
+        .iter()
+        .map(|(key, bucket)| {
+            (
+                key.clone(),
+                serde_json::json!({
+                    "at_ns": bucket.at,
+                    "burst": bucket.limit.burst,
+                    "per_minute": bucket.limit.per_minute,
+                    "units": bucket.units.to_string(),
+                }),
+            )
+        })
+        .collect();
+    let mut bytes = serde_json::to_vec(&serde_json::json!({"version": 1, "buckets": entries}))
+        .unwrap_or_default();
+    bytes.push(b'\n');
+    bytes
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
