@@ -596,7 +596,7 @@ impl FileAuditLog {
             crate::Outcome::Recovered,
             torn_sha256,
         )
-        .with_reason("torn_tail");
+        .with_reason(crate::Reason::TornTail);
         entry.method = "audit/recover".into();
         let torn_bytes = u64::try_from(torn.len()).unwrap_or(u64::MAX);
         let extra = vec![

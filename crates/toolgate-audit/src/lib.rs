@@ -16,6 +16,7 @@ mod error;
 mod file;
 mod memory;
 mod outcome;
+mod reason;
 mod record;
 mod segments;
 pub mod stats;
@@ -32,6 +33,7 @@ pub use file::now_ns;
 pub use file::{AuditConfig, AuditStats, DEFAULT_CHECKPOINT_EVERY, FileAuditLog, Recovery};
 pub use memory::MemoryAuditLog;
 pub use outcome::Outcome;
+pub use reason::Reason;
 pub use record::{MAX_LINE_BYTES, MAX_REASON_BYTES, MAX_TEXT_FIELD_BYTES, Sealed, seal};
 pub use segments::read_records;
 pub use toolgate_canon::{HmacKey, KeyError};
@@ -147,8 +149,9 @@ impl AuditEntry {
         self
     }
 
-    /// The same entry with a `reason` field.
-    pub fn with_reason(mut self, reason: impl Into<String>) -> Self {
+    /// The same entry with a `reason` field: why it has its decision, one of the fixed shapes of
+    /// [`Reason`].
+    pub fn with_reason(mut self, reason: Reason) -> Self {
         self.reason = Some(reason.into());
         self
     }

@@ -141,7 +141,7 @@ mod tests {
             crate::Outcome::Committed,
             Sha256Digest::ZERO,
         )
-        .with_reason("x".repeat(MAX_LINE_BYTES));
+        .with_reason(crate::Reason::Note("x".repeat(MAX_LINE_BYTES)));
         // An oversized field is recorded as its digest and length: the decision is still audited.
         log.append(&too_big).unwrap();
         assert_eq!(log.records(), 4);

@@ -474,7 +474,7 @@ mod tests {
             crate::Outcome::Committed,
             Sha256Digest::of(b"{}"),
         )
-        .with_reason("policy allow");
+        .with_reason(crate::Reason::Note("policy allow".to_owned()));
         let ts = representable(1_780_000_000_123_456_789);
         let first = seal(&entry, vec![], ts, 1, Sha256Digest::ZERO);
         let second = seal(&entry, vec![("extra", Value::from(7))], ts, 2, first.sha256);
@@ -502,7 +502,7 @@ mod tests {
             crate::Outcome::NotExecuted,
             Sha256Digest::of(b"{}"),
         )
-        .with_reason(long_reason.as_str());
+        .with_reason(crate::Reason::Note(long_reason.clone()));
         let sealed = seal(&entry, vec![], 1, 1, Sha256Digest::ZERO);
         assert!(sealed.line.len() < 1024, "{}", sealed.line.len());
         check_line(sealed.line.strip_suffix(b"\n").unwrap()).unwrap();
@@ -629,7 +629,7 @@ mod tests {
             crate::Outcome::NotExecuted,
             Sha256Digest::of(b"{}"),
         )
-        .with_reason("r\u{7f}\u{2028}");
+        .with_reason(crate::Reason::Note("r\u{7f}\u{2028}".to_owned()));
         let extras: Vec<Vec<(&'static str, Value)>> = vec![
             vec![],
             vec![("a", Value::from(1))],

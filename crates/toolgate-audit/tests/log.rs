@@ -111,7 +111,9 @@ fn appends_verify_and_match_an_independent_verifier() {
     for i in 0..20 {
         let mut e = entry(i);
         if i % 3 == 0 {
-            e = e.with_reason("policy: allow list");
+            e = e.with_reason(toolgate_audit::Reason::Note(
+                "policy: allow list".to_owned(),
+            ));
         }
         last = Some(log.append(&e).unwrap());
     }
@@ -368,7 +370,8 @@ fn an_oversized_field_is_recorded_as_its_digest_and_the_log_stays_usable() {
     let log = FileAuditLog::open(&path).unwrap();
     log.append(&entry(0)).unwrap();
     let reason = "x".repeat(toolgate_audit::MAX_LINE_BYTES);
-    log.append(&entry(1).with_reason(reason.as_str())).unwrap();
+    log.append(&entry(1).with_reason(toolgate_audit::Reason::Note(reason.clone())))
+        .unwrap();
     log.append(&entry(2)).unwrap();
     assert_intact(&verify_file(&path).unwrap(), 3);
     let text = fs::read_to_string(&path).unwrap();

@@ -55,7 +55,7 @@ use rmcp::ServerHandler;
 use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
 use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
 use serde_json::{Value, json};
-use toolgate_audit::{AuditDecision, AuditEntry, AuditSink, Outcome};
+use toolgate_audit::{AuditDecision, AuditEntry, AuditSink, Outcome, Reason};
 use toolgate_canon::Sha256Digest;
 
 use oauth::JwtVerifier;
@@ -553,7 +553,7 @@ async fn transport_refused(
         Outcome::NotExecuted,
         digest,
     )
-    .with_reason(refusal.code())
+    .with_reason(toolgate_audit::Reason::Refused(refusal.code()))
     .with_channel("http")
     .with_policy_digest(door.gate.policy().digest());
     entry.method = "http/transport".to_owned();
@@ -595,7 +595,7 @@ async fn screen(
         let required = door.gate.policy().required_scopes(&call.name).cloned();
         if !principal.grants(required.as_ref()) {
             let scopes = required.into_iter().flatten().collect::<Vec<_>>().join(" ");
-            record(door, principal, &call, &bytes, "insufficient_scope").await;
+            record(door, principal, &call, &bytes, Reason::InsufficientScope).await;
             let mut response = (
                 StatusCode::FORBIDDEN,
                 axum::Json(json!({"error": "insufficient_scope", "scope": scopes})),
@@ -627,7 +627,7 @@ async fn screen(
                 })
         };
         if let Some(error) = halted {
-            record(door, principal, &call, &bytes, "kill_switch").await;
+            record(door, principal, &call, &bytes, Reason::KillSwitch).await;
             let body = json!({"jsonrpc": "2.0", "id": call.id, "error": error});
             let mut response = (StatusCode::SERVICE_UNAVAILABLE, axum::Json(body)).into_response();
             response
@@ -707,7 +707,7 @@ async fn record(
     principal: &VerifiedPrincipal,
     call: &Call,
     body: &[u8],
-    reason: &str,
+    reason: Reason,
 ) {
     let name = match toolgate_policy::ToolName::new(&call.name) {
         Ok(_) => call.name.clone(),
@@ -762,7 +762,7 @@ async fn refuse(door: &Door, rejection: oauth::Rejection, token_id: Option<Strin
         Outcome::NotExecuted,
         Sha256Digest::of(b""),
     )
-    .with_reason(rejection.reason())
+    .with_reason(toolgate_audit::Reason::Note(rejection.reason()))
     .with_channel("http");
     entry.method = "http/authenticate".to_owned();
     door.refusals.record(entry).await;

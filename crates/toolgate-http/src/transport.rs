@@ -447,11 +447,11 @@ impl RefusalLog {
             Outcome::NotExecuted,
             Sha256Digest::of(b""),
         )
-        .with_reason(format!(
+        .with_reason(toolgate_audit::Reason::Note(format!(
             "{count} more refused requests not recorded one by one (at most {} records per {} s)",
             self.limit.records,
             self.limit.window.as_secs()
-        ))
+        )))
         .with_channel("http");
         entry.method = "http/refusals".to_owned();
         entry

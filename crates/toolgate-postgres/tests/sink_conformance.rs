@@ -68,7 +68,9 @@ fn entry(i: u64) -> AuditEntry {
         },
         Sha256Digest::of(&i.to_be_bytes()),
     )
-    .with_reason("conformance \u{e9}\u{1F600}")
+    .with_reason(toolgate_audit::Reason::Note(
+        "conformance \u{e9}\u{1F600}".to_owned(),
+    ))
 }
 
 fn exported(sink: &dyn AuditSink) -> (u64, Vec<u8>) {
@@ -167,7 +169,9 @@ fn a_field_over_its_limit_is_recorded_as_digest_and_length_and_the_chain_goes_on
     for subject in sinks() {
         let (name, sink) = (subject.name, subject.sink.as_ref());
         sink.append(&entry(1)).unwrap();
-        let huge = entry(2).with_reason("x".repeat(toolgate_audit::MAX_LINE_BYTES));
+        let huge = entry(2).with_reason(toolgate_audit::Reason::Note(
+            "x".repeat(toolgate_audit::MAX_LINE_BYTES),
+        ));
         assert_eq!(sink.append(&huge).unwrap().seq, 2, "{name}");
         assert_eq!(sink.append(&entry(3)).unwrap().seq, 3, "{name}");
         let (records, bytes) = exported(sink);

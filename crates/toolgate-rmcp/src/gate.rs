@@ -873,7 +873,7 @@ impl Drop for CallGuard {
         if let Some(outcome) = self.permit.close() {
             entry.outcome = outcome;
         }
-        entry = entry.with_reason("cancelled");
+        entry = entry.with_reason(toolgate_audit::Reason::Cancelled);
         // Synchronous on purpose: this runs when the future is dropped, possibly while the runtime
         // shuts down, when a spawned task might never run. One fsync on a rare path is acceptable.
         if let Err(error) = audit.append(&entry) {

@@ -183,7 +183,7 @@ fn reload_entry(
         outcome,
         Sha256Digest::of_json(subject),
     )
-    .with_reason(reason)
+    .with_reason(toolgate_audit::Reason::Note(reason))
     .with_policy_digest(policy_digest);
     entry.method = "policy/reload".to_owned();
     entry

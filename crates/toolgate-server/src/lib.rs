@@ -883,7 +883,7 @@ fn record_token_change(audit: &Arc<dyn AuditSink>, id: &str, reason: String) -> 
         toolgate::audit::Outcome::Reloaded,
         toolgate::canon::Sha256Digest::of(id.as_bytes()),
     )
-    .with_reason(reason);
+    .with_reason(toolgate::audit::Reason::Note(reason));
     entry.method = "admin/token".to_owned();
     audit
         .append(&entry)

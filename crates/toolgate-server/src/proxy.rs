@@ -426,8 +426,8 @@ fn proxy_record(
     digest: Sha256Digest,
     reason: String,
 ) -> AuditEntry {
-    let mut entry =
-        AuditEntry::tool_call("proxy", "upstream", decision, outcome, digest).with_reason(reason);
+    let mut entry = AuditEntry::tool_call("proxy", "upstream", decision, outcome, digest)
+        .with_reason(toolgate::audit::Reason::Note(reason));
     entry.method = method.to_owned();
     entry
 }
@@ -586,10 +586,10 @@ impl Drift {
                     Outcome::Refused,
                     Sha256Digest::of(change.detail.as_bytes()),
                 )
-                .with_reason(format!(
+                .with_reason(toolgate::audit::Reason::Note(format!(
                     "{} {}: {}",
                     change.verdict, change.rule, change.detail
-                ));
+                )));
                 entry.method = "proxy/drift".to_owned();
                 entries.push(entry);
             }

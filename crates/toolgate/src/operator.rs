@@ -85,7 +85,7 @@ fn entry(
         outcome,
         Sha256Digest::of_json(subject),
     )
-    .with_reason(reason);
+    .with_reason(toolgate_audit::Reason::Note(reason));
     entry.method = method.to_owned();
     entry
 }

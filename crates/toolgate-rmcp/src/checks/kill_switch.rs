@@ -54,7 +54,7 @@ impl super::Check for KillSwitchCheck {
         }
         match self.halted(call.tenant) {
             Some(error) => super::Verdict::Fail {
-                reason: "kill_switch".to_owned(),
+                reason: toolgate_audit::Reason::KillSwitch,
                 error,
             },
             None => super::Verdict::Pass,

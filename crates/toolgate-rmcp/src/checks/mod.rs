@@ -52,7 +52,7 @@ use std::sync::Arc;
 use rmcp::ErrorData as McpError;
 use rmcp::model::{CallToolResult, JsonObject, RequestMetaObject, Tool};
 use serde_json::Value;
-use toolgate_audit::{AuditDecision, AuditEntry, Outcome};
+use toolgate_audit::{AuditDecision, AuditEntry, Outcome, Reason};
 use toolgate_canon::Sha256Digest;
 use toolgate_policy::{Decision, Policy};
 
@@ -137,11 +137,11 @@ pub(crate) enum Verdict<'a> {
     Pass,
     /// Refused as if the tool did not exist (JSON-RPC -32602 `tool not found`, identical to an
     /// unknown tool); the audit reason names the real cause.
-    Hide(String),
+    Hide(Reason),
     /// Refused with a JSON-RPC error (the call is not a tool's business at all, e.g. halted).
     Fail {
         /// The audit reason.
-        reason: String,
+        reason: Reason,
         error: McpError,
     },
     /// Refused with an `isError` result naming the rule and the fix; nothing executed.
@@ -156,7 +156,7 @@ pub(crate) enum Verdict<'a> {
 pub(crate) struct Answer {
     pub(crate) decision: AuditDecision,
     pub(crate) outcome: Outcome,
-    pub(crate) reason: String,
+    pub(crate) reason: Reason,
     pub(crate) result: CallToolResult,
     /// Whether the answer may only be given once its record is appended (a preview, which issues
     /// a token); otherwise a lost record is logged and the answer still given.
@@ -376,7 +376,7 @@ mod tests {
     use std::sync::Arc;
 
     use rmcp::model::{CallToolResult, ContentBlock, JsonObject, RequestMetaObject, Tool};
-    use toolgate_audit::{AuditDecision, AuditEntry, Outcome};
+    use toolgate_audit::{AuditDecision, AuditEntry, Outcome, Reason};
     use toolgate_policy::Policy;
 
     use super::*;
@@ -389,7 +389,7 @@ mod tests {
         fn admit<'a>(&'a self, call: &'a Call<'a>) -> Verdict<'a> {
             if call.name == "deploy" {
                 Verdict::Fail {
-                    reason: "test.no_deploys".to_owned(),
+                    reason: Reason::Rule("test.no_deploys".to_owned()),
                     error: McpError::invalid_request("no deploys today", None),
                 }
             } else {

@@ -63,7 +63,7 @@ impl super::Check for Rates {
             Err(cause) => {
                 tracing::error!(tool = %name, error = %cause, "the rate limits cannot be counted; refusing the call");
                 return super::Verdict::Fail {
-                    reason: "rate_limits.unavailable".to_owned(),
+                    reason: toolgate_audit::Reason::RateLimitsUnavailable,
                     error: rmcp::ErrorData::internal_error(
                         format!(
                             "the rate limits of `{name}` cannot be counted ({cause}); nothing was executed; retry when the store is reachable"

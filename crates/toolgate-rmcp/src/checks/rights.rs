@@ -1,6 +1,7 @@
 //! The rights check: a tool the rights (`toolgate_state::RightsFile`) do not grant to the
 //! principal is hidden and refused like a denied one.
 
+use toolgate_audit::Reason;
 use toolgate_state::{GuardError, RightsFile};
 
 /// The check: a tool the rights file does not grant to the principal is hidden and refused like
@@ -17,12 +18,12 @@ impl RightsCheck {
         let rights = self.file.as_ref()?;
         match rights.rights(principal) {
             Ok(granted) if granted.allows(name) => None,
-            Ok(_) => Some(super::Verdict::Hide("rights".to_owned())),
+            Ok(_) => Some(super::Verdict::Hide(Reason::Rights)),
             // A database that cannot be read is an outage, not a secret: the caller learns it.
             Err(error @ GuardError::Backend(_)) => {
                 tracing::error!(%error, "the rights cannot be read; refusing every call");
                 Some(super::Verdict::Fail {
-                    reason: "rights_unavailable".to_owned(),
+                    reason: Reason::RightsUnavailable,
                     error: rmcp::ErrorData::internal_error(
                         format!("the rights cannot be read ({error}); nothing was executed"),
                         None,
@@ -31,7 +32,7 @@ impl RightsCheck {
             }
             Err(error) => {
                 tracing::error!(%error, "the rights file is unusable; refusing every call");
-                Some(super::Verdict::Hide("rights_unavailable".to_owned()))
+                Some(super::Verdict::Hide(Reason::RightsUnavailable))
             }
         }
     }

@@ -113,7 +113,7 @@ fn conflict<'a>(call: &Call<'_>, field: &str, rule: &str, current: Current) -> V
     Verdict::Answer(Answer {
         decision: AuditDecision::Deny,
         outcome: Outcome::Conflict,
-        reason: rule.to_owned(),
+        reason: toolgate_audit::Reason::Rule(rule.to_owned()),
         result: refusal.into_result(""),
         needs_record: false,
     })

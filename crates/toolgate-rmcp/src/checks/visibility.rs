@@ -14,7 +14,9 @@ pub(crate) struct Visibility;
 impl Check for Visibility {
     fn admit<'a>(&'a self, call: &'a Call<'a>) -> Verdict<'a> {
         match call.decision {
-            Decision::DenyTool(denial) => Verdict::Hide(denial.rule()),
+            Decision::DenyTool(denial) => {
+                Verdict::Hide(toolgate_audit::Reason::Rule(denial.rule()))
+            }
             _ => Verdict::Pass,
         }
     }

@@ -12,7 +12,7 @@ use rmcp::model::{CallToolRequestParams, CallToolResponse, ErrorCode, JsonObject
 use rmcp::service::RequestContext;
 use rmcp::{ErrorData as McpError, RoleServer, ServerHandler};
 use serde_json::json;
-use toolgate_audit::{AuditDecision, AuditEntry, Outcome};
+use toolgate_audit::{AuditDecision, AuditEntry, Outcome, Reason};
 use toolgate_canon::Sha256Digest;
 use toolgate_policy::{Policy, ToolName};
 
@@ -77,7 +77,7 @@ impl<H: ServerHandler> Gated<H> {
                     args_digest,
                 )
                 .with_policy_digest(state.policy.digest())
-                .with_reason("no_principal");
+                .with_reason(Reason::NoPrincipal);
                 self.record_or_log(entry).await;
                 return Err(error);
             }
@@ -100,10 +100,10 @@ impl<H: ServerHandler> Gated<H> {
                 });
             let (reason, error) = match &why {
                 Some(why) => (
-                    format!("unavailable: {why}"),
+                    Reason::Unavailable(why.clone()),
                     format!("{TOOL_NOT_FOUND}: {why}"),
                 ),
-                None => ("unknown_tool".to_owned(), TOOL_NOT_FOUND.to_owned()),
+                None => (Reason::UnknownTool, TOOL_NOT_FOUND.to_owned()),
             };
             let entry = self
                 .entry(
@@ -162,7 +162,7 @@ impl<H: ServerHandler> Gated<H> {
             confirmed,
         };
         let request_id = self.request_id(arguments, &tool, &context.id);
-        let deny = |request_id: String, reason: String| {
+        let deny = |request_id: String, reason: Reason| {
             self.entry(
                 &state,
                 caller,
@@ -179,7 +179,7 @@ impl<H: ServerHandler> Gated<H> {
             // answers 403 insufficient_scope before the call gets here).
             self.record_or_log(deny(
                 format!("rpc:{}", context.id),
-                "insufficient_scope".to_owned(),
+                Reason::InsufficientScope,
             ))
             .await;
             return Err(McpError::invalid_params(TOOL_NOT_FOUND, None));
@@ -187,7 +187,7 @@ impl<H: ServerHandler> Gated<H> {
         match self.checks.admit(&call).await {
             Verdict::Pass => {}
             Verdict::Hide(reason) if confirmed.is_some() => {
-                self.record_or_log(deny(request_id, format!("confirm.{reason}")))
+                self.record_or_log(deny(request_id, Reason::NoLongerAllowed(Box::new(reason))))
                     .await;
                 return Ok(crate::checks::confirmation::error_result(
                     "Error: the confirmed action is no longer allowed (policy or rights changed since the preview); nothing was executed",
@@ -208,7 +208,7 @@ impl<H: ServerHandler> Gated<H> {
             Verdict::Refuse(refusal) => {
                 // Argument refusals are tool results (isError), not protocol errors: the spec puts
                 // input validation there, and the model can correct its call in the same turn.
-                self.record_or_log(deny(request_id, refusal.rule.clone()))
+                self.record_or_log(deny(request_id, Reason::Rule(refusal.rule.clone())))
                     .await;
                 let note = self.contract_note(&name, &input);
                 return Ok(refusal.into_result(&note).into());
@@ -243,9 +243,9 @@ impl<H: ServerHandler> Gated<H> {
             Verdict::Later(_) => unreachable!("Checks::admit resolves every pending verdict"),
         }
         let rule = if confirmed.is_some() {
-            "confirmed".to_owned()
+            Reason::Confirmed
         } else {
-            decision.rule()
+            Reason::Rule(decision.rule())
         };
         // The outcome is set on each copy written.
         let mut allow = self
@@ -510,7 +510,7 @@ impl<H: ServerHandler> Gated<H> {
         };
         let mut entry = with_outcome(allow, outcome);
         if panicked {
-            entry = entry.with_reason("handler_panicked");
+            entry = entry.with_reason(Reason::HandlerPanicked);
         }
         let audit_failed = |error: String| {
             tracing::error!(tool = %name, %error, "could not audit an allowed call");

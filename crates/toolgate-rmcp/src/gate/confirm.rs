@@ -9,7 +9,7 @@ use rmcp::model::{CallToolRequestParams, CallToolResponse, CallToolResult, Conte
 use rmcp::service::RequestContext;
 use rmcp::{ErrorData as McpError, RoleServer, ServerHandler};
 use serde_json::{Value, json};
-use toolgate_audit::{AuditDecision, Outcome};
+use toolgate_audit::{AuditDecision, Outcome, Reason};
 use toolgate_canon::Sha256Digest;
 
 use crate::Gated;
@@ -33,7 +33,7 @@ impl<H: ServerHandler> Gated<H> {
         let arguments = request.arguments.clone().unwrap_or_default();
         let args_digest = Sha256Digest::of_json_object(&arguments);
         let request_id = format!("rpc:{}", context.id);
-        let refuse = |reason: String| {
+        let refuse = |reason: Reason| {
             self.entry(
                 &state,
                 &caller,
@@ -46,7 +46,7 @@ impl<H: ServerHandler> Gated<H> {
             .with_reason(reason)
         };
         if !self.offers_confirmation(&state, &caller) {
-            self.record_or_log(refuse("unknown_tool".to_owned())).await;
+            self.record_or_log(refuse(Reason::UnknownTool)).await;
             return Err(McpError::invalid_params(TOOL_NOT_FOUND, None));
         }
         let tool = confirmation_tool(&name);
@@ -58,7 +58,8 @@ impl<H: ServerHandler> Gated<H> {
                 .check(&name, &tool.input_schema, Some(&arguments))
                 .err()
         }) {
-            self.record_or_log(refuse(refusal.rule.clone())).await;
+            self.record_or_log(refuse(Reason::Rule(refusal.rule.clone())))
+                .await;
             return Ok(refusal.into_result("").into());
         }
         let token = arguments
@@ -81,7 +82,7 @@ impl<H: ServerHandler> Gated<H> {
                             Outcome::Rejected,
                             action.args_digest,
                         )
-                        .with_reason("confirm.rejected");
+                        .with_reason(Reason::Confirm("rejected"));
                     self.record_or_log(entry).await;
                     let body = json!({"status": "rejected", "tool": action.tool});
                     let mut result = CallToolResult::success(vec![ContentBlock::text(
@@ -91,7 +92,7 @@ impl<H: ServerHandler> Gated<H> {
                     Ok(result.into())
                 }
                 Err(error) => {
-                    self.record_or_log(refuse(format!("confirm.{}", error.code())))
+                    self.record_or_log(refuse(Reason::Confirm(error.code())))
                         .await;
                     Ok(error_result(
                         &format!("Error: {error}"),
@@ -107,7 +108,7 @@ impl<H: ServerHandler> Gated<H> {
             .kill_switch
             .halted(caller.credential.as_ref().and_then(|c| c.tenant()))
         {
-            self.record_or_log(refuse("kill_switch".to_owned())).await;
+            self.record_or_log(refuse(Reason::KillSwitch)).await;
             return Err(error);
         }
         let summary = arguments
@@ -117,7 +118,7 @@ impl<H: ServerHandler> Gated<H> {
         let action = match pending.confirm(token, summary, &principal, now) {
             Ok(action) => action,
             Err(error) => {
-                self.record_or_log(refuse(format!("confirm.{}", error.code())))
+                self.record_or_log(refuse(Reason::Confirm(error.code())))
                     .await;
                 return Ok(error_result(
                     &format!("Error: {error}"),
@@ -128,8 +129,10 @@ impl<H: ServerHandler> Gated<H> {
         // The token is spent from here on. The call goes through every check again, against
         // the state now.
         let Some(tool) = self.inner.get_tool(&action.tool) else {
-            self.record_or_log(refuse("confirm.unknown_tool".to_owned()))
-                .await;
+            self.record_or_log(refuse(Reason::NoLongerAllowed(Box::new(
+                Reason::UnknownTool,
+            ))))
+            .await;
             return Ok(error_result(
                 "Error: the confirmed action is no longer allowed (the tool is gone); nothing was executed",
                 json!({"error": "no_longer_allowed", "tool": action.tool}),

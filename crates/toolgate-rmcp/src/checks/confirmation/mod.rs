@@ -22,7 +22,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use rmcp::model::{CallToolResponse, CallToolResult, ContentBlock, JsonObject};
 use serde_json::{Value, json};
-use toolgate_audit::{AuditDecision, Outcome};
+use toolgate_audit::{AuditDecision, Outcome, Reason};
 use toolgate_canon::Sha256Digest;
 
 use super::{Answer, Call, Check, Verdict};
@@ -65,7 +65,7 @@ impl Check for Confirmation {
                 .await;
             match (call.confirmed, prepared) {
                 (None, Ok(preparation)) => {
-                    self.preview(call, arguments, preparation, "confirmation_required")
+                    self.preview(call, arguments, preparation, Reason::ConfirmationRequired)
                 }
                 (Some(action), Ok(fresh)) if fresh.content_hash == action.content_hash => {
                     Verdict::Pass
@@ -73,7 +73,7 @@ impl Check for Confirmation {
                 // What would be sent changed since the person saw it: a new preview (the old
                 // token is spent).
                 (Some(_), Ok(fresh)) => {
-                    self.preview(call, arguments, fresh, "changed_since_preview")
+                    self.preview(call, arguments, fresh, Reason::ChangedSincePreview)
                 }
                 (confirmed, Err(why)) => {
                     let text = if confirmed.is_some() {
@@ -89,7 +89,7 @@ impl Check for Confirmation {
                     Verdict::Answer(Answer {
                         decision: AuditDecision::Deny,
                         outcome: Outcome::NotExecuted,
-                        reason: "confirm.prepare_failed".to_owned(),
+                        reason: Reason::Confirm("prepare_failed"),
                         result: error_call_result(
                             &text,
                             json!({"error": "prepare_failed", "tool": call.name}),
@@ -139,7 +139,7 @@ impl Confirmation {
         call: &Call<'_>,
         arguments: JsonObject,
         preparation: Preparation,
-        reason: &str,
+        reason: Reason,
     ) -> Verdict<'a> {
         let name = call.name;
         let action = PendingAction {
@@ -163,7 +163,7 @@ impl Confirmation {
                 return Verdict::Answer(Answer {
                     decision: AuditDecision::Deny,
                     outcome: Outcome::NotExecuted,
-                    reason: format!("confirm.{}", error.code()),
+                    reason: Reason::Confirm(error.code()),
                     result: error_call_result(
                         &format!("Error: {error}"),
                         json!({"error": error.code(), "tool": name}),
@@ -178,7 +178,7 @@ impl Confirmation {
             .map(|d| d.as_nanos().to_string())
             .unwrap_or_default();
         let preview = json!({
-            "status": if reason == "changed_since_preview" { "changed_since_preview" } else { "preview" },
+            "status": if reason == Reason::ChangedSincePreview { "changed_since_preview" } else { "preview" },
             "tool": name,
             "confirm_token": issued.token.as_str(),
             "confirm_summary": preparation.summary,
@@ -192,7 +192,7 @@ impl Confirmation {
         Verdict::Answer(Answer {
             decision: AuditDecision::Allow,
             outcome: Outcome::Preview,
-            reason: reason.to_owned(),
+            reason,
             result,
             // The token exists from here on: the preview is given only with its record.
             needs_record: true,
