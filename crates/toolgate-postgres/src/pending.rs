@@ -101,16 +101,6 @@ fn fail(database: &str, what: &'static str) -> impl Fn(PgDriverError) -> Confirm
     move |e| unavailable(query(e))
 }
 
-fn state_text(state: TokenState) -> &'static str {
-    match state {
-        TokenState::Live { .. } => "live",
-        TokenState::Used => "used",
-        TokenState::Rejected => "rejected",
-        TokenState::Locked => "locked",
-        TokenState::Expired => "expired",
-    }
-}
-
 fn digest(bytes: Vec<u8>) -> Option<Sha256Digest> {
     <[u8; 32]>::try_from(bytes)
         .ok()
@@ -243,13 +233,7 @@ fn decide(
                 .ok_or(ConfirmError::Unknown)?;
             let owner: String = row.get(0);
             let wrong_summaries = u32::try_from(row.get::<_, i32>(2)).unwrap_or(0);
-            let state = match row.get::<_, &str>(1) {
-                "live" => TokenState::Live { wrong_summaries },
-                "used" => TokenState::Used,
-                "rejected" => TokenState::Rejected,
-                "locked" => TokenState::Locked,
-                _ => TokenState::Expired,
-            };
+            let state = TokenState::from_name(row.get::<_, &str>(1), wrong_summaries);
             let verdict = judge(&owner, state, time(row.get(3)), &principal, now);
             let (next, verdict) = match (verdict, &summary) {
                 (Err(ConfirmError::Expired), _) if matches!(state, TokenState::Live { .. }) => {
@@ -274,12 +258,7 @@ fn decide(
                      arguments = CASE WHEN $4 THEN NULL ELSE arguments END,
                      summary = CASE WHEN $4 THEN NULL ELSE summary END
                  WHERE token_hash = $1",
-                &[
-                    &hash.as_bytes().as_slice(),
-                    &state_text(next),
-                    &wrong,
-                    &dead,
-                ],
+                &[&hash.as_bytes().as_slice(), &next.name(), &wrong, &dead],
             )
             .await
             .map_err(fail(&database, "record a confirmation"))?;

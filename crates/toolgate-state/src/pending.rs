@@ -267,6 +267,31 @@ pub enum TokenState {
     Expired,
 }
 
+impl TokenState {
+    /// The state's name as a store keeps it: `live`, `used`, `rejected`, `locked`, `expired`.
+    pub fn name(self) -> &'static str {
+        match self {
+            TokenState::Live { .. } => "live",
+            TokenState::Used => "used",
+            TokenState::Rejected => "rejected",
+            TokenState::Locked => "locked",
+            TokenState::Expired => "expired",
+        }
+    }
+
+    /// The state a store keeps as `name` (a live one after `wrong_summaries`). A name this
+    /// version does not know reads as expired: dead, the safe reading.
+    pub fn from_name(name: &str, wrong_summaries: u32) -> TokenState {
+        match name {
+            "live" => TokenState::Live { wrong_summaries },
+            "used" => TokenState::Used,
+            "rejected" => TokenState::Rejected,
+            "locked" => TokenState::Locked,
+            _ => TokenState::Expired,
+        }
+    }
+}
+
 #[derive(Debug)]
 struct Entry {
     /// SHA-256 of the token text, compared in constant time after the map lookup.
@@ -705,28 +730,6 @@ fn nanos(t: SystemTime) -> u64 {
         .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
 }
 
-fn state_of(entry: &FileEntry) -> TokenState {
-    match entry.state.as_str() {
-        "live" => TokenState::Live {
-            wrong_summaries: entry.wrong_summaries,
-        },
-        "used" => TokenState::Used,
-        "rejected" => TokenState::Rejected,
-        "locked" => TokenState::Locked,
-        _ => TokenState::Expired,
-    }
-}
-
-fn state_name(state: TokenState) -> &'static str {
-    match state {
-        TokenState::Live { .. } => "live",
-        TokenState::Used => "used",
-        TokenState::Rejected => "rejected",
-        TokenState::Locked => "locked",
-        TokenState::Expired => "expired",
-    }
-}
-
 impl FileDocument {
     /// Forgets what is past its time to forget, and expires the live tokens past their expiry.
     fn sweep(&mut self, now: u64) {
@@ -894,14 +897,16 @@ impl PendingStore for FilePending {
             let expires_at = SystemTime::UNIX_EPOCH + Duration::from_nanos(entry.expires_ns);
             if let Err(error) = judge(
                 &entry.principal,
-                state_of(entry),
+                TokenState::from_name(&entry.state, entry.wrong_summaries),
                 expires_at,
                 principal,
                 now,
             ) {
                 return (false, Err(error));
             }
-            let TokenState::Live { wrong_summaries } = state_of(entry) else {
+            let TokenState::Live { wrong_summaries } =
+                TokenState::from_name(&entry.state, entry.wrong_summaries)
+            else {
                 return (false, Err(ConfirmError::Unknown));
             };
             let (next, verdict) = match summary {
@@ -914,7 +919,7 @@ impl PendingStore for FilePending {
                         .is_some_and(|a| a.summary.as_bytes() == summary.as_bytes()),
                 ),
             };
-            entry.state = state_name(next).to_owned();
+            entry.state = next.name().to_owned();
             if let TokenState::Live { wrong_summaries } = next {
                 entry.wrong_summaries = wrong_summaries;
                 return (true, verdict.and(Err(ConfirmError::Unknown)));
