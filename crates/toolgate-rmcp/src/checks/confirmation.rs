@@ -4,8 +4,8 @@
 //! The first call never executes: the check asks the server's [`Preflight`] to prepare the call
 //! (a summary that names the concrete operation, and a hash of the content that would be sent or
 //! changed), stores a pending action bound to the principal and the canonical arguments
-//! (`pending.rs`), and answers with a PREVIEW carrying a single-use `confirm_token` and the
-//! `confirm_summary`. The gate's own tools (`tools.rs`) then answer
+//! (`toolgate_state::PendingActions`), and answers with a PREVIEW carrying a single-use `confirm_token` and the
+//! `confirm_summary`. The gate's own tools ([`confirmation_tool`], answered in `gate/confirm.rs`) then answer
 //! `confirm_action(confirm_token, confirm_summary)`: same principal, unused, unexpired, not
 //! rejected, the exact summary, and the kill switch off; the confirmed call then goes through
 //! the whole check sequence again against the state now (rights, policy, arguments, ...), and this
@@ -13,15 +13,14 @@
 //! `changed_since_preview` with a new preview (the old token is spent). `reject_action` kills a
 //! token.
 
-mod tools;
-
-pub(crate) use tools::confirmation_tool;
-
+use std::borrow::Cow;
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use rmcp::model::{CallToolResponse, CallToolResult, ContentBlock, JsonObject};
-use serde_json::{Value, json};
+use rmcp::model::{
+    CallToolResponse, CallToolResult, ContentBlock, JsonObject, Tool, ToolAnnotations,
+};
+use serde_json::{Map, Value, json};
 use toolgate_audit::{AuditDecision, Outcome, Reason};
 use toolgate_canon::Sha256Digest;
 
@@ -221,4 +220,54 @@ fn error_call_result(text: &str, details: Value) -> CallToolResult {
 /// [`error_call_result`] as a response.
 pub(crate) fn error_result(text: &str, details: Value) -> CallToolResponse {
     error_call_result(text, details).into()
+}
+
+/// The definitions of the gate's own confirmation tools.
+pub(crate) fn confirmation_tool(name: &str) -> Tool {
+    let reject = name == REJECT_ACTION;
+    let mut properties = Map::new();
+    properties.insert(
+        "confirm_token".to_owned(),
+        json!({"type": "string", "pattern": "^[0-9a-f]{64}$", "description": "The confirm_token of the preview."}),
+    );
+    if !reject {
+        properties.insert(
+            "confirm_summary".to_owned(),
+            json!({"type": "string", "description": "The confirm_summary of the preview, exactly as given."}),
+        );
+    }
+    let required: Vec<&str> = if reject {
+        vec!["confirm_token"]
+    } else {
+        vec!["confirm_token", "confirm_summary"]
+    };
+    let mut schema = Map::new();
+    schema.insert("type".to_owned(), json!("object"));
+    schema.insert("properties".to_owned(), Value::Object(properties));
+    schema.insert("required".to_owned(), json!(required));
+    schema.insert("additionalProperties".to_owned(), Value::Bool(false));
+    let description = if reject {
+        "Cancel a previewed action: its confirm_token can no longer be used."
+    } else {
+        "Execute a previewed action exactly once. Pass the confirm_token and the confirm_summary of the preview exactly as given; show the summary to the person who approves it first."
+    };
+    let annotations = if reject {
+        ToolAnnotations::new()
+            .read_only(false)
+            .destructive(false)
+            .idempotent(true)
+            .open_world(false)
+    } else {
+        ToolAnnotations::new()
+            .read_only(false)
+            .destructive(true)
+            .idempotent(false)
+            .open_world(true)
+    };
+    Tool::new(
+        Cow::Owned(name.to_owned()),
+        Cow::Borrowed(description),
+        Arc::new(schema),
+    )
+    .annotate(annotations)
 }
