@@ -192,8 +192,11 @@ fn run(args: Args) -> anyhow::Result<()> {
             }
             "gated-noauth" => {
                 let built = toolgate_server::build(&toolgate_server::ServerOptions {
-                    policy: args.policy,
-                    ledger: args.ledger,
+                    gate: toolgate::operator::GateArgs {
+                        policy: args.policy,
+                        ledger: args.ledger,
+                        ..Default::default()
+                    },
                     ..Default::default()
                 })?;
                 serve(Arc::new(built.gated), listener).await

@@ -276,12 +276,13 @@ pub async fn run() -> anyhow::Result<bool> {
     t.heading(
         "kill switch: `toolgate-server halt` stops writes on the running server, without a restart",
     );
-    let options = crate::ServerOptions {
+    let gate = toolgate::operator::GateArgs {
         policy: policy.clone(),
         ledger: ledger.clone(),
-        ..crate::ServerOptions::default()
+        ..toolgate::operator::GateArgs::default()
     };
-    crate::halt(&options, "demo incident", "demo", None)?;
+    let switch = gate.kill_switch(crate::SERVER_NAME, None)?;
+    toolgate::operator::halt(&switch, gate.audit()?.as_ref(), "demo incident", "demo")?;
     let halted = client
         .call_tool(call(
             "write_note",
@@ -310,7 +311,7 @@ pub async fn run() -> anyhow::Result<bool> {
         exempt.as_ref().is_ok_and(|r| r.is_error != Some(true)),
         "read_ledger, exempt by policy, still answers",
     );
-    crate::resume(&options, None)?;
+    toolgate::operator::resume(&switch, gate.audit()?.as_ref())?;
     let resumed = client
         .call_tool(call(
             "write_note",
@@ -347,10 +348,7 @@ pub async fn run() -> anyhow::Result<bool> {
                 .unwrap_or("?"),
         );
     }
-    let report = crate::verify_ledger(&crate::ServerOptions {
-        ledger: ledger.clone(),
-        ..crate::ServerOptions::default()
-    })?;
+    let report = gate.verify()?;
     match &report.problem {
         None => println!(
             "    intact: {} records, head {}",

@@ -1,7 +1,8 @@
 //! `toolgate-server`: the thin reference server composing every toolgate crate over stdio.
 //!
 //! The binary's `main` parses the command line and calls into this library: [`serve_stdio`] for
-//! the MCP server, [`verify_ledger`] for `audit verify`, and [`demo::run`] for the end-to-end demo.
+//! the MCP server, [`build_proxy`] for the proxy and [`demo::run`] for the end-to-end demo; the
+//! operator's commands are the facade's (`toolgate::operator::Command`).
 //! Nothing here writes to stdout while serving: stdout carries protocol messages only.
 
 #![forbid(unsafe_code)]
@@ -23,11 +24,11 @@ use std::sync::Arc;
 
 use anyhow::Context as _;
 use rmcp::ServiceExt as _;
-use toolgate::audit::{AuditConfig, AuditSink, FileAuditLog, VerifyOptions, VerifyReport};
+use toolgate::audit::{AuditConfig, AuditSink};
 use toolgate::contract::attest::{Attestation, HmacSha256Signer, check_expected_digest};
 use toolgate::contract::diff::diff;
 use toolgate::contract::lockfile::Lockfile;
-use toolgate::effect::{EffectBackend, EffectStore};
+use toolgate::effect::EffectBackend;
 use toolgate::policy::Policy;
 use toolgate::{Gated, StdioConfig, StdioTransport};
 
@@ -37,6 +38,8 @@ pub const SERVER_NAME: &str = "toolgate-server";
 pub const AUDIT_FILE: &str = "audit.jsonl";
 /// The notes directory's name inside the ledger directory.
 pub const NOTES_DIR: &str = "notes";
+/// The exactly-once effect store's directory inside the ledger.
+const EFFECTS_DIR: &str = "effects";
 /// The reference policy, shipped as `fixtures/policy.json`. The crate carries its own copy (a
 /// published crate cannot reach outside its directory); `tests/tidy.rs` keeps the two identical.
 pub const REFERENCE_POLICY: &str = include_str!("reference-policy.json");
@@ -44,10 +47,9 @@ pub const REFERENCE_POLICY: &str = include_str!("reference-policy.json");
 /// Where the server keeps its state, which policy it enforces, and what contract it must have.
 #[derive(Debug, Clone, Default)]
 pub struct ServerOptions {
-    /// The policy file, loaded once at start.
-    pub policy: PathBuf,
-    /// The ledger directory: `audit.jsonl` and `notes/`.
-    pub ledger: PathBuf,
+    /// The policy, the ledger and the stores, shared with the operator commands
+    /// (`toolgate::operator::GateArgs`: `--policy`, `--ledger`, `--store`, the audit key ...).
+    pub gate: GateArgs,
     /// The contract digest the server must have (`sha256:<hex>` or `<hex>`); it refuses to start
     /// otherwise.
     pub expect_digest: Option<String>,
@@ -58,28 +60,6 @@ pub struct ServerOptions {
     pub attestation_key_file: Option<PathBuf>,
     /// A previous toolgate.lock: refused calls then say what changed in the tool's contract since.
     pub previous_lock: Option<PathBuf>,
-    /// The audit checkpoint key file (at least 32 bytes). Without it no checkpoints are written.
-    pub audit_key_file: Option<PathBuf>,
-    /// Write a checkpoint every this many records (default 1000 when a key is given).
-    pub checkpoint_every: Option<u64>,
-    /// A second checkpoint file (another volume or mount) that receives every checkpoint too.
-    pub checkpoint_mirror: Option<PathBuf>,
-    /// Rotate the audit log into a new segment past this many bytes.
-    pub segment_bytes: Option<u64>,
-    /// Who is calling (keys of exactly-once tools are scoped to it). Default `local`.
-    pub principal: Option<String>,
-    /// The rights file (`--rights`, `TOOLGATE_RIGHTS_FILE`); without it only the policy decides.
-    pub rights: Option<PathBuf>,
-    /// A PostgreSQL database (`--store`, `TOOLGATE_STORE`: `postgres://USER[:PASSWORD]@HOST[:PORT]/DB`)
-    /// that holds the exactly-once store, the audit chain, the kill switch, the rights, rate
-    /// limits and pending confirmations instead of the
-    /// ledger's files, shared by every replica on the same database. The ledger directory keeps
-    /// the notes. Needs the feature `postgres` (on by default). TLS from the URL's `sslmode` and
-    /// `sslrootcert` (docs/postgres.md).
-    pub store: Option<String>,
-    /// The storage every store of the ledger writes through (default: the real filesystem).
-    /// Tests pass a `toolgate::storage::FaultyStorage` to count the syncs of a call or fail one.
-    pub storage: Option<Arc<dyn toolgate::storage::Storage>>,
     /// The most requests read and not yet answered on the stdio connection (`--max-in-flight`,
     /// `TOOLGATE_MAX_IN_FLIGHT`); past it the server stops reading stdin until one is answered.
     /// Default [`toolgate::stdio::DEFAULT_MAX_IN_FLIGHT`].
@@ -103,111 +83,24 @@ impl ServerOptions {
             None => config,
         }
     }
-
-    /// The storage of the ledger's stores.
-    fn storage(&self) -> Arc<dyn toolgate::storage::Storage> {
-        self.storage
-            .clone()
-            .unwrap_or_else(|| Arc::new(toolgate::storage::FsStorage))
-    }
 }
 
-/// The exactly-once effect store's directory inside the ledger.
-pub const EFFECTS_DIR: &str = "effects";
-
-/// Opens the exactly-once effect store of `ledger` as the library's ledger layout does
-/// (`toolgate::ledger_effect_config`).
-pub fn open_effects(
-    ledger: &Path,
-    policy: &Policy,
-    storage: Arc<dyn toolgate::storage::Storage>,
-) -> anyhow::Result<EffectStore> {
-    EffectStore::open_with_storage(toolgate::ledger_effect_config(ledger, policy), storage)
-        .with_context(|| format!("cannot open the effect store in {}", ledger.display()))
-}
-
+use toolgate::operator::GateArgs;
+use toolgate::stores::GatedBuilderStores as _;
 /// The stores behind a server (`toolgate::stores`): its audit chain, exactly-once records and
 /// kill switch, and with `--store` the rights, rate buckets and pending confirmations every
 /// replica shares.
 pub use toolgate::stores::Stores;
-use toolgate::stores::{Database, GatedBuilderStores as _};
 
-/// Opens the stores of `options`: the PostgreSQL database of `store` when it is given, else the
-/// ledger's files (the audit log configured like the operator commands'). The database is
-/// reached (and its schema migrated) before anything is written under the ledger, so a bad URL,
-/// a refused password or a newer schema stops the server first.
-pub fn open_stores(options: &ServerOptions, policy: &Policy) -> anyhow::Result<Stores> {
-    open_stores_with(options, policy, audit_config(options)?)
-}
-
-/// As [`open_stores`], the ledger's audit log opened with `audit` (the serving path adds its
-/// fault hook).
+/// Opens the stores of `options` as the operator commands do
+/// (`toolgate::operator::GateArgs::open_stores`), the ledger's audit log opened with `audit`
+/// (the serving path adds its fault hook).
 fn open_stores_with(
     options: &ServerOptions,
     policy: &Policy,
     audit: AuditConfig,
 ) -> anyhow::Result<Stores> {
-    let stores = match &options.store {
-        Some(url) => open_database_stores(options, url, policy)?,
-        None => Stores::ledger_on(&options.ledger, audit, policy, options.storage())
-            .with_context(|| format!("cannot open the ledger {}", options.ledger.display()))?,
-    };
-    Ok(Stores {
-        kill_switch: stores
-            .kill_switch
-            .resume_command(format!("{SERVER_NAME} resume")),
-        ..stores
-    })
-}
-
-fn open_database_stores(
-    options: &ServerOptions,
-    url: &str,
-    policy: &Policy,
-) -> anyhow::Result<Stores> {
-    if let Some(path) = &options.rights {
-        anyhow::bail!(
-            "the rights of replicas on a store are kept in the database, not in {}: load it once with `{SERVER_NAME} --store URL rights set {}` and leave out --rights / TOOLGATE_RIGHTS_FILE",
-            path.display(),
-            path.display()
-        );
-    }
-    let database = connect_store(options, url)?;
-    let stores = database
-        .stores(policy, checkpoints(options)?)
-        .with_context(|| format!("cannot open the stores in {}", database.name()))?;
-    tracing::info!(database = database.name(), "stores on PostgreSQL");
-    Ok(stores)
-}
-
-/// The checkpoint key of `--audit-key-file` and how often it signs (`--checkpoint-every`).
-fn checkpoints(options: &ServerOptions) -> anyhow::Result<Option<(toolgate::canon::HmacKey, u64)>> {
-    let Some(path) = &options.audit_key_file else {
-        return Ok(None);
-    };
-    let every = options
-        .checkpoint_every
-        .unwrap_or(toolgate::audit::DEFAULT_CHECKPOINT_EVERY);
-    Ok(Some((toolgate::operator::load_key(path)?, every)))
-}
-
-/// Connects to the database of `--store`, refusing options the database chain does not support.
-fn connect_store(options: &ServerOptions, url: &str) -> anyhow::Result<Database> {
-    if options.checkpoint_mirror.is_some() || options.segment_bytes.is_some() {
-        anyhow::bail!(
-            "a checkpoint mirror and segments (--checkpoint-mirror, --segment-bytes) are options of the ledger's audit file, not of a PostgreSQL store; leave them out with --store (signed checkpoints, --audit-key-file, are kept in the database)"
-        );
-    }
-    Database::connect(url).context("cannot open the store given with --store or TOOLGATE_STORE")
-}
-
-/// The audit chain in the database of `--store`, signing checkpoints with `--audit-key-file`
-/// (every `--checkpoint-every` records, and at clean shutdown) when it is given.
-fn database_audit(options: &ServerOptions, url: &str) -> anyhow::Result<Arc<dyn AuditSink>> {
-    let database = connect_store(options, url)?;
-    database
-        .audit(checkpoints(options)?)
-        .with_context(|| format!("cannot open the audit chain in {}", database.name()))
+    Ok(options.gate.open_stores(SERVER_NAME, policy, audit)?)
 }
 
 /// What SIGHUP does to a running server: re-read the policy (and whatever goes with it) and
@@ -322,7 +215,7 @@ pub fn build(options: &ServerOptions) -> anyhow::Result<BuiltServer> {
 /// authenticates (`toolgate::FromExtensions`), never `--principal`.
 #[cfg(feature = "http")]
 pub fn build_for_http(options: &ServerOptions) -> anyhow::Result<BuiltServer> {
-    if options.principal.is_some() {
+    if options.gate.principal.is_some() {
         anyhow::bail!(
             "over HTTP each request's principal is the one its API token names: leave out --principal / TOOLGATE_PRINCIPAL and create a token per principal with `{SERVER_NAME} token create --principal NAME`"
         );
@@ -331,14 +224,14 @@ pub fn build_for_http(options: &ServerOptions) -> anyhow::Result<BuiltServer> {
 }
 
 fn build_gate(options: &ServerOptions, per_request: bool) -> anyhow::Result<BuiltServer> {
-    if let Some(principal) = &options.principal
+    if let Some(principal) = &options.gate.principal
         && !toolgate::canon::names::is_principal_name(principal)
     {
         anyhow::bail!(
             "invalid principal {principal:?}: use 1 to 128 characters from A-Z, a-z, 0-9, '_', '.', '@', ':' and '-' (--principal or TOOLGATE_PRINCIPAL)"
         );
     }
-    let policy = load_policy(&options.policy)?;
+    let policy = load_policy(&options.gate.policy)?;
     let live = contract::live_lockfile(&policy)?;
     check_contract(options, &live)?;
     let changes = match &options.previous_lock {
@@ -363,10 +256,10 @@ fn build_gate(options: &ServerOptions, per_request: bool) -> anyhow::Result<Buil
     let stores = server_stores(options, &policy, hook.as_ref())?;
     #[cfg(not(feature = "fault-injection"))]
     let stores = server_stores(options, &policy)?;
-    let storage = options.storage();
+    let storage = options.gate.storage();
 
-    let notes = notes::Notes::open(options.ledger.join(NOTES_DIR), Arc::clone(&storage))
-        .with_context(|| format!("cannot open the notes in {}", options.ledger.display()))?;
+    let notes = notes::Notes::open(options.gate.ledger.join(NOTES_DIR), Arc::clone(&storage))
+        .with_context(|| format!("cannot open the notes in {}", options.gate.ledger.display()))?;
     #[cfg(feature = "fault-injection")]
     let notes = match hook {
         Some(hook) => notes.with_hook(hook),
@@ -399,12 +292,13 @@ fn finish_gate<H: rmcp::ServerHandler>(
     } else {
         gated.principal(
             options
+                .gate
                 .principal
                 .clone()
                 .unwrap_or_else(|| "local".to_owned()),
         )
     };
-    let gated = match &options.rights {
+    let gated = match &options.gate.rights {
         Some(path) => gated.rights(toolgate::checks::RightsFile::new(path)),
         None => gated,
     };
@@ -428,16 +322,19 @@ fn server_stores(
 ) -> anyhow::Result<Stores> {
     // The stores first: a database that cannot be used stops the server before the ledger is
     // touched.
-    if options.store.is_some() {
-        let stores = open_stores(options, policy)?;
-        check_ledger_layout(&options.ledger)?;
+    if options.gate.store.is_some() {
+        let stores = open_stores_with(options, policy, options.gate.audit_config()?)?;
+        check_ledger_layout(&options.gate.ledger)?;
         // The file stores create the ledger; with the database's, the notes need it.
-        toolgate::storage::create_dir_durably(options.storage().as_ref(), &options.ledger)
-            .with_context(|| format!("cannot create the ledger {}", options.ledger.display()))?;
+        toolgate::storage::create_dir_durably(
+            options.gate.storage().as_ref(),
+            &options.gate.ledger,
+        )
+        .with_context(|| format!("cannot create the ledger {}", options.gate.ledger.display()))?;
         return tidy_ledger(options).map(|()| stores);
     }
-    check_ledger_layout(&options.ledger)?;
-    let audit_config = audit_config(options)?;
+    check_ledger_layout(&options.gate.ledger)?;
+    let audit_config = options.gate.audit_config()?;
     #[cfg(feature = "fault-injection")]
     let audit_config = match hook {
         Some(hook) => audit_config.fault_hook(hook.clone()),
@@ -450,8 +347,12 @@ fn server_stores(
 /// Removes the temporary files that writers in the ledger directory (the kill switch, torn-tail
 /// evidence) left when their process died mid-write; a live writer's are kept.
 fn tidy_ledger(options: &ServerOptions) -> anyhow::Result<()> {
-    toolgate::storage::remove_orphaned_temps(options.storage().as_ref(), &options.ledger, false)
-        .with_context(|| format!("cannot tidy the ledger {}", options.ledger.display()))?;
+    toolgate::storage::remove_orphaned_temps(
+        options.gate.storage().as_ref(),
+        &options.gate.ledger,
+        false,
+    )
+    .with_context(|| format!("cannot tidy the ledger {}", options.gate.ledger.display()))?;
     Ok(())
 }
 
@@ -532,7 +433,7 @@ pub async fn build_proxy(
     options: &ServerOptions,
     config: &ProxyConfig,
 ) -> anyhow::Result<BuiltServer<proxy::Upstream>> {
-    if let Some(principal) = &options.principal
+    if let Some(principal) = &options.gate.principal
         && !toolgate::canon::names::is_principal_name(principal)
     {
         anyhow::bail!(
@@ -540,7 +441,7 @@ pub async fn build_proxy(
             toolgate::canon::names::PRINCIPAL_GRAMMAR
         );
     }
-    let policy = load_policy(&options.policy)?;
+    let policy = load_policy(&options.gate.policy)?;
     let pin = proxy::read_pin(&config.lock)?;
     // The pin is the proxy's contract: `--expect-digest` and `--attestation` are checked against
     // its digest (the pin file's `integrityDigest`) before the upstream is even started.
@@ -618,7 +519,7 @@ fn reload_policy_only(
     options: &ServerOptions,
     handle: &toolgate::PolicyHandle,
 ) -> anyhow::Result<toolgate::Reloaded> {
-    match load_policy(&options.policy) {
+    match load_policy(&options.gate.policy) {
         Ok(policy) => Ok(handle.install(toolgate::Reload {
             policy,
             contract_digest: None,
@@ -640,7 +541,7 @@ pub fn reload_policy(
     handle: &toolgate::PolicyHandle,
 ) -> anyhow::Result<toolgate::Reloaded> {
     let prepared = (|| -> anyhow::Result<toolgate::Reload> {
-        let policy = load_policy(&options.policy)?;
+        let policy = load_policy(&options.gate.policy)?;
         let live = contract::live_lockfile(&policy)?;
         check_contract(options, &live)
             .context("the new policy changes the attested tool contract")?;
@@ -811,7 +712,9 @@ pub async fn serve_http(
     let local = listener
         .local_addr()
         .context("cannot read the bound address")?;
-    let door = config.front_door(local, api_tokens(&options))?;
+    let tokens = toolgate::http::tokens::ApiTokens::new(&options.gate.ledger)
+        .with_storage(options.gate.storage());
+    let door = config.front_door(local, tokens)?;
     let router = toolgate::http::router(gated, door.auth, Arc::clone(&audit), &door.options);
     let resource = door.resource;
     // The one line a supervisor (or a test) reads to find the port.
@@ -830,342 +733,3 @@ pub async fn serve_http(
 /// journal commits); threads start on demand, so a sequential client uses one or two, and all of
 /// them allocate from the one heap above. `benches/calls.rs` measures the concurrent rate.
 pub const BLOCKING_THREADS: usize = 16;
-
-/// The API tokens of the ledger, written through the configured storage.
-#[cfg(feature = "http")]
-fn api_tokens(options: &ServerOptions) -> toolgate::http::tokens::ApiTokens {
-    toolgate::http::tokens::ApiTokens::new(&options.ledger).with_storage(options.storage())
-}
-
-/// Creates an API token as `spec` says and records `admin/token` with its id (never the
-/// token). Returns the token, to show once.
-#[cfg(feature = "http")]
-pub fn create_token(
-    options: &ServerOptions,
-    spec: &toolgate::http::tokens::TokenSpec,
-) -> anyhow::Result<toolgate::http::tokens::NewToken> {
-    let audit = operator_audit(options)?;
-    let tokens = api_tokens(options);
-    let created = tokens.create(spec, std::time::SystemTime::now())?;
-    let reason = format!("created token {} for {}", created.info.id, spec.principal);
-    record_token_change(&audit, &created.info.id, reason)?;
-    Ok(created)
-}
-
-/// Revokes the API token `id` from the next request on, and records it.
-#[cfg(feature = "http")]
-pub fn revoke_token(
-    options: &ServerOptions,
-    id: &str,
-) -> anyhow::Result<toolgate::http::tokens::TokenInfo> {
-    let audit = operator_audit(options)?;
-    let tokens = api_tokens(options);
-    let revoked = tokens.revoke(id, std::time::SystemTime::now())?;
-    let reason = format!("revoked token {id} of {}", revoked.principal);
-    record_token_change(&audit, id, reason)?;
-    Ok(revoked)
-}
-
-/// The API tokens of the ledger, oldest first.
-#[cfg(feature = "http")]
-pub fn list_tokens(
-    options: &ServerOptions,
-) -> anyhow::Result<Vec<toolgate::http::tokens::TokenInfo>> {
-    Ok(api_tokens(options).list()?)
-}
-
-#[cfg(feature = "http")]
-fn record_token_change(audit: &Arc<dyn AuditSink>, id: &str, reason: String) -> anyhow::Result<()> {
-    let mut entry = toolgate::audit::AuditEntry::tool_call(
-        "operator",
-        "tokens",
-        toolgate::audit::AuditDecision::Allow,
-        toolgate::audit::Outcome::Reloaded,
-        toolgate::canon::Sha256Digest::of(id.as_bytes()),
-    )
-    .with_reason(toolgate::audit::Reason::Note(reason));
-    entry.method = "admin/token".to_owned();
-    audit
-        .append(&entry)
-        .context("the token change took place but could not be audited")?;
-    audit.checkpoint()?;
-    Ok(())
-}
-
-/// Verifies `LEDGER_DIR/audit.jsonl` (and its rotated segments) with the ledger options the
-/// server writes it with: with `audit_key_file` its checkpoints, and with `checkpoint_mirror` the
-/// agreement of the checkpoint file and the mirror (see `VerifyOptions::checkpoint_mirror`).
-///
-/// With `store` (`--store`), verifies the database's chain in place instead
-/// (`toolgate::audit::verify_sink`: the chain must reach the head the database records).
-pub fn verify_ledger(options: &ServerOptions) -> anyhow::Result<VerifyReport> {
-    if let Some(url) = &options.store {
-        if options.checkpoint_mirror.is_some() {
-            anyhow::bail!(
-                "a PostgreSQL store keeps its checkpoints in the database, without a mirror file: leave out --checkpoint-mirror"
-            );
-        }
-        let key = options
-            .audit_key_file
-            .as_deref()
-            .map(toolgate::operator::load_key)
-            .transpose()?;
-        let audit = database_audit(
-            &ServerOptions {
-                audit_key_file: None,
-                ..options.clone()
-            },
-            url,
-        )?;
-        return Ok(toolgate::audit::verify_sink_with(
-            audit.as_ref(),
-            key.as_ref(),
-        )?);
-    }
-    let path = options.ledger.join(AUDIT_FILE);
-    if !path.exists() {
-        anyhow::bail!(
-            "no audit log at {}; pass the ledger directory with --ledger or LEDGER_DIR",
-            path.display()
-        );
-    }
-    let mut verify = VerifyOptions::new(&path);
-    if let Some(key_file) = &options.audit_key_file {
-        verify = verify.checkpoint_key(toolgate::operator::load_key(key_file)?);
-    }
-    if let Some(mirror) = &options.checkpoint_mirror {
-        verify = verify.checkpoint_mirror(mirror);
-    }
-    Ok(toolgate::audit::verify(&verify)?)
-}
-
-/// Writes the audit chain of the database of `store` (`--store`) to `out` in the file format
-/// (`audit.jsonl`); returns how many records it wrote.
-pub fn export_store(options: &ServerOptions, out: &mut dyn std::io::Write) -> anyhow::Result<u64> {
-    let Some(url) = &options.store else {
-        anyhow::bail!(
-            "audit export reads the chain of a PostgreSQL store: pass --store or TOOLGATE_STORE (a ledger's audit log is already in the file format: copy {} and its segments)",
-            options.ledger.join(AUDIT_FILE).display()
-        );
-    };
-    let audit = database_audit(options, url)?;
-    let records = audit.export(out)?;
-    out.flush().context("cannot write the export to stdout")?;
-    Ok(records)
-}
-
-/// `audit stats`: the counts of the chain the server writes, the database's with `store`
-/// (`--store`), else `LEDGER_DIR/audit.jsonl` and its segments.
-pub fn audit_stats(options: &ServerOptions) -> anyhow::Result<toolgate::audit::stats::LogStats> {
-    match &options.store {
-        Some(url) => {
-            let audit = database_audit(options, url)?;
-            Ok(toolgate::audit::stats::LogStats::of_sink(audit.as_ref())?)
-        }
-        None => Ok(toolgate::audit::stats::LogStats::of_log(
-            &options.ledger.join(AUDIT_FILE),
-        )?),
-    }
-}
-
-/// The ledger's audit log configuration, the same for the server and its operator commands: a
-/// command that appends with the key but without the mirror would leave checkpoints in the
-/// ledger's checkpoint file that the mirror lacks.
-fn audit_config(options: &ServerOptions) -> anyhow::Result<AuditConfig> {
-    let mut audit_config =
-        AuditConfig::new(options.ledger.join(AUDIT_FILE)).storage(options.storage());
-    if let Some(path) = &options.audit_key_file {
-        audit_config = audit_config.checkpoint_key(toolgate::operator::load_key(path)?);
-    }
-    if let Some(every) = options.checkpoint_every {
-        audit_config = audit_config.checkpoint_every(every);
-    }
-    if let Some(mirror) = &options.checkpoint_mirror {
-        audit_config = audit_config.checkpoint_mirror(mirror);
-    }
-    if let Some(bytes) = options.segment_bytes {
-        audit_config = audit_config.segment_bytes(bytes);
-    }
-    Ok(audit_config)
-}
-
-/// Opens the ledger's audit log, configured like the server's.
-fn file_audit(options: &ServerOptions) -> anyhow::Result<FileAuditLog> {
-    FileAuditLog::open_with(audit_config(options)?)
-        .with_context(|| format!("cannot open the audit log in {}", options.ledger.display()))
-}
-
-/// Opens the audit chain for an operator command: the store's when `--store` is given, else the
-/// ledger's file, configured like the server's.
-fn operator_audit(options: &ServerOptions) -> anyhow::Result<Arc<dyn AuditSink>> {
-    match &options.store {
-        Some(url) => database_audit(options, url),
-        None => Ok(Arc::new(file_audit(options)?)),
-    }
-}
-
-/// The kill switch of the operator commands: the database's with `--store`, else the ledger's
-/// file, written through the configured storage.
-fn ledger_switch(options: &ServerOptions) -> anyhow::Result<toolgate::checks::KillSwitch> {
-    if let Some(url) = &options.store {
-        let database = connect_store(options, url)?;
-        let switch = database
-            .kill_switch()
-            .with_context(|| format!("cannot open the kill switch in {}", database.name()))?;
-        return Ok(switch.resume_command(format!("{SERVER_NAME} resume")));
-    }
-    Ok(
-        toolgate::checks::KillSwitch::on_storage(&options.ledger, options.storage())
-            .resume_command(format!("{SERVER_NAME} resume")),
-    )
-}
-
-/// Sets the kill switch of the ledger (every tools/call of every server on it is refused from its
-/// next call on) and records it in the audit log. Returns the halt it replaced, if any.
-///
-/// With `tenant`, only that tenant's calls are refused (its principals' credentials name it).
-pub fn halt(
-    options: &ServerOptions,
-    reason: &str,
-    by: &str,
-    tenant: Option<&str>,
-) -> anyhow::Result<Option<toolgate::checks::Halt>> {
-    let switch = switch_of(options, tenant)?;
-    // A halt is what an operator reaches for in an incident: it is set even when the audit log
-    // cannot be opened, and the error then says it was not recorded. (A resume, the less safe
-    // direction, needs the audit log first.)
-    let audit = match operator_audit(options) {
-        Ok(audit) => audit,
-        Err(error) => {
-            switch.halt(reason, by)?;
-            return Err(
-                error.context("the halt is set, but it could not be recorded in the audit log")
-            );
-        }
-    };
-    let previous = toolgate::operator::halt(&switch, audit.as_ref(), reason, by)?;
-    audit.checkpoint()?;
-    Ok(previous)
-}
-
-/// The kill switch of the ledger, or of one tenant on it.
-fn switch_of(
-    options: &ServerOptions,
-    tenant: Option<&str>,
-) -> anyhow::Result<toolgate::checks::KillSwitch> {
-    let switch = ledger_switch(options)?;
-    Ok(match tenant {
-        Some(tenant) => switch.for_tenant(tenant)?,
-        None => switch,
-    })
-}
-
-/// Lifts the kill switch (of `tenant`, or the one of everyone) and records it. Returns the halt
-/// that was in force, if any.
-pub fn resume(
-    options: &ServerOptions,
-    tenant: Option<&str>,
-) -> anyhow::Result<Option<toolgate::checks::Halt>> {
-    let audit = operator_audit(options)?;
-    let lifted = toolgate::operator::resume(&switch_of(options, tenant)?, audit.as_ref())?;
-    audit.checkpoint()?;
-    Ok(lifted)
-}
-
-/// Why the operator's rights commands need `--store`.
-fn rights_need_a_store() -> anyhow::Error {
-    anyhow::anyhow!(
-        "the rights of a server without --store are the file named by --rights (re-read on the next call): edit that file; `rights set` and `rights show` need --store or TOOLGATE_STORE"
-    )
-}
-
-/// The rights in the database of `--store`, for the operator's rights commands.
-fn database_rights(options: &ServerOptions) -> anyhow::Result<toolgate::checks::RightsFile> {
-    let url = options.store.as_ref().ok_or_else(rights_need_a_store)?;
-    let database = connect_store(options, url)?;
-    database
-        .rights()
-        .with_context(|| format!("cannot open the rights in {}", database.name()))
-}
-
-/// Sets the rights of every replica on the database of `--store` to the rights file at `file`
-/// (validated first), or clears them (`None`), and records it. Returns the digest now in force.
-pub fn set_rights(
-    options: &ServerOptions,
-    file: Option<&Path>,
-) -> anyhow::Result<Option<toolgate::canon::Sha256Digest>> {
-    let rights = database_rights(options)?;
-    let audit = operator_audit(options)?;
-    Ok(toolgate::operator::set_rights(
-        &rights,
-        audit.as_ref(),
-        file,
-    )?)
-}
-
-/// The rights document in force on the database of `--store`, if one is set.
-pub fn rights_document(options: &ServerOptions) -> anyhow::Result<Option<Vec<u8>>> {
-    Ok(database_rights(options)?.document()?)
-}
-
-/// `effects resolve`: settles the indeterminate call of `options.principal` (default `local`) to
-/// `tool` under `key` (or, without one, its `args_digest`): replayed as `completed` (a
-/// `CallToolResult` as JSON) from now on, or forgotten when `completed` is `None`. Audited.
-/// Returns what was done, for the operator.
-pub fn resolve_effect(
-    options: &ServerOptions,
-    tool: &str,
-    key: Option<&str>,
-    args_digest: Option<&str>,
-    completed: Option<&str>,
-) -> anyhow::Result<String> {
-    use toolgate::operator::EffectKey;
-    let key = match (key, args_digest) {
-        (Some(key), _) => EffectKey::given(key),
-        (None, Some(hex)) => EffectKey::arguments(hex).with_context(|| {
-            format!("--args-digest {hex:?} is not a SHA-256 digest: give the 64 lowercase hex digits of the call's args_digest in the audit log")
-        })?,
-        (None, None) => anyhow::bail!("give the call's --key, or --args-digest for a call without one"),
-    };
-    let resolution = match completed {
-        Some(text) => {
-            let result: rmcp::model::CallToolResult = serde_json::from_str(text).context(
-                "--completed is not a CallToolResult: give JSON such as {\"content\":[{\"type\":\"text\",\"text\":\"done\"}]}",
-            )?;
-            toolgate::effect::Resolution::Completed(serde_json::to_value(&result)?)
-        }
-        None => toolgate::effect::Resolution::Forget,
-    };
-    let forget = matches!(resolution, toolgate::effect::Resolution::Forget);
-    let principal = options.principal.as_deref().unwrap_or("local");
-    let policy = load_policy(&options.policy)?;
-    let Stores { audit, effects, .. } = open_stores(options, &policy)?;
-    toolgate::operator::resolve_effect(
-        effects.as_ref(),
-        audit.as_ref(),
-        principal,
-        tool,
-        &key,
-        resolution,
-    )?;
-    audit.checkpoint()?;
-    Ok(if forget {
-        format!("the call of {principal} to {tool} is forgotten: the next call with its key runs")
-    } else {
-        format!("the call of {principal} to {tool} is settled: later calls replay the given result")
-    })
-}
-
-/// Removes completed exactly-once records older than their retention window, and records the
-/// pruning in the audit log (pruning is explicit and audited). Returns how many were removed.
-pub fn prune_effects(options: &ServerOptions) -> anyhow::Result<u64> {
-    let policy = load_policy(&options.policy)?;
-    let Stores { audit, effects, .. } = open_stores(options, &policy)?;
-    let removed = toolgate::operator::prune_effects(
-        effects.as_ref(),
-        audit.as_ref(),
-        std::time::SystemTime::now(),
-    )?;
-    audit.checkpoint()?;
-    Ok(removed)
-}

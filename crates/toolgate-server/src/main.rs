@@ -8,6 +8,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
+use toolgate::operator::GateArgs;
 use toolgate_server::ServerOptions;
 use tracing::Level;
 use tracing_subscriber::filter::Targets;
@@ -29,17 +30,10 @@ macro_rules! say {
 #[derive(Debug, Parser)]
 #[command(name = "toolgate-server", version)]
 struct Cli {
-    /// The policy file, loaded once at start.
-    #[arg(
-        long,
-        env = "POLICY_PATH",
-        default_value = "./policy.json",
-        global = true
-    )]
-    policy: PathBuf,
-    /// The ledger directory (audit.jsonl and notes/).
-    #[arg(long, env = "LEDGER_DIR", default_value = "./.ledger", global = true)]
-    ledger: PathBuf,
+    /// The policy, the ledger, the stores and the audit chain's options, shared with the operator
+    /// commands.
+    #[command(flatten)]
+    gate: GateArgs,
     /// Refuse to start unless the live contract digest is this one (`sha256:<hex>`).
     #[arg(long, env = "TOOLGATE_EXPECTED_DIGEST", global = true)]
     expect_digest: Option<String>,
@@ -52,26 +46,6 @@ struct Cli {
     /// A previous toolgate.lock: refused calls then list what changed in the tool's contract.
     #[arg(long, env = "TOOLGATE_PREVIOUS_LOCK", global = true)]
     previous_lock: Option<PathBuf>,
-    /// The audit checkpoint key file (at least 32 bytes, kept outside the ledger).
-    #[arg(long, env = "TOOLGATE_AUDIT_KEY_FILE", global = true)]
-    audit_key_file: Option<PathBuf>,
-    /// Write an audit checkpoint every this many records (default 1000 with a key).
-    #[arg(long, env = "TOOLGATE_AUDIT_CHECKPOINT_EVERY", global = true)]
-    checkpoint_every: Option<u64>,
-    /// A second file (another volume) that receives every audit checkpoint too.
-    #[arg(long, env = "TOOLGATE_AUDIT_CHECKPOINT_MIRROR", global = true)]
-    checkpoint_mirror: Option<PathBuf>,
-    /// Rotate the audit log into a new segment past this many bytes.
-    #[arg(long, env = "TOOLGATE_AUDIT_SEGMENT_BYTES", global = true)]
-    segment_bytes: Option<u64>,
-    /// Who is calling: exactly-once keys are scoped to it (default `local`).
-    #[arg(long, env = "TOOLGATE_PRINCIPAL", global = true)]
-    principal: Option<String>,
-    /// The rights file: which tools each principal may call, re-read so that a revocation takes
-    /// effect on the next call. Without it only the policy decides. With --store the rights are
-    /// the database's (`rights set`).
-    #[arg(long, env = "TOOLGATE_RIGHTS_FILE", global = true)]
-    rights: Option<PathBuf>,
     /// The most requests read from stdin and not yet answered (default 64); past it the server
     /// stops reading until one is answered, so a pipelining client waits in its writes.
     #[arg(long, env = "TOOLGATE_MAX_IN_FLIGHT", global = true)]
@@ -80,13 +54,6 @@ struct Cli {
     /// with an error reply and discarded without being held in memory.
     #[arg(long, env = "TOOLGATE_MAX_LINE_BYTES", global = true)]
     max_line_bytes: Option<NonZeroUsize>,
-    /// A PostgreSQL database for the exactly-once store, the audit chain, the kill switch, the
-    /// rights, rate limits and pending confirmations, shared by every replica on it
-    /// (postgres://USER[:PASSWORD]@HOST[:PORT]/DATABASE); the ledger keeps the notes. The
-    /// password is never logged. TLS: ?sslmode=verify-full&sslrootcert=CA.pem (verify-full is the
-    /// default unless the host is loopback; docs/postgres.md).
-    #[arg(long, env = "TOOLGATE_STORE", global = true, hide_env_values = true)]
-    store: Option<String>,
     #[command(subcommand)]
     command: Option<Command>,
 }
@@ -106,55 +73,17 @@ enum Command {
     /// Gate an MCP server toolgate did not build: start it as a child over stdio and serve it
     /// to the host through the gate, its tools as pinned by `proxy lock` (docs/proxy.md).
     Proxy(ProxyArgs),
-    /// API tokens for `serve --http` (stored as hashes in the ledger; every change audited).
-    Token {
-        #[command(subcommand)]
-        command: TokenCommand,
-    },
-    /// Audit log tools.
-    Audit {
-        #[command(subcommand)]
-        command: AuditCommand,
-    },
     /// Run the gated server end to end against a child process and print a transcript.
     #[cfg(feature = "demo")]
     Demo,
-    /// Stop every tools/call of every server on this ledger (the kill switch), audited. Takes
-    /// effect on each server's next call, without a restart; tools/list keeps working.
-    Halt {
-        /// Why, shown to refused callers and recorded in the audit log.
-        #[arg(long)]
-        reason: String,
-        /// Who halts (recorded); default $USER, else `operator`.
-        #[arg(long, env = "USER", default_value = "operator")]
-        by: String,
-        /// Stop only this tenant's calls (over HTTP, the tenant its credentials name).
-        #[arg(long)]
-        tenant: Option<String>,
-    },
-    /// Lift the kill switch (audited).
-    Resume {
-        /// Lift only this tenant's halt.
-        #[arg(long)]
-        tenant: Option<String>,
-    },
-    /// The rights of every replica on the database of --store (which tools each principal may
-    /// call), applied on each replica's next call; audited. Without --store the rights are the
-    /// file named by --rights.
-    Rights {
-        #[command(subcommand)]
-        command: RightsCommand,
-    },
-    /// The exactly-once effect store under the ledger.
-    Effects {
-        #[command(subcommand)]
-        command: EffectsCommand,
-    },
     /// The live tool contract of this binary under --policy.
     Contract {
         #[command(subcommand)]
         command: ContractCommand,
     },
+    /// The operator's commands (`toolgate::operator::Command`).
+    #[command(flatten)]
+    Operator(toolgate::operator::Command),
 }
 
 /// `proxy [--lock F] [--on-drift hide|refuse-start] -- CMD ARGS…` and `proxy lock`.
@@ -328,82 +257,6 @@ struct HttpArgs {
 }
 
 #[derive(Debug, Subcommand)]
-enum TokenCommand {
-    /// Create a token for a principal and print it (once: only its hash is kept).
-    Create {
-        /// The principal the token authenticates.
-        #[arg(long)]
-        principal: String,
-        /// Seconds the token is accepted for (default: until revoked).
-        #[arg(long)]
-        expires_in: Option<u64>,
-        /// The principal's tenant (recorded in the audit log; the per-tenant kill switch).
-        #[arg(long)]
-        tenant: Option<String>,
-        /// Limit the token to this scope (repeat for several): tools the policy puts under
-        /// scopes are then reachable only with one of theirs. Default: not scoped.
-        #[arg(long = "scope", value_name = "SCOPE")]
-        scopes: Vec<String>,
-    },
-    /// List the tokens: id, principal, expiry, revocation.
-    List,
-    /// Revoke a token by id; the next request with it is refused.
-    Revoke {
-        /// The token's id (from `token create` or `token list`).
-        id: String,
-    },
-}
-
-#[derive(Debug, Subcommand)]
-enum RightsCommand {
-    /// Replace the rights with those of a rights file (validated first; format in docs/checks.md).
-    Set {
-        /// The rights file.
-        file: PathBuf,
-    },
-    /// Remove the rights: only the policy decides (as without a rights file).
-    Clear,
-    /// Print the rights document in force.
-    Show,
-}
-
-#[derive(Debug, Subcommand)]
-enum EffectsCommand {
-    /// Remove completed records older than their window (24 h by default); audited.
-    Prune,
-    /// Settle an indeterminate call (its caller died, or the proxy lost its upstream mid-call)
-    /// after inspecting its target: `--completed RESULT` if the effect happened (later calls
-    /// replay RESULT), `--forget` if it did not (the next call runs); audited. The call is the
-    /// one of --principal (default `local`) to TOOL with KEY.
-    Resolve {
-        /// The tool of the call.
-        #[arg(long)]
-        tool: String,
-        /// The idempotency key the call carried (its key argument or `_meta`).
-        #[arg(
-            long,
-            required_unless_present = "args_digest",
-            conflicts_with = "args_digest"
-        )]
-        key: Option<String>,
-        /// For a call that carried no key: the `args_digest` of its audit record.
-        #[arg(long)]
-        args_digest: Option<String>,
-        /// The effect did not happen: the next call with this key runs.
-        #[arg(
-            long,
-            required_unless_present = "completed",
-            conflicts_with = "completed"
-        )]
-        forget: bool,
-        /// The effect happened: later calls replay this result (a CallToolResult as JSON, e.g.
-        /// `{"content":[{"type":"text","text":"done"}]}`).
-        #[arg(long)]
-        completed: Option<String>,
-    },
-}
-
-#[derive(Debug, Subcommand)]
 enum ContractCommand {
     /// Print the contract digest (`sha256:<hex>`), the value a host can pin.
     Digest,
@@ -411,38 +264,6 @@ enum ContractCommand {
     Lockfile,
     /// Print an attestation of the contract digest signed with the key in --attestation-key-file.
     Attest,
-}
-
-#[derive(Debug, Subcommand)]
-enum AuditCommand {
-    /// Verify the hash chain of LEDGER_DIR/audit.jsonl (and its segments; with a key, its signed
-    /// checkpoints; with --checkpoint-mirror, that the mirror holds the same checkpoints): exit 0
-    /// when intact (warnings included), 1 when broken, 2 on usage or I/O errors.
-    Verify {
-        /// The checkpoint key file (default: --audit-key-file). Without a key, truncation after a
-        /// line boundary and a re-chained replacement cannot be detected. The mirror to compare
-        /// is the global --checkpoint-mirror (TOOLGATE_AUDIT_CHECKPOINT_MIRROR).
-        #[arg(long)]
-        key_file: Option<PathBuf>,
-        /// Output format.
-        #[arg(long, value_enum, default_value_t = Format::Text)]
-        format: Format,
-    },
-    /// Write the audit chain of --store (TOOLGATE_STORE) to stdout in the file format
-    /// (audit.jsonl), for `audit verify` on a copy or any independent verifier.
-    Export,
-    /// Counts per tool x decision x outcome and the committed / replay / deny / failure ratios.
-    Stats {
-        /// Output format.
-        #[arg(long, value_enum, default_value_t = Format::Text)]
-        format: Format,
-    },
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-enum Format {
-    Text,
-    Json,
 }
 
 fn init_logging() {
@@ -576,58 +397,6 @@ fn no_http() -> anyhow::Error {
     )
 }
 
-#[cfg(feature = "http")]
-fn token_command(paths: &ServerOptions, command: TokenCommand) -> ExitCode {
-    let done = match command {
-        TokenCommand::Create {
-            principal,
-            expires_in,
-            tenant,
-            scopes,
-        } => toolgate_server::create_token(
-            paths,
-            &toolgate::http::tokens::TokenSpec {
-                principal,
-                tenant,
-                scopes: (!scopes.is_empty()).then_some(scopes),
-                valid_for: expires_in.map(std::time::Duration::from_secs),
-            },
-        )
-        .map(|created| {
-            eprintln!(
-                "token {} for {}: shown once, only its hash is kept",
-                created.info.id, created.info.principal
-            );
-            // The token itself on stdout, alone on its line, for scripts; shown only this once.
-            format!("{}\n", created.token)
-        }),
-        TokenCommand::List => toolgate_server::list_tokens(paths).map(|tokens| {
-            let mut lines = String::new();
-            for token in tokens {
-                let state = match (token.revoked_ns, token.expires_ns) {
-                    (Some(at), _) => format!("revoked at {at}"),
-                    (None, Some(at)) => format!("expires at {at}"),
-                    (None, None) => "no expiry".to_owned(),
-                };
-                lines.push_str(&format!("{} {} {state}\n", token.id, token.principal));
-            }
-            lines
-        }),
-        TokenCommand::Revoke { id } => toolgate_server::revoke_token(paths, &id)
-            .map(|token| format!("revoked token {} of {}\n", token.id, token.principal)),
-    };
-    match done.map(|lines| report(&lines)) {
-        Ok(Ok(())) => ExitCode::SUCCESS,
-        Ok(Err(error)) => report_failed(error),
-        Err(error) => fail(&error),
-    }
-}
-
-#[cfg(not(feature = "http"))]
-fn token_command(_: &ServerOptions, _: TokenCommand) -> ExitCode {
-    fail(&no_http())
-}
-
 fn proxy_command(paths: &ServerOptions, args: ProxyArgs) -> ExitCode {
     let runtime = match serving_runtime() {
         Ok(runtime) => runtime,
@@ -700,32 +469,6 @@ fn report_failed(error: std::io::Error) -> ExitCode {
     fail(&anyhow::Error::new(error).context("cannot write the report to stdout"))
 }
 
-/// stdout for a report too long to assemble first (`audit export`), noting whether a write
-/// failed because the reader has gone, so that only that failure ends the command quietly
-/// (a database connection that breaks is an error, whatever its io::ErrorKind).
-struct ReportOut<W> {
-    inner: W,
-    reader_gone: bool,
-}
-
-impl<W: std::io::Write> std::io::Write for ReportOut<W> {
-    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
-        let written = self.inner.write(bytes);
-        self.reader_gone |= written
-            .as_ref()
-            .is_err_and(|e| e.kind() == std::io::ErrorKind::BrokenPipe);
-        written
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        let flushed = self.inner.flush();
-        self.reader_gone |= flushed
-            .as_ref()
-            .is_err_and(|e| e.kind() == std::io::ErrorKind::BrokenPipe);
-        flushed
-    }
-}
-
 /// Prints a one-line reason on stderr (the full cause chain, joined) and returns exit code 2.
 fn fail(error: &anyhow::Error) -> ExitCode {
     eprintln!("toolgate-server: {error:#}");
@@ -733,7 +476,7 @@ fn fail(error: &anyhow::Error) -> ExitCode {
 }
 
 fn contract_command(command: &ContractCommand, options: &ServerOptions) -> anyhow::Result<String> {
-    let policy = toolgate_server::load_policy(&options.policy)?;
+    let policy = toolgate_server::load_policy(&options.gate.policy)?;
     let live = toolgate_server::contract::live_lockfile(&policy)?;
     let digest = live.integrity_digest();
     match command {
@@ -751,34 +494,15 @@ fn contract_command(command: &ContractCommand, options: &ServerOptions) -> anyho
     }
 }
 
-/// The verify report as one JSON object, with the mirror compared (if any).
-fn verify_json(
-    report: &toolgate::audit::VerifyReport,
-    mirror: Option<&std::path::Path>,
-) -> serde_json::Value {
-    let mut json = report.to_json();
-    json["mirror"] = serde_json::json!(mirror.map(|m| m.display().to_string()));
-    json
-}
-
 fn main() -> ExitCode {
     let cli = Cli::parse();
     init_logging();
     let paths = ServerOptions {
-        policy: cli.policy,
-        ledger: cli.ledger,
+        gate: cli.gate,
         expect_digest: cli.expect_digest,
         attestation: cli.attestation,
         attestation_key_file: cli.attestation_key_file,
         previous_lock: cli.previous_lock,
-        audit_key_file: cli.audit_key_file,
-        checkpoint_every: cli.checkpoint_every,
-        checkpoint_mirror: cli.checkpoint_mirror,
-        segment_bytes: cli.segment_bytes,
-        principal: cli.principal,
-        rights: cli.rights,
-        store: cli.store,
-        storage: None,
         max_in_flight: cli.max_in_flight,
         max_line_bytes: cli.max_line_bytes,
     };
@@ -823,180 +547,7 @@ fn run(paths: &ServerOptions, command: Command) -> ExitCode {
             web,
         } => serve_http(paths, addr, web),
         Command::Proxy(args) => proxy_command(paths, args),
-        Command::Token { command } => token_command(paths, command),
-        Command::Audit {
-            command: AuditCommand::Verify { key_file, format },
-        } => {
-            let mut options = paths.clone();
-            if key_file.is_some() {
-                options.audit_key_file = key_file;
-            }
-            match toolgate_server::verify_ledger(&options) {
-                Ok(verified) => {
-                    let text = if format == Format::Json {
-                        let mirror = options.checkpoint_mirror.as_deref();
-                        verify_json(&verified, mirror).to_string()
-                    } else if verified.problem.is_some() {
-                        format!("audit verify: BROKEN: {verified}")
-                    } else {
-                        format!("audit verify: {verified}")
-                    };
-                    // A reader that has gone does not change the verdict: a broken chain still
-                    // exits 1 (and says so on stderr) when nobody reads the report.
-                    if let Err(error) = report(&format!("{text}\n"))
-                        && error.kind() != std::io::ErrorKind::BrokenPipe
-                    {
-                        return report_failed(error);
-                    }
-                    // Warnings keep exit 0; stderr makes them hard to miss in scripts too.
-                    for warning in &verified.warnings {
-                        eprintln!("toolgate-server: warning: {warning}");
-                    }
-                    match &verified.problem {
-                        None => ExitCode::SUCCESS,
-                        Some(problem) => {
-                            eprintln!("toolgate-server: audit log is broken at {problem}");
-                            ExitCode::from(1)
-                        }
-                    }
-                }
-                Err(error) => fail(&error),
-            }
-        }
-        Command::Audit {
-            command: AuditCommand::Export,
-        } => {
-            let stdout = std::io::stdout();
-            let mut out = ReportOut {
-                inner: std::io::BufWriter::new(stdout.lock()),
-                reader_gone: false,
-            };
-            match toolgate_server::export_store(paths, &mut out) {
-                Ok(records) => {
-                    eprintln!("toolgate-server: exported {records} audit records");
-                    ExitCode::SUCCESS
-                }
-                Err(_) if out.reader_gone => ExitCode::SUCCESS,
-                Err(error) => fail(&error),
-            }
-        }
-        Command::Audit {
-            command: AuditCommand::Stats { format },
-        } => match toolgate_server::audit_stats(paths) {
-            Ok(stats) => {
-                let text = match format {
-                    Format::Json => format!("{}\n", stats.render_json()),
-                    Format::Text => stats.render_text(),
-                };
-                match report(&text) {
-                    Ok(()) => ExitCode::SUCCESS,
-                    Err(error) => report_failed(error),
-                }
-            }
-            Err(error) => fail(&error),
-        },
-        Command::Halt { reason, by, tenant } => {
-            match toolgate_server::halt(paths, &reason, &by, tenant.as_deref()) {
-                Ok(previous) => {
-                    let whose = match &tenant {
-                        Some(tenant) => format!("of tenant {tenant} "),
-                        None => String::new(),
-                    };
-                    let lift = match &tenant {
-                        Some(tenant) => format!("toolgate-server resume --tenant {tenant}"),
-                        None => "toolgate-server resume".to_owned(),
-                    };
-                    match previous {
-                        Some(previous) => say!(
-                            "halt: every tools/call {whose}on {} is refused (replacing the halt of {} by {})",
-                            paths.ledger.display(),
-                            previous.since_ns,
-                            previous.by
-                        ),
-                        None => say!(
-                            "halt: every tools/call {whose}on {} is refused; lift with `{lift}`",
-                            paths.ledger.display()
-                        ),
-                    }
-                    ExitCode::SUCCESS
-                }
-                Err(error) => fail(&error),
-            }
-        }
-        Command::Resume { tenant } => match toolgate_server::resume(paths, tenant.as_deref()) {
-            Ok(Some(lifted)) => {
-                say!(
-                    "resume: lifted the halt by {} ({})",
-                    lifted.by,
-                    lifted.reason
-                );
-                ExitCode::SUCCESS
-            }
-            Ok(None) => {
-                say!("resume: no halt was in force");
-                ExitCode::SUCCESS
-            }
-            Err(error) => fail(&error),
-        },
-        Command::Rights { command } => match command {
-            RightsCommand::Set { file } => match toolgate_server::set_rights(paths, Some(&file)) {
-                Ok(digest) => {
-                    let digest = digest.map(|d| d.to_hex()).unwrap_or_default();
-                    say!("rights set: sha256:{digest} applies to every replica's next call");
-                    ExitCode::SUCCESS
-                }
-                Err(error) => fail(&error),
-            },
-            RightsCommand::Clear => match toolgate_server::set_rights(paths, None) {
-                Ok(_) => {
-                    say!("rights cleared: only the policy decides");
-                    ExitCode::SUCCESS
-                }
-                Err(error) => fail(&error),
-            },
-            RightsCommand::Show => match toolgate_server::rights_document(paths) {
-                Ok(Some(document)) => {
-                    say!("{}", String::from_utf8_lossy(&document).trim_end());
-                    ExitCode::SUCCESS
-                }
-                Ok(None) => {
-                    say!("no rights are set: only the policy decides");
-                    ExitCode::SUCCESS
-                }
-                Err(error) => fail(&error),
-            },
-        },
-        Command::Effects {
-            command:
-                EffectsCommand::Resolve {
-                    tool,
-                    key,
-                    args_digest,
-                    forget: _,
-                    completed,
-                },
-        } => match toolgate_server::resolve_effect(
-            paths,
-            &tool,
-            key.as_deref(),
-            args_digest.as_deref(),
-            completed.as_deref(),
-        ) {
-            Ok(summary) => {
-                say!("effects resolve: {summary}");
-                ExitCode::SUCCESS
-            }
-            Err(error) => fail(&error),
-        },
-        Command::Effects {
-            command: EffectsCommand::Prune,
-        } => match toolgate_server::prune_effects(paths) {
-            Ok(removed) => {
-                say!("effects prune: removed {removed} completed records");
-                ExitCode::SUCCESS
-            }
-            Err(error) => fail(&error),
-        },
+        Command::Operator(command) => command.run(&paths.gate, toolgate_server::SERVER_NAME),
         Command::Contract { command } => match contract_command(&command, paths) {
             Ok(text) => {
                 say!("{text}");

@@ -14,6 +14,7 @@ use std::sync::Arc;
 use rmcp::ServiceExt as _;
 use rmcp::model::CallToolRequestParams;
 use serde_json::{Value, json};
+use toolgate::operator::GateArgs;
 use toolgate::storage::{FaultyStorage, FsStorage, Op};
 use toolgate_server::ServerOptions;
 
@@ -22,9 +23,12 @@ type Client = rmcp::service::RunningService<rmcp::RoleClient, ()>;
 /// A server built in this process on `storage`, served over an in-memory duplex.
 async fn start(ledger: &std::path::Path, storage: Arc<FaultyStorage>) -> (Client, ServerHandle) {
     let options = ServerOptions {
-        policy: POLICY.into(),
-        ledger: ledger.to_path_buf(),
-        storage: Some(storage),
+        gate: GateArgs {
+            policy: POLICY.into(),
+            ledger: ledger.to_path_buf(),
+            storage: Some(storage),
+            ..GateArgs::default()
+        },
         ..ServerOptions::default()
     };
     let server = toolgate_server::build(&options).unwrap();
@@ -156,10 +160,11 @@ async fn write_note_survives_a_failure_at_every_storage_step() {
         let conflict = write_note(&client, "req-fault-0001", "other").await;
         assert_eq!(conflict["isError"], true, "{op:?} #{n}: {conflict}");
         server.stop(client).await;
-        let report = toolgate_server::verify_ledger(&ServerOptions {
+        let report = GateArgs {
             ledger: ledger.clone(),
-            ..ServerOptions::default()
-        })
+            ..GateArgs::default()
+        }
+        .verify()
         .unwrap();
         assert!(report.is_intact(), "{op:?} #{n}: {report}");
         // Every call left its record, the failed one included, unless the audit log itself was

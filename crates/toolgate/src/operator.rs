@@ -1,8 +1,7 @@
-//! The operator's actions as library calls, each recorded in the audit chain: halting and
-//! resuming every server on a ledger, and pruning the exactly-once store. A server built on the
-//! crates offers them as its own commands (the reference server's `halt`, `resume` and
-//! `effects prune` are these calls), or takes the whole operator command line from [`run_cli`]
-//! (`halt`, `resume`, `verify`, `stats`, `prune`).
+//! The operator's actions as library calls, each recorded in the audit chain (halting and
+//! resuming every server on a ledger or one tenant, pruning and settling the exactly-once store,
+//! setting the rights, API tokens), and the command line that runs them ([`Cli`], [`Command`],
+//! on the stores of a [`GateArgs`]): the reference server's and any embedding server's.
 //!
 //! Each action happens first and is then recorded, so a record never claims an action that did
 //! not take place; if the record cannot be appended the error says so and the action stands.
@@ -15,8 +14,15 @@ use toolgate_canon::Sha256Digest;
 use toolgate_commit::{EffectBackend, EffectError};
 use toolgate_rmcp::checks::{GuardError, Halt, KillSwitch};
 
+mod args;
 mod cli;
-pub use cli::{Cli, Command, DEFAULT_LEDGER, DEFAULT_POLICY, Format, UsageError, run_cli, usage};
+pub use args::{DEFAULT_LEDGER, DEFAULT_POLICY, GateArgs};
+#[cfg(feature = "http")]
+pub use cli::TokenCommand;
+pub use cli::{
+    AuditCommand, Cli, Command, EffectsCommand, Format, FormatArgs, NoArgs, RightsCommand,
+    VerifyArgs,
+};
 
 /// Why an operator action failed.
 #[derive(Debug, thiserror::Error)]
@@ -40,6 +46,28 @@ pub enum OperatorError {
         /// What reading it said (in the message, not a source: the message already names it).
         cause: std::io::Error,
     },
+    /// A store could not be opened; `what` names it and where it is.
+    #[error("{what}")]
+    Open {
+        /// What could not be opened.
+        what: String,
+        /// Why.
+        #[source]
+        cause: Box<dyn std::error::Error + Send + Sync>,
+    },
+    /// The options ask for something the stores cannot do; the message says what to change.
+    #[error("{0}")]
+    Refused(String),
+    /// The policy file could not be loaded.
+    #[error(transparent)]
+    Policy(#[from] toolgate_policy::PolicyError),
+    /// The audit chain could not be read, verified or exported.
+    #[error(transparent)]
+    Chain(AuditError),
+    /// The API tokens could not be read or changed.
+    #[cfg(feature = "http")]
+    #[error(transparent)]
+    Tokens(#[from] toolgate_http::tokens::TokenError),
     /// A key file holds no usable key.
     #[error("the key in {} is unusable: {cause}", path.display())]
     Key {
@@ -250,6 +278,53 @@ pub fn set_rights(
         &json!({"rights": digest.map(|d| d.to_hex())}),
     ))?;
     Ok(digest)
+}
+
+/// Creates an API token as `spec` says and records `admin/token` with its id (never the token).
+/// Returns the token, to show once.
+#[cfg(feature = "http")]
+pub fn create_token(
+    tokens: &toolgate_http::tokens::ApiTokens,
+    audit: &dyn AuditSink,
+    spec: &toolgate_http::tokens::TokenSpec,
+) -> Result<toolgate_http::tokens::NewToken, OperatorError> {
+    let created = tokens.create(spec, SystemTime::now())?;
+    let reason = format!("created token {} for {}", created.info.id, spec.principal);
+    record_token_change(audit, &created.info.id, reason)?;
+    Ok(created)
+}
+
+/// Revokes the API token `id` from the next request on, and records `admin/token`.
+#[cfg(feature = "http")]
+pub fn revoke_token(
+    tokens: &toolgate_http::tokens::ApiTokens,
+    audit: &dyn AuditSink,
+    id: &str,
+) -> Result<toolgate_http::tokens::TokenInfo, OperatorError> {
+    let revoked = tokens.revoke(id, SystemTime::now())?;
+    let reason = format!("revoked token {id} of {}", revoked.principal);
+    record_token_change(audit, id, reason)?;
+    Ok(revoked)
+}
+
+#[cfg(feature = "http")]
+fn record_token_change(
+    audit: &dyn AuditSink,
+    id: &str,
+    reason: String,
+) -> Result<(), OperatorError> {
+    let mut record = AuditEntry::tool_call(
+        "operator",
+        "tokens",
+        AuditDecision::Allow,
+        Outcome::Reloaded,
+        Sha256Digest::of(id.as_bytes()),
+    )
+    .with_reason(toolgate_audit::Reason::Note(reason));
+    record.method = "admin/token".to_owned();
+    audit.append(&record)?;
+    audit.checkpoint()?;
+    Ok(())
 }
 
 #[cfg(test)]

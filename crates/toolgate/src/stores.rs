@@ -264,8 +264,20 @@ impl Database {
     }
 }
 
-/// [`GatedBuilder::stores`]: hands a set of open [`Stores`] to the builder.
+/// [`GatedBuilder::stores`]: hands a set of open [`Stores`] to the builder;
+/// [`GatedBuilder::gate_args`]: serves with the options of the operator's command line.
 pub trait GatedBuilderStores: Sized {
+    /// Everything `args` names, as the operator commands see it: the policy file, the stores
+    /// ([`crate::operator::GateArgs::open_stores`]: the database of `--store`, else the ledger
+    /// with the audit key, mirror and segments of the command line), the principal and the
+    /// rights file, and `server_name` for messages that name an operator command. The stores are
+    /// opened here, so a database that cannot be used is this call's error.
+    fn gate_args(
+        self,
+        args: &crate::operator::GateArgs,
+        server_name: &str,
+    ) -> Result<Self, crate::operator::OperatorError>;
+
     /// Every store of `stores`: the audit chain, the exactly-once store, the kill switch, and
     /// what the store shares between replicas (rights, rate buckets, pending confirmations).
     /// A later [`GatedBuilder::rights`] replaces the store's rights (the reference server refuses
@@ -274,6 +286,24 @@ pub trait GatedBuilderStores: Sized {
 }
 
 impl<H: rmcp::ServerHandler> GatedBuilderStores for GatedBuilder<H> {
+    fn gate_args(
+        self,
+        args: &crate::operator::GateArgs,
+        server_name: &str,
+    ) -> Result<Self, crate::operator::OperatorError> {
+        let policy = args.load_policy()?;
+        let stores = args.open_stores(server_name, &policy, args.audit_config()?)?;
+        let builder = self.policy(policy).stores(stores).server_name(server_name);
+        let builder = match &args.principal {
+            Some(principal) => builder.principal(principal.clone()),
+            None => builder,
+        };
+        Ok(match &args.rights {
+            Some(path) => builder.rights(RightsFile::new(path)),
+            None => builder,
+        })
+    }
+
     fn stores(self, stores: Stores) -> Self {
         let builder = self
             .audit(stores.audit)

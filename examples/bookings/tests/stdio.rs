@@ -472,7 +472,7 @@ fn a_usage_error_exits_2_and_help_exits_0() {
     let out = world.operator(&["halt"]);
     assert_eq!(out.status.code(), Some(2), "{out:?}");
     assert!(
-        String::from_utf8_lossy(&out.stderr).contains("halt needs --reason"),
+        String::from_utf8_lossy(&out.stderr).contains("--reason <TEXT>"),
         "{out:?}"
     );
     let out = world.operator(&["help"]);
