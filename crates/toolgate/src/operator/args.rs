@@ -26,7 +26,7 @@ const AUDIT_FILE: &str = crate::LEDGER_AUDIT_FILE;
 /// Where a gated server keeps its state, which policy it enforces and how its audit chain is
 /// written: the global options of its command line (`--policy`, `--ledger`, `--store`, ...; each
 /// may stand anywhere on the line), shared by serving and every operator command.
-/// [`GatedBuilderStores::args`](crate::stores::GatedBuilderStores::args) serves with them.
+/// [`GatedBuilderStores::gate_args`](crate::stores::GatedBuilderStores::gate_args) serves with them.
 #[derive(Debug, Clone, clap::Args)]
 pub struct GateArgs {
     /// The policy file, loaded once at start.
@@ -57,7 +57,7 @@ pub struct GateArgs {
     pub rights: Option<PathBuf>,
     /// A PostgreSQL database for the exactly-once store, the audit chain, the kill switch, the
     /// rights, rate limits and pending confirmations, shared by every replica on it
-    /// (postgres://USER[:PASSWORD]@HOST[:PORT]/DATABASE); the ledger keeps the rest. The
+    /// (`postgres://USER[:PASSWORD]@HOST[:PORT]/DATABASE`); the ledger keeps the rest. The
     /// password is never logged. TLS: ?sslmode=verify-full&sslrootcert=CA.pem (verify-full is the
     /// default unless the host is loopback; docs/postgres.md). Needs the feature `postgres`.
     #[arg(long, env = "TOOLGATE_STORE", global = true, hide_env_values = true)]
