@@ -3,8 +3,9 @@
 //!
 //! rmcp has no middleware layer, and every `ServerHandler` method has a default body, so a method
 //! this wrapper forgot to forward would silently replace the inner handler's behaviour with the
-//! default. All 32 methods are therefore written out below, in the order of rmcp's own forwarding
-//! impl for `Box<T>`, and the forwarding test calls each one through a real client.
+//! default. All 32 methods are therefore written out below: those the gate changes by hand, the
+//! others through `forward!` (each named with its MCP method), and the forwarding test calls each
+//! one through a real client.
 
 use std::borrow::Cow;
 use std::collections::BTreeMap;
@@ -44,6 +45,11 @@ use crate::permit::Permit;
 use crate::principal::{FixedPrincipal, FromExtensions, PrincipalSource};
 use crate::state::{GateState, PolicyHandle};
 use crate::world::{CONFIRM_ACTION, Caller, EffectProbe, Preflight, REJECT_ACTION, TOOL_NOT_FOUND};
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+type Lockfile = toolgate_contract::lockfile::Lockfile;
+/// How [`GatedBuilder::contract_at_build`] computes the contract from the loaded policy.
+type ContractAtBuild = Box<dyn FnOnce(&Policy) -> Result<Lockfile, BoxError> + Send>;
 
 /// At most this many changes are shown in a refusal's contract note.
 const MAX_CONTRACT_CHANGES: usize = 5;
@@ -92,9 +98,10 @@ pub enum GateError {
     /// The ledger's audit log could not be opened.
     #[error("cannot open the ledger's audit log: {0}")]
     Audit(#[from] toolgate_audit::AuditError),
-    /// The contract given to `GatedBuilder::locked_contract` could not be computed.
+    /// The contract given to `GatedBuilder::contract_at_build` (the facade's `locked_contract`)
+    /// could not be computed.
     #[error("cannot compute the server's contract from its toolgate.lock: {0}")]
-    Contract(#[from] crate::contract::LiveContractError),
+    Contract(Box<dyn std::error::Error + Send + Sync>),
     /// The ledger's exactly-once store could not be opened.
     #[error("cannot open the ledger's effect store: {0}")]
     Effects(#[from] toolgate_commit::EffectError),
@@ -242,7 +249,7 @@ pub struct GatedBuilder<H> {
     tool_contract_digests: BTreeMap<String, Sha256Digest>,
     contract_changes: BTreeMap<String, Vec<Change>>,
     /// The server's tools and the text of its committed lockfile, for the live contract.
-    locked: Option<(Vec<Tool>, String)>,
+    contract_at_build: Option<ContractAtBuild>,
 }
 
 /// The builder's principal setting: a configured name (checked at build) or a source.
@@ -416,7 +423,7 @@ impl<H: ServerHandler> GatedBuilder<H> {
     /// recorded in that tool's audit lines, so a verifier can show which contract produced each
     /// decision.
     pub fn contract(mut self, live: &toolgate_contract::lockfile::Lockfile) -> Self {
-        self.locked = None;
+        self.contract_at_build = None;
         self.set_contract(live);
         self
     }
@@ -430,7 +437,7 @@ impl<H: ServerHandler> GatedBuilder<H> {
         integrity: Sha256Digest,
         tools: BTreeMap<String, Sha256Digest>,
     ) -> Self {
-        self.locked = None;
+        self.contract_at_build = None;
         self.contract_digest = Some(integrity);
         self.tool_contract_digests = tools;
         self
@@ -446,15 +453,16 @@ impl<H: ServerHandler> GatedBuilder<H> {
             .collect();
     }
 
-    /// The live contract of a server that runs without its sources, computed at
-    /// [`GatedBuilder::build`] under the policy loaded there: `tools` as compiled (e.g. the
-    /// router's `list_all()`), with the entitlements its committed `toolgate.lock` records
-    /// (`lockfile`, e.g. `include_str!("../toolgate.lock")`; the server's lock check keeps them
-    /// equal to its sources). Published and recorded as [`GatedBuilder::contract`] does; a
-    /// lockfile that does not parse or lacks a tool is the build's error. Replaces
-    /// [`GatedBuilder::contract`].
-    pub fn locked_contract(mut self, tools: Vec<Tool>, lockfile: impl Into<String>) -> Self {
-        self.locked = Some((tools, lockfile.into()));
+    /// The contract computed at [`GatedBuilder::build`] under the policy loaded there, by
+    /// `compute` (the facade's `locked_contract`: a server's tools as compiled with the
+    /// entitlements its committed `toolgate.lock` records). Published and recorded as
+    /// [`GatedBuilder::contract`] does; an error of `compute` is the build's
+    /// ([`GateError::Contract`]). Replaces [`GatedBuilder::contract`].
+    pub fn contract_at_build(
+        mut self,
+        compute: impl FnOnce(&Policy) -> Result<Lockfile, BoxError> + Send + 'static,
+    ) -> Self {
+        self.contract_at_build = Some(Box::new(compute));
         self
     }
 
@@ -525,8 +533,8 @@ impl<H: ServerHandler> GatedBuilder<H> {
         let Some(policy) = self.policy.take().filter(|_| missing.is_empty()) else {
             return Err(GateError::Missing { parts: missing });
         };
-        if let Some((tools, lockfile)) = self.locked.take() {
-            self.set_contract(&crate::contract::live_lockfile(&tools, &policy, &lockfile)?);
+        if let Some(compute) = self.contract_at_build.take() {
+            self.set_contract(&compute(&policy).map_err(GateError::Contract)?);
         }
         let pending_ttl = policy.confirmation_ttl();
         let rates = match self.rates.take() {
@@ -639,7 +647,7 @@ impl<H: ServerHandler> Gated<H> {
             contract_digest: None,
             tool_contract_digests: BTreeMap::new(),
             contract_changes: BTreeMap::new(),
-            locked: None,
+            contract_at_build: None,
         }
     }
 
@@ -882,14 +890,19 @@ impl Drop for CallGuard {
     }
 }
 
-impl<H: ServerHandler> ServerHandler for Gated<H> {
-    fn ping(
-        &self,
-        context: RequestContext<RoleServer>,
-    ) -> impl Future<Output = Result<(), McpError>> + MaybeSendFuture + '_ {
-        crate::unwind::answered("ping", self.inner.ping(context))
-    }
+/// Writes out `ServerHandler` methods that forward to the inner handler unchanged, each polled
+/// through `unwind`: `answered`, a request's panic becomes -32603; `notified`, a notification's is
+/// logged. The literal names the method in the log.
+macro_rules! forward {
+    ($($(#[$attr:meta])* $unwind:ident $name:ident($($arg:ident: $ty:ty),* $(,)?) -> $out:ty, $method:literal;)*) => {$(
+        $(#[$attr])*
+        fn $name(&self, $($arg: $ty),*) -> impl Future<Output = $out> + MaybeSendFuture + '_ {
+            crate::unwind::$unwind($method, self.inner.$name($($arg),*))
+        }
+    )*};
+}
 
+impl<H: ServerHandler> ServerHandler for Gated<H> {
     async fn initialize(
         &self,
         request: InitializeRequestParams,
@@ -924,106 +937,11 @@ impl<H: ServerHandler> ServerHandler for Gated<H> {
         Ok(result)
     }
 
-    fn complete(
-        &self,
-        request: CompleteRequestParams,
-        context: RequestContext<RoleServer>,
-    ) -> impl Future<Output = Result<CompleteResult, McpError>> + MaybeSendFuture + '_ {
-        crate::unwind::answered("completion/complete", self.inner.complete(request, context))
-    }
-
-    #[allow(deprecated)] // Forwarded as long as rmcp has it, deprecated or not.
-    fn set_level(
-        &self,
-        request: SetLevelRequestParams,
-        context: RequestContext<RoleServer>,
-    ) -> impl Future<Output = Result<(), McpError>> + MaybeSendFuture + '_ {
-        crate::unwind::answered("logging/setLevel", self.inner.set_level(request, context))
-    }
-
-    fn get_prompt(
-        &self,
-        request: GetPromptRequestParams,
-        context: RequestContext<RoleServer>,
-    ) -> impl Future<Output = Result<GetPromptResponse, McpError>> + MaybeSendFuture + '_ {
-        crate::unwind::answered("prompts/get", self.inner.get_prompt(request, context))
-    }
-
-    fn list_prompts(
-        &self,
-        request: Option<PaginatedRequestParams>,
-        context: RequestContext<RoleServer>,
-    ) -> impl Future<Output = Result<ListPromptsResult, McpError>> + MaybeSendFuture + '_ {
-        crate::unwind::answered("prompts/list", self.inner.list_prompts(request, context))
-    }
-
-    fn list_resources(
-        &self,
-        request: Option<PaginatedRequestParams>,
-        context: RequestContext<RoleServer>,
-    ) -> impl Future<Output = Result<ListResourcesResult, McpError>> + MaybeSendFuture + '_ {
-        crate::unwind::answered(
-            "resources/list",
-            self.inner.list_resources(request, context),
-        )
-    }
-
-    fn list_resource_templates(
-        &self,
-        request: Option<PaginatedRequestParams>,
-        context: RequestContext<RoleServer>,
-    ) -> impl Future<Output = Result<ListResourceTemplatesResult, McpError>> + MaybeSendFuture + '_
-    {
-        crate::unwind::answered(
-            "resources/templates/list",
-            self.inner.list_resource_templates(request, context),
-        )
-    }
-
-    fn read_resource(
-        &self,
-        request: ReadResourceRequestParams,
-        context: RequestContext<RoleServer>,
-    ) -> impl Future<Output = Result<ReadResourceResponse, McpError>> + MaybeSendFuture + '_ {
-        crate::unwind::answered("resources/read", self.inner.read_resource(request, context))
-    }
-
     fn accepted_subscription_filter(
         &self,
         requested: &SubscriptionFilter,
     ) -> Option<SubscriptionFilter> {
         self.inner.accepted_subscription_filter(requested)
-    }
-
-    fn listen(
-        &self,
-        context: SubscriptionContext,
-    ) -> impl Future<Output = Result<(), McpError>> + MaybeSendFuture + '_ {
-        crate::unwind::answered("subscriptions/listen", self.inner.listen(context))
-    }
-
-    #[allow(deprecated)]
-    fn subscribe(
-        &self,
-        request: SubscribeRequestParams,
-        context: RequestContext<RoleServer>,
-    ) -> impl Future<Output = Result<(), McpError>> + MaybeSendFuture + '_ {
-        crate::unwind::answered(
-            "resources/subscribe",
-            self.inner.subscribe(request, context),
-        )
-    }
-
-    #[allow(deprecated)]
-    fn unsubscribe(
-        &self,
-        request: UnsubscribeRequestParams,
-        context: RequestContext<RoleServer>,
-    ) -> impl Future<Output = Result<(), McpError>> + MaybeSendFuture + '_ {
-        crate::unwind::answered(
-            "resources/unsubscribe",
-            self.inner.unsubscribe(request, context),
-        )
     }
 
     fn call_tool(
@@ -1099,70 +1017,6 @@ impl<H: ServerHandler> ServerHandler for Gated<H> {
             .filter(|_| self.checks.lists(&state, &principal, name))
     }
 
-    fn on_custom_request(
-        &self,
-        request: CustomRequest,
-        context: RequestContext<RoleServer>,
-    ) -> impl Future<Output = Result<CustomResult, McpError>> + MaybeSendFuture + '_ {
-        crate::unwind::answered(
-            "a custom request",
-            self.inner.on_custom_request(request, context),
-        )
-    }
-
-    fn on_cancelled(
-        &self,
-        notification: CancelledNotificationParam,
-        context: NotificationContext<RoleServer>,
-    ) -> impl Future<Output = ()> + MaybeSendFuture + '_ {
-        crate::unwind::notified(
-            "notifications/cancelled",
-            self.inner.on_cancelled(notification, context),
-        )
-    }
-
-    fn on_progress(
-        &self,
-        notification: ProgressNotificationParam,
-        context: NotificationContext<RoleServer>,
-    ) -> impl Future<Output = ()> + MaybeSendFuture + '_ {
-        crate::unwind::notified(
-            "notifications/progress",
-            self.inner.on_progress(notification, context),
-        )
-    }
-
-    fn on_initialized(
-        &self,
-        context: NotificationContext<RoleServer>,
-    ) -> impl Future<Output = ()> + MaybeSendFuture + '_ {
-        crate::unwind::notified(
-            "notifications/initialized",
-            self.inner.on_initialized(context),
-        )
-    }
-
-    fn on_roots_list_changed(
-        &self,
-        context: NotificationContext<RoleServer>,
-    ) -> impl Future<Output = ()> + MaybeSendFuture + '_ {
-        crate::unwind::notified(
-            "notifications/roots/list_changed",
-            self.inner.on_roots_list_changed(context),
-        )
-    }
-
-    fn on_custom_notification(
-        &self,
-        notification: CustomNotification,
-        context: NotificationContext<RoleServer>,
-    ) -> impl Future<Output = ()> + MaybeSendFuture + '_ {
-        crate::unwind::notified(
-            "a custom notification",
-            self.inner.on_custom_notification(notification, context),
-        )
-    }
-
     fn get_info(&self) -> ServerConfig {
         let mut info = self.inner.get_info();
         add_contract_meta(&mut info.meta, self.contract_digest());
@@ -1203,31 +1057,85 @@ impl<H: ServerHandler> ServerHandler for Gated<H> {
         crate::unwind::answered("tasks/cancel", self.inner.cancel_task(request, context)).await
     }
 
-    fn list_skills(
-        &self,
-        request: Option<PaginatedRequestParams>,
-        context: RequestContext<RoleServer>,
-    ) -> impl Future<Output = Result<ListSkillsResult, McpError>> + MaybeSendFuture + '_ {
-        crate::unwind::answered("skills/list", self.inner.list_skills(request, context))
-    }
-
-    fn get_skill(
-        &self,
-        request: GetSkillRequestParams,
-        context: RequestContext<RoleServer>,
-    ) -> impl Future<Output = Result<GetSkillResult, McpError>> + MaybeSendFuture + '_ {
-        crate::unwind::answered("skills/get", self.inner.get_skill(request, context))
-    }
-
-    fn read_resource_directory(
-        &self,
-        request: ReadResourceDirectoryRequestParams,
-        context: RequestContext<RoleServer>,
-    ) -> impl Future<Output = Result<ReadResourceDirectoryResult, McpError>> + MaybeSendFuture + '_
-    {
-        crate::unwind::answered(
-            "a resource directory read",
-            self.inner.read_resource_directory(request, context),
-        )
+    // Forwarded unchanged (a panic answered or logged by `unwind`); the methods above change
+    // something on the way.
+    forward! {
+        answered ping(context: RequestContext<RoleServer>) -> Result<(), McpError>, "ping";
+        answered complete(
+            request: CompleteRequestParams,
+            context: RequestContext<RoleServer>,
+        ) -> Result<CompleteResult, McpError>, "completion/complete";
+        #[allow(deprecated)]
+        answered set_level(
+            request: SetLevelRequestParams,
+            context: RequestContext<RoleServer>,
+        ) -> Result<(), McpError>, "logging/setLevel";
+        answered get_prompt(
+            request: GetPromptRequestParams,
+            context: RequestContext<RoleServer>,
+        ) -> Result<GetPromptResponse, McpError>, "prompts/get";
+        answered list_prompts(
+            request: Option<PaginatedRequestParams>,
+            context: RequestContext<RoleServer>,
+        ) -> Result<ListPromptsResult, McpError>, "prompts/list";
+        answered list_resources(
+            request: Option<PaginatedRequestParams>,
+            context: RequestContext<RoleServer>,
+        ) -> Result<ListResourcesResult, McpError>, "resources/list";
+        answered list_resource_templates(
+            request: Option<PaginatedRequestParams>,
+            context: RequestContext<RoleServer>,
+        ) -> Result<ListResourceTemplatesResult, McpError>, "resources/templates/list";
+        answered read_resource(
+            request: ReadResourceRequestParams,
+            context: RequestContext<RoleServer>,
+        ) -> Result<ReadResourceResponse, McpError>, "resources/read";
+        answered listen(
+            context: SubscriptionContext,
+        ) -> Result<(), McpError>, "subscriptions/listen";
+        #[allow(deprecated)]
+        answered subscribe(
+            request: SubscribeRequestParams,
+            context: RequestContext<RoleServer>,
+        ) -> Result<(), McpError>, "resources/subscribe";
+        #[allow(deprecated)]
+        answered unsubscribe(
+            request: UnsubscribeRequestParams,
+            context: RequestContext<RoleServer>,
+        ) -> Result<(), McpError>, "resources/unsubscribe";
+        answered on_custom_request(
+            request: CustomRequest,
+            context: RequestContext<RoleServer>,
+        ) -> Result<CustomResult, McpError>, "a custom request";
+        answered list_skills(
+            request: Option<PaginatedRequestParams>,
+            context: RequestContext<RoleServer>,
+        ) -> Result<ListSkillsResult, McpError>, "skills/list";
+        answered get_skill(
+            request: GetSkillRequestParams,
+            context: RequestContext<RoleServer>,
+        ) -> Result<GetSkillResult, McpError>, "skills/get";
+        answered read_resource_directory(
+            request: ReadResourceDirectoryRequestParams,
+            context: RequestContext<RoleServer>,
+        ) -> Result<ReadResourceDirectoryResult, McpError>, "a resource directory read";
+        notified on_cancelled(
+            notification: CancelledNotificationParam,
+            context: NotificationContext<RoleServer>,
+        ) -> (), "notifications/cancelled";
+        notified on_progress(
+            notification: ProgressNotificationParam,
+            context: NotificationContext<RoleServer>,
+        ) -> (), "notifications/progress";
+        notified on_initialized(
+            context: NotificationContext<RoleServer>,
+        ) -> (), "notifications/initialized";
+        notified on_roots_list_changed(
+            context: NotificationContext<RoleServer>,
+        ) -> (), "notifications/roots/list_changed";
+        notified on_custom_notification(
+            notification: CustomNotification,
+            context: NotificationContext<RoleServer>,
+        ) -> (), "a custom notification";
     }
 }

@@ -210,38 +210,6 @@ fn conflicting_settings_are_refused_naming_both() {
     assert!(ledger.join(toolgate_rmcp::LEDGER_AUDIT_FILE).exists());
 }
 
-#[test]
-fn a_locked_contract_is_computed_at_build_under_the_loaded_policy() {
-    let dir = tempfile::tempdir().unwrap();
-    let policy_path = dir.path().join("policy.json");
-    std::fs::write(&policy_path, r#"{"version":1,"allow":["echo"]}"#).unwrap();
-    let policy = toolgate_policy::Policy::load(&policy_path).unwrap();
-    let tools = vec![Echo.get_tool("echo").unwrap()];
-    // The committed lockfile of Echo: what its lock check would have written.
-    let scans = [("echo".to_owned(), Default::default())]
-        .into_iter()
-        .collect();
-    let contract =
-        toolgate_rmcp::contract::server_contract("echo", &tools, &policy, &scans).unwrap();
-    let committed = toolgate_contract::lockfile::Lockfile::new(contract, "0").render();
-    let expected = toolgate_rmcp::contract::live_lockfile(&tools, &policy, &committed).unwrap();
-
-    let gated = Gated::builder(Echo)
-        .policy_file(&policy_path)
-        .ledger(dir.path().join("ledger"))
-        .locked_contract(tools.clone(), committed)
-        .build()
-        .unwrap();
-    assert_eq!(gated.contract_digest(), Some(expected.integrity_digest()));
-
-    let broken = Gated::builder(Echo)
-        .policy_file(&policy_path)
-        .ledger(dir.path().join("ledger"))
-        .locked_contract(tools, "{not a lockfile")
-        .build();
-    assert!(matches!(broken, Err(GateError::Contract(_))), "{broken:?}");
-}
-
 /// `checkpoint_every` sets how often the checkpoint key signs the log the ledger opens (it was
 /// fixed at `DEFAULT_CHECKPOINT_EVERY`, so a server wanting another interval had to open the log
 /// itself); without a key it is refused, naming the missing setting.

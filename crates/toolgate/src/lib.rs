@@ -75,8 +75,10 @@ pub mod postgres {
 }
 
 /// The tool contract: lockfile, digests, verdicts, attestation (`toolgate-contract`), and a
-/// server's live contract from its tools and policy (`toolgate_rmcp::contract`).
+/// server's live contract from its tools and policy (`live_lockfile`, `server_contract`,
+/// `locked_contract`; the gate's stages from `toolgate_rmcp::contract`).
 pub mod contract {
+    pub use crate::live::*;
     pub use toolgate_contract::*;
     pub use toolgate_rmcp::contract::*;
 
@@ -95,6 +97,7 @@ pub mod contract {
     }
 }
 
+mod live;
 #[cfg(feature = "lock")]
 mod lock;
 
@@ -135,6 +138,7 @@ pub mod prelude {
     pub use crate::audit::{AuditConfig, AuditSink, FileAuditLog, MemoryAuditLog};
     pub use crate::canon::{HmacKey, Sha256Digest};
     pub use crate::checks::{KillSwitch, RightsFile};
+    pub use crate::contract::GatedBuilderContract as _;
     pub use crate::effect::{EffectConfig, EffectStore, MemoryEffects};
     pub use crate::policy::Policy;
     pub use crate::stores::{GatedBuilderStores as _, Stores};

@@ -17,7 +17,7 @@
 //! ```
 //!
 //! A server that ships without its sources publishes its contract digest with
-//! [`toolgate_rmcp::contract::live_lockfile`] instead, which needs no scanner.
+//! [`crate::contract::live_lockfile`] instead, which needs no scanner.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -35,7 +35,7 @@ use toolgate_contract::lockfile::Lockfile;
 use toolgate_policy::{Policy, PolicyError};
 use toolgate_storage::{FsStorage, Storage};
 
-use toolgate_rmcp::contract::{
+use crate::live::{
     ContractBuildError, ScannedHandler, TOOLGATE_VERSION, effect_class_violations, server_contract,
     tool_definition,
 };

@@ -17,11 +17,9 @@ use toolgate_rmcp::checks::{GuardError, Halt, KillSwitch};
 mod args;
 mod cli;
 pub use args::{DEFAULT_LEDGER, DEFAULT_POLICY, GateArgs};
-#[cfg(feature = "http")]
-pub use cli::TokenCommand;
 pub use cli::{
     AuditCommand, Cli, Command, EffectsCommand, Format, FormatArgs, NoArgs, RightsCommand,
-    VerifyArgs,
+    TokenCommand, VerifyArgs,
 };
 
 /// Why an operator action failed.

@@ -223,7 +223,7 @@ pub(crate) fn error_result(text: &str, details: Value) -> CallToolResponse {
 }
 
 /// The definitions of the gate's own confirmation tools.
-pub(crate) fn confirmation_tool(name: &str) -> Tool {
+pub fn confirmation_tool(name: &str) -> Tool {
     let reject = name == REJECT_ACTION;
     let mut properties = Map::new();
     properties.insert(

@@ -73,6 +73,7 @@ pub(crate) mod untrusted;
 pub(crate) mod versions;
 pub(crate) mod visibility;
 
+pub use confirmation::confirmation_tool;
 pub use duplicates::{MAX_SEPARATE_REASON_CHARS, REASON_ARGUMENT, SEPARATE_ARGUMENT};
 pub use toolgate_state::{
     ConfirmError, ConfirmToken, FileHalts, FileRights, GuardError, Halt, HaltStore, Issued,

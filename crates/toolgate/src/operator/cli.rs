@@ -77,7 +77,7 @@ pub enum Command {
         command: RightsCommand,
     },
     /// API tokens for Streamable HTTP (stored as hashes in the ledger; every change audited).
-    #[cfg(feature = "http")]
+    /// A build without the feature `http` refuses them, saying so.
     Token {
         /// The token command.
         #[command(subcommand)]
@@ -187,7 +187,6 @@ pub enum RightsCommand {
 }
 
 /// `token ...`.
-#[cfg(feature = "http")]
 #[derive(Debug, Clone, PartialEq, Eq, clap::Subcommand)]
 #[non_exhaustive]
 pub enum TokenCommand {
@@ -484,8 +483,7 @@ impl Command {
                 writeln!(out, "effects resolve: {summary}")?;
             }
             Command::Rights { command } => rights(gate, command, out)?,
-            #[cfg(feature = "http")]
-            Command::Token { command } => token(gate, command, out, err)?,
+            Command::Token { command } => token(gate, name, command, out, err)?,
         }
         Ok(0)
     }
@@ -674,9 +672,24 @@ fn rights(
     Ok(())
 }
 
+#[cfg(not(feature = "http"))]
+fn token(
+    _: &GateArgs,
+    name: &str,
+    _: &TokenCommand,
+    _: &mut dyn Write,
+    _: &mut dyn Write,
+) -> Result<(), CommandError> {
+    Err(format!(
+        "this build of {name} has no HTTP support (toolgate's feature `http`): API tokens are for Streamable HTTP; build it with the feature or serve stdio"
+    )
+    .into())
+}
+
 #[cfg(feature = "http")]
 fn token(
     gate: &GateArgs,
+    _: &str,
     command: &TokenCommand,
     out: &mut dyn Write,
     err: &mut dyn Write,

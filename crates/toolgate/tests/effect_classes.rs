@@ -7,10 +7,9 @@ use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use rmcp::model::{Tool, ToolAnnotations};
-use toolgate_contract::Entitlements;
-use toolgate_policy::Policy;
-use toolgate_rmcp::contract::{ScannedHandler, effect_class_violations};
+use toolgate::contract::{Entitlements, ScannedHandler, effect_class_violations};
+use toolgate::policy::Policy;
+use toolgate::rmcp::model::{Tool, ToolAnnotations};
 
 fn tool(name: &str, annotations: Option<ToolAnnotations>) -> Tool {
     let schema = serde_json::Map::new();
