@@ -23,4 +23,6 @@ pub use pending::{
     PendingActions, PendingStore, TokenState,
 };
 pub use rates::{FileRates, Limit, Limited, RateLimiter, RateStore};
-pub use rights::{FileRights, MemoryRights, Rights, RightsDocument, RightsFile, RightsStore};
+pub use rights::{
+    FileRights, InvalidRights, MemoryRights, Rights, RightsDocument, RightsFile, RightsStore,
+};

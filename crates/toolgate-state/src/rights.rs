@@ -144,11 +144,16 @@ pub struct RightsDocument {
     everyone: bool,
 }
 
+/// Why bytes are not a rights document: the text says what is wrong and where.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct InvalidRights(String);
+
 impl RightsDocument {
     /// Parses a rights document (the format of the [module documentation](self)); the error
     /// says what is wrong.
-    pub fn parse(bytes: &[u8]) -> Result<Self, String> {
-        parse(bytes, Sha256Digest::of(bytes))
+    pub fn parse(bytes: &[u8]) -> Result<Self, InvalidRights> {
+        parse(bytes, Sha256Digest::of(bytes)).map_err(InvalidRights)
     }
 
     /// No document set: every principal has every tool the policy allows (the digest is that
@@ -304,8 +309,9 @@ impl RightsFile {
     /// be cleared). Returns the digest of the document now in force.
     pub fn set(&self, document: Option<&[u8]>) -> Result<Option<Sha256Digest>, GuardError> {
         if let Some(bytes) = document {
-            RightsDocument::parse(bytes)
-                .map_err(|problem| GuardError::RightsDocumentInvalid { problem })?;
+            RightsDocument::parse(bytes).map_err(|e| GuardError::RightsDocumentInvalid {
+                problem: e.to_string(),
+            })?;
         }
         self.store.replace(document.map(<[u8]>::to_vec))?;
         Ok(document.map(Sha256Digest::of))
@@ -466,8 +472,11 @@ impl RightsStore for MemoryRights {
     fn replace(&self, document: Option<Vec<u8>>) -> Result<(), GuardError> {
         let parsed = match document {
             Some(bytes) => {
-                let parsed = RightsDocument::parse(&bytes)
-                    .map_err(|problem| GuardError::RightsDocumentInvalid { problem })?;
+                let parsed = RightsDocument::parse(&bytes).map_err(|e| {
+                    GuardError::RightsDocumentInvalid {
+                        problem: e.to_string(),
+                    }
+                })?;
                 Some((bytes, Arc::new(parsed)))
             }
             None => None,

@@ -76,8 +76,8 @@ pub(crate) mod visibility;
 pub use confirmation::confirmation_tool;
 pub use duplicates::{MAX_SEPARATE_REASON_CHARS, REASON_ARGUMENT, SEPARATE_ARGUMENT};
 pub use toolgate_state::{
-    ConfirmError, ConfirmToken, FileHalts, FileRights, GuardError, Halt, HaltStore, Issued,
-    KillSwitch, Limit, Limited, MemoryHalts, MemoryPending, MemoryRights, PendingAction,
+    ConfirmError, ConfirmToken, FileHalts, FileRights, GuardError, Halt, HaltStore, InvalidRights,
+    Issued, KillSwitch, Limit, Limited, MemoryHalts, MemoryPending, MemoryRights, PendingAction,
     PendingActions, PendingStore, RateLimiter, RateStore, Rights, RightsDocument, RightsFile,
     RightsStore, Status,
 };
