@@ -85,8 +85,8 @@ impl ServerOptions {
     }
 }
 
+use toolgate::GatedBuilderExt as _;
 use toolgate::operator::GateArgs;
-use toolgate::stores::GatedBuilderStores as _;
 /// The stores behind a server (`toolgate::stores`): its audit chain, exactly-once records and
 /// kill switch, and with `--store` the rights, rate buckets and pending confirmations every
 /// replica shares.

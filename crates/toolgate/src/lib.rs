@@ -97,6 +97,8 @@ pub mod contract {
     }
 }
 
+mod builder;
+pub use builder::GatedBuilderExt;
 mod live;
 #[cfg(feature = "lock")]
 mod lock;
@@ -135,13 +137,13 @@ pub mod stores;
 
 /// What a gated server uses, in one import: `use toolgate::prelude::*;`.
 pub mod prelude {
+    pub use crate::GatedBuilderExt as _;
     pub use crate::audit::{AuditConfig, AuditSink, FileAuditLog, MemoryAuditLog};
     pub use crate::canon::{HmacKey, Sha256Digest};
     pub use crate::checks::{KillSwitch, RightsFile};
-    pub use crate::contract::GatedBuilderContract as _;
     pub use crate::effect::{EffectConfig, EffectStore, MemoryEffects};
     pub use crate::policy::Policy;
-    pub use crate::stores::{GatedBuilderStores as _, Stores};
+    pub use crate::stores::Stores;
     pub use crate::{
         Caller, Current, FixedPrincipal, FromExtensions, GateError, Gated, GatedBuilder, Permit,
         Preflight, Preparation, PrincipalSource, StdioConfig, StdioTransport, VerifiedPrincipal,

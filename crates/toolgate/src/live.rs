@@ -3,11 +3,10 @@
 //! ([`server_contract`], the gate's stages from `toolgate_rmcp::contract::gate_stages`), the
 //! effect-class rules `lock --check` reports ([`effect_class_violations`]), and the contract of a
 //! server that runs without its sources ([`live_lockfile`];
-//! [`GatedBuilderContract::locked_contract`] publishes it).
+//! [`crate::GatedBuilderExt::locked_contract`] publishes it).
 
 use std::collections::BTreeMap;
 
-use rmcp::ServerHandler;
 use rmcp::model::Tool;
 use serde_json::Value;
 
@@ -15,7 +14,6 @@ use toolgate_contract::check::Violation;
 use toolgate_contract::contract::{ServerContract, ToolContract};
 use toolgate_contract::{Annotations, Entitlements, HandlerFacts, ToolDefinition};
 use toolgate_policy::Policy;
-use toolgate_rmcp::GatedBuilder;
 
 /// The toolgate version recorded in the lockfiles toolgate writes (not part of any digest).
 pub const TOOLGATE_VERSION: &str = env!("CARGO_PKG_VERSION");
@@ -258,26 +256,4 @@ pub enum LiveContractError {
     /// The live contract could not be computed.
     #[error(transparent)]
     Contract(#[from] ContractBuildError),
-}
-
-/// [`GatedBuilder::locked_contract`]: publishes the live contract of a server that runs without its
-/// sources.
-pub trait GatedBuilderContract: Sized {
-    /// The live contract of a server that runs without its sources, computed at
-    /// [`GatedBuilder::build`] under the policy loaded there: `tools` as compiled (e.g. the
-    /// router's `list_all()`), with the entitlements its committed `toolgate.lock` records
-    /// (`lockfile`, e.g. `include_str!("../toolgate.lock")`; the server's lock check keeps them
-    /// equal to its sources). Published and recorded as [`GatedBuilder::contract`] does; a
-    /// lockfile that does not parse or lacks a tool is the build's error
-    /// (`GateError::Contract`). Replaces [`GatedBuilder::contract`].
-    fn locked_contract(self, tools: Vec<Tool>, lockfile: impl Into<String>) -> Self;
-}
-
-impl<H: ServerHandler> GatedBuilderContract for GatedBuilder<H> {
-    fn locked_contract(self, tools: Vec<Tool>, lockfile: impl Into<String>) -> Self {
-        let lockfile = lockfile.into();
-        self.contract_at_build(move |policy| {
-            live_lockfile(&tools, policy, &lockfile).map_err(Into::into)
-        })
-    }
 }

@@ -5,12 +5,12 @@
 //! rights, the rate-limit buckets and the pending confirmations are shared by every replica too.
 //! [`Stores::ledger`] opens the ledger's files (the documented layout: `audit.jsonl`,
 //! `effects/`, `halt.json`); [`Stores::database`] (feature `postgres`) opens all six in one
-//! PostgreSQL database. [`GatedBuilderStores::stores`] hands them to a [`GatedBuilder`], which
+//! PostgreSQL database. [`GatedBuilderExt::stores`](crate::GatedBuilderExt::stores) hands them to a [`GatedBuilder`](toolgate_rmcp::GatedBuilder), which
 //! takes open stores and never names a backend.
 //!
 //! ```no_run
 //! use toolgate::prelude::*;
-//! use toolgate::stores::{GatedBuilderStores as _, Stores};
+//! use toolgate::stores::Stores;
 //!
 //! # #[derive(Clone)] struct MyServer;
 //! # impl rmcp::ServerHandler for MyServer {}
@@ -27,7 +27,6 @@ use std::sync::Arc;
 use toolgate_audit::{AuditConfig, AuditError, AuditSink, FileAuditLog};
 use toolgate_commit::{EffectBackend, EffectError, EffectStore};
 use toolgate_policy::Policy;
-use toolgate_rmcp::GatedBuilder;
 use toolgate_state::{KillSwitch, PendingStore, RateStore, RightsFile};
 use toolgate_storage::{FsStorage, Storage};
 
@@ -69,7 +68,7 @@ pub struct Stores {
     /// builder's `server_name` do it).
     pub kill_switch: KillSwitch,
     /// The rights, when the store keeps them (a database); a rights file is the caller's choice
-    /// ([`GatedBuilder::rights`]).
+    /// ([`GatedBuilder::rights`](toolgate_rmcp::GatedBuilder::rights)).
     pub rights: Option<RightsFile>,
     /// The rate-limit buckets shared by replicas; `None`: the gate's own, in memory.
     pub rates: Option<Arc<dyn RateStore>>,
@@ -261,65 +260,5 @@ impl Database {
     /// Unreachable: there is no database without the feature `postgres`.
     pub fn rights(&self) -> Result<RightsFile, StoresError> {
         match self.never {}
-    }
-}
-
-/// [`GatedBuilder::stores`]: hands a set of open [`Stores`] to the builder;
-/// [`GatedBuilder::gate_args`]: serves with the options of the operator's command line.
-pub trait GatedBuilderStores: Sized {
-    /// Everything `args` names, as the operator commands see it: the policy file, the stores
-    /// ([`crate::operator::GateArgs::open_stores`]: the database of `--store`, else the ledger
-    /// with the audit key, mirror and segments of the command line), the principal and the
-    /// rights file, and `server_name` for messages that name an operator command. The stores are
-    /// opened here, so a database that cannot be used is this call's error.
-    fn gate_args(
-        self,
-        args: &crate::operator::GateArgs,
-        server_name: &str,
-    ) -> Result<Self, crate::operator::OperatorError>;
-
-    /// Every store of `stores`: the audit chain, the exactly-once store, the kill switch, and
-    /// what the store shares between replicas (rights, rate buckets, pending confirmations).
-    /// A later [`GatedBuilder::rights`] replaces the store's rights (the reference server refuses
-    /// a rights file together with a database: two sources of rights would disagree).
-    fn stores(self, stores: Stores) -> Self;
-}
-
-impl<H: rmcp::ServerHandler> GatedBuilderStores for GatedBuilder<H> {
-    fn gate_args(
-        self,
-        args: &crate::operator::GateArgs,
-        server_name: &str,
-    ) -> Result<Self, crate::operator::OperatorError> {
-        let policy = args.load_policy()?;
-        let stores = args.open_stores(server_name, &policy, args.audit_config()?)?;
-        let builder = self.policy(policy).stores(stores).server_name(server_name);
-        let builder = match &args.principal {
-            Some(principal) => builder.principal(principal.clone()),
-            None => builder,
-        };
-        Ok(match &args.rights {
-            Some(path) => builder.rights(RightsFile::new(path)),
-            None => builder,
-        })
-    }
-
-    fn stores(self, stores: Stores) -> Self {
-        let builder = self
-            .audit(stores.audit)
-            .effect_store(stores.effects)
-            .kill_switch(stores.kill_switch);
-        let builder = match stores.rights {
-            Some(rights) => builder.rights(rights),
-            None => builder,
-        };
-        let builder = match stores.rates {
-            Some(rates) => builder.rate_store(rates),
-            None => builder,
-        };
-        match stores.pending {
-            Some(pending) => builder.pending_store(pending),
-            None => builder,
-        }
     }
 }

@@ -26,7 +26,7 @@ const AUDIT_FILE: &str = crate::LEDGER_AUDIT_FILE;
 /// Where a gated server keeps its state, which policy it enforces and how its audit chain is
 /// written: the global options of its command line (`--policy`, `--ledger`, `--store`, ...; each
 /// may stand anywhere on the line), shared by serving and every operator command.
-/// [`GatedBuilderStores::gate_args`](crate::stores::GatedBuilderStores::gate_args) serves with them.
+/// [`GatedBuilderExt::gate_args`](crate::GatedBuilderExt::gate_args) serves with them.
 #[derive(Debug, Clone, clap::Args)]
 pub struct GateArgs {
     /// The policy file, loaded once at start.
