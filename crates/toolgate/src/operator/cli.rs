@@ -296,6 +296,7 @@ impl<A: clap::Args> Cli<A> {
             .about(format!(
                 "{server_name}: serve MCP over stdio (no command), or run an operator command on its ledger or --store"
             ))
+            .long_about(None)
             .after_help(examples(server_name))
     }
 }
@@ -304,7 +305,7 @@ impl<A: clap::Args> Cli<A> {
 fn examples(n: &str) -> String {
     format!(
         "Examples:\n  \
-         {n} halt --reason \"incident 7\"   refuse every tools/call on the ledger from the next call on\n  \
+         {n} halt --reason \"incident 7\"  refuse every tools/call on the ledger from the next call on\n  \
          {n} resume                      lift the halt\n  \
          {n} verify --format json        verify the audit chain: exit 0 intact, 1 broken, 2 unusable\n  \
          {n} stats                       counts per tool x decision x outcome\n  \
