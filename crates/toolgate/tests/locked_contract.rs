@@ -3,31 +3,11 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod common;
+
+use common::Echo;
 use toolgate::prelude::*;
-use toolgate::rmcp::ServerHandler;
-use toolgate::rmcp::model::{ServerCapabilities, ServerConfig, Tool};
-
-#[derive(Clone)]
-struct Echo;
-
-impl ServerHandler for Echo {
-    fn get_info(&self) -> ServerConfig {
-        ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
-    }
-
-    fn get_tool(&self, name: &str) -> Option<Tool> {
-        (name == "echo").then(|| {
-            Tool::new(
-                "echo",
-                "echo",
-                serde_json::json!({"type": "object"})
-                    .as_object()
-                    .unwrap()
-                    .clone(),
-            )
-        })
-    }
-}
+use toolgate::rmcp::ServerHandler as _;
 
 #[test]
 fn a_locked_contract_is_computed_at_build_under_the_loaded_policy() {

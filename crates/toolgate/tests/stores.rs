@@ -5,43 +5,13 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod common;
+
+use common::Echo;
 use toolgate::prelude::*;
-use toolgate::rmcp::model::{
-    CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, RequestId,
-    ServerCapabilities, ServerConfig, Tool,
-};
+use toolgate::rmcp::model::{CallToolRequestParams, RequestId};
 use toolgate::rmcp::service::{Peer, RequestContext};
-use toolgate::rmcp::{ErrorData, RoleServer, ServerHandler, ServiceExt as _};
-
-#[derive(Clone)]
-struct Echo;
-
-impl ServerHandler for Echo {
-    fn get_info(&self) -> ServerConfig {
-        ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
-    }
-
-    fn get_tool(&self, name: &str) -> Option<Tool> {
-        (name == "echo").then(|| {
-            Tool::new(
-                "echo",
-                "echo",
-                serde_json::json!({"type": "object"})
-                    .as_object()
-                    .unwrap()
-                    .clone(),
-            )
-        })
-    }
-
-    async fn call_tool(
-        &self,
-        _request: CallToolRequestParams,
-        _context: RequestContext<RoleServer>,
-    ) -> Result<CallToolResponse, ErrorData> {
-        Ok(CallToolResult::success(vec![ContentBlock::text("echo")]).into())
-    }
-}
+use toolgate::rmcp::{ErrorData, RoleServer, ServerHandler as _, ServiceExt as _};
 
 async fn peer() -> (Peer<RoleServer>, impl Sized, impl Sized) {
     let (server_half, client_half) = tokio::io::duplex(64 * 1024);
