@@ -39,6 +39,7 @@ use serde_json::{Map, Value};
 use toolgate_canon::Sha256Digest;
 
 pub use principal::Principal;
+pub use raw::{SCHEMA_ID, json_schema};
 pub use results::ResultFields;
 pub use rules::{ArgRule, ArgType, ArgViolation, PATTERN_SIZE_LIMIT, PathRule, Violation};
 pub use sections::{
@@ -239,7 +240,19 @@ pub struct Policy {
 
 /// A request a proxied upstream sends to the host (`proxy.host_requests`). A proxy forwards one
 /// only when the host declared the capability and the policy lists it; by default none is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Deserialize, Serialize)]
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    PartialOrd,
+    Ord,
+    Hash,
+    Deserialize,
+    Serialize,
+    schemars::JsonSchema,
+)]
 #[serde(rename_all = "lowercase")]
 #[non_exhaustive]
 pub enum HostRequest {
@@ -272,7 +285,7 @@ impl HostRequest {
 }
 
 /// Whether re-running a tool's effect after its caller died mid-effect is harmless.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize, schemars::JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum EffectSafety {
     /// Re-running is harmless (the effect is itself idempotent): a dead caller's unfinished
@@ -285,7 +298,7 @@ pub enum EffectSafety {
 
 /// A field of the first result that replays rewrite, so a caller can tell a replay from the
 /// first execution (everything else is byte-identical).
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ReplayMarker {
     /// JSON pointer into `structuredContent`, e.g. `/status`.
@@ -295,7 +308,7 @@ pub struct ReplayMarker {
 }
 
 /// Per-tool exactly-once settings (policy key `idempotency`, optional).
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Idempotency {
     /// The string argument holding the idempotency key. Without it (or when a call omits it) the

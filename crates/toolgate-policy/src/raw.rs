@@ -20,6 +20,21 @@ impl<V> Default for UniqueMap<V> {
     }
 }
 
+/// In the schema, a JSON object of `V` (duplicate keys are the loader's to refuse).
+impl<V: schemars::JsonSchema> schemars::JsonSchema for UniqueMap<V> {
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        <BTreeMap<String, V>>::schema_name()
+    }
+
+    fn inline_schema() -> bool {
+        true
+    }
+
+    fn json_schema(generator: &mut schemars::SchemaGenerator) -> schemars::Schema {
+        <BTreeMap<String, V>>::json_schema(generator)
+    }
+}
+
 impl<'de, V: Deserialize<'de>> Deserialize<'de> for UniqueMap<V> {
     fn deserialize<D: de::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
         struct UniqueVisitor<V>(std::marker::PhantomData<V>);
@@ -43,6 +58,21 @@ impl<'de, V: Deserialize<'de>> Deserialize<'de> for UniqueMap<V> {
     }
 }
 
+/// The JSON Schema (draft 2020-12) of the policy file, for editors: `schemas/policy.schema.json`
+/// in the repository is this value, and a policy may name it with `$schema`. It describes the
+/// shape (keys, types, the refused `null`s); the loader checks more (names, regexes, which tools
+/// a key may name), so a file the schema accepts may still be refused, never the reverse.
+pub fn json_schema() -> Value {
+    let mut schema = Value::from(schemars::schema_for!(RawPolicy));
+    schema["$id"] = Value::from(SCHEMA_ID);
+    schema["title"] = Value::from("toolgate policy, version 1");
+    schema
+}
+
+/// Where the policy format's schema is published (the `$id` of [`json_schema`]).
+pub const SCHEMA_ID: &str =
+    "https://raw.githubusercontent.com/toolgate/toolgate/main/schemas/policy.schema.json";
+
 /// For optional keys introduced after the first release: absent means "not set", but an explicit
 /// `null` is an error rather than a second spelling of absent.
 fn present<'de, D: de::Deserializer<'de>, T: Deserialize<'de>>(
@@ -51,9 +81,16 @@ fn present<'de, D: de::Deserializer<'de>, T: Deserialize<'de>>(
     T::deserialize(deserializer).map(Some)
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct RawPolicy {
+    /// The JSON Schema the file is written against (`schemas/policy.schema.json`), for editors;
+    /// the loader ignores it.
+    #[serde(default, rename = "$schema", deserialize_with = "present")]
+    #[schemars(with = "String")]
+    pub(crate) _schema: Option<String>,
+    /// The format's version: `1`.
+    #[schemars(range(min = 1, max = 1))]
     pub(crate) version: u64,
     #[serde(default)]
     pub(crate) allow: Vec<String>,
@@ -66,12 +103,15 @@ pub(crate) struct RawPolicy {
     #[serde(default)]
     pub(crate) effects: UniqueMap<EffectClass>,
     #[serde(default, deserialize_with = "present")]
+    #[schemars(with = "RawConfirmation")]
     pub(crate) confirmation: Option<RawConfirmation>,
     #[serde(default)]
     pub(crate) batch: UniqueMap<RawBatch>,
     #[serde(default, deserialize_with = "present")]
+    #[schemars(with = "RawRateLimits")]
     pub(crate) rate_limits: Option<RawRateLimits>,
     #[serde(default, deserialize_with = "present")]
+    #[schemars(with = "RawKillSwitch")]
     pub(crate) kill_switch: Option<RawKillSwitch>,
     #[serde(default)]
     pub(crate) principals: UniqueMap<RawPrincipal>,
@@ -86,11 +126,12 @@ pub(crate) struct RawPolicy {
     #[serde(default)]
     pub(crate) scopes: UniqueMap<Vec<String>>,
     #[serde(default, deserialize_with = "present")]
+    #[schemars(with = "RawProxy")]
     pub(crate) proxy: Option<RawProxy>,
 }
 
 /// `proxy` as written: what a proxied upstream may ask of the host, and whose text is trusted.
-#[derive(Deserialize)]
+#[derive(Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct RawProxy {
     #[serde(default)]
@@ -100,7 +141,7 @@ pub(crate) struct RawProxy {
 }
 
 /// `arg_rules.<tool>.<field>` as written.
-#[derive(Deserialize)]
+#[derive(Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct RawArgRule {
     // The two original keys keep their original leniency (`null` = absent).
@@ -109,53 +150,64 @@ pub(crate) struct RawArgRule {
     #[serde(default)]
     pub(crate) max_len: Option<u64>,
     #[serde(default, deserialize_with = "present")]
+    #[schemars(with = "String")]
     pub(crate) pattern: Option<String>,
     #[serde(default, rename = "enum", deserialize_with = "present")]
+    #[schemars(with = "Vec<Value>")]
     pub(crate) one_of: Option<Vec<Value>>,
     #[serde(default, deserialize_with = "present")]
+    #[schemars(with = "Number")]
     pub(crate) minimum: Option<Number>,
     #[serde(default, deserialize_with = "present")]
+    #[schemars(with = "Number")]
     pub(crate) maximum: Option<Number>,
     #[serde(default, deserialize_with = "present")]
+    #[schemars(with = "Number")]
     pub(crate) max_items: Option<Number>,
     #[serde(default, deserialize_with = "present")]
+    #[schemars(with = "RawPathRule")]
     pub(crate) path: Option<RawPathRule>,
     #[serde(default, deserialize_with = "present")]
+    #[schemars(with = "bool")]
     pub(crate) optional: Option<bool>,
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct RawPathRule {
     pub(crate) roots: Vec<String>,
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct RawConfirmation {
     #[serde(default, deserialize_with = "present")]
+    #[schemars(with = "u64")]
     pub(crate) ttl_secs: Option<u64>,
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct RawBatch {
     #[serde(default, deserialize_with = "present")]
+    #[schemars(with = "String")]
     pub(crate) ids_argument: Option<String>,
     #[serde(default, deserialize_with = "present")]
+    #[schemars(with = "String")]
     pub(crate) filter_argument: Option<String>,
     #[serde(default, deserialize_with = "present")]
+    #[schemars(with = "String")]
     pub(crate) expected_count_argument: Option<String>,
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct RawRate {
     pub(crate) burst: u32,
     pub(crate) per_minute: u32,
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct RawRateLimits {
     #[serde(default)]
@@ -164,14 +216,14 @@ pub(crate) struct RawRateLimits {
     pub(crate) principals: UniqueMap<RawRate>,
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct RawKillSwitch {
     #[serde(default)]
     pub(crate) exempt: Vec<String>,
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct RawPrincipal {
     #[serde(default)]
@@ -182,28 +234,29 @@ pub(crate) struct RawPrincipal {
     pub(crate) arg_rules: UniqueMap<UniqueMap<RawArgRule>>,
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct RawUntrusted {
     pub(crate) fields: Vec<String>,
     #[serde(default, deserialize_with = "present")]
+    #[schemars(with = "u64")]
     pub(crate) max_chars: Option<u64>,
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct RawVersion {
     pub(crate) argument: String,
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct RawDuplicates {
     pub(crate) key: Vec<String>,
     pub(crate) update_tool: String,
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct RawResults {
     pub(crate) fields: Vec<String>,

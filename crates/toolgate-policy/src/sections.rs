@@ -9,7 +9,19 @@ use serde_json::{Map, Value};
 use crate::raw::{RawBatch, RawDuplicates, RawRate, RawVersion};
 
 /// What a tool's effect on the world is (policy key `effects`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Deserialize, Serialize)]
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    PartialOrd,
+    Ord,
+    Hash,
+    Deserialize,
+    Serialize,
+    schemars::JsonSchema,
+)]
 #[serde(rename_all = "lowercase")]
 pub enum EffectClass {
     /// Reads only; no effect.
