@@ -83,6 +83,7 @@ fn present<'de, D: de::Deserializer<'de>, T: Deserialize<'de>>(
 
 #[derive(Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
+#[schemars(rename = "Policy")]
 pub(crate) struct RawPolicy {
     /// The JSON Schema the file is written against (`schemas/policy.schema.json`), for editors;
     /// the loader ignores it.
@@ -92,39 +93,57 @@ pub(crate) struct RawPolicy {
     /// The format's version: `1`.
     #[schemars(range(min = 1, max = 1))]
     pub(crate) version: u64,
+    /// Tools the top-level caller may call.
     #[serde(default)]
     pub(crate) allow: Vec<String>,
+    /// Tools nobody may call, whatever else says so (deny wins).
     #[serde(default)]
     pub(crate) deny: Vec<String>,
+    /// Rules on arguments: `{tool: {argument: rule}}` (docs/policy.md, "Argument rules").
     #[serde(default)]
     pub(crate) arg_rules: UniqueMap<UniqueMap<RawArgRule>>,
+    /// Exactly-once execution per tool: `{tool: {key_argument?, effect?, window_secs?,
+    /// replay_marker?}}`.
     #[serde(default)]
     pub(crate) idempotency: UniqueMap<Idempotency>,
+    /// What each tool does; `notify`, `wake`, `alert` and `delete` need confirmation.
     #[serde(default)]
     pub(crate) effects: UniqueMap<EffectClass>,
+    /// How long a confirmation stays valid (`ttl_secs`: 1 to 86400, default 300).
     #[serde(default, deserialize_with = "present")]
     #[schemars(with = "RawConfirmation")]
     pub(crate) confirmation: Option<RawConfirmation>,
+    /// How a bulk tool selects its targets (defaults `ids`, `filter`, `expected_count`).
     #[serde(default)]
     pub(crate) batch: UniqueMap<RawBatch>,
+    /// Token buckets per tool and per principal (`{"burst": n, "per_minute": n}`).
     #[serde(default, deserialize_with = "present")]
     #[schemars(with = "RawRateLimits")]
     pub(crate) rate_limits: Option<RawRateLimits>,
+    /// Tools that keep running while the kill switch is engaged (each `read` in `effects`).
     #[serde(default, deserialize_with = "present")]
     #[schemars(with = "RawKillSwitch")]
     pub(crate) kill_switch: Option<RawKillSwitch>,
+    /// Per-caller additions: `{principal: {allow?, deny?, arg_rules?}}`.
     #[serde(default)]
     pub(crate) principals: UniqueMap<RawPrincipal>,
+    /// Third-party text in results, wrapped as untrusted: `{tool: {fields, max_chars?}}`.
     #[serde(default)]
     pub(crate) untrusted_output: UniqueMap<RawUntrusted>,
+    /// The string argument carrying the version of the object a call changes.
     #[serde(default)]
     pub(crate) versions: UniqueMap<RawVersion>,
+    /// A create tool's business key and its update tool.
     #[serde(default)]
     pub(crate) duplicates: UniqueMap<RawDuplicates>,
+    /// The only fields a tool's results may carry; everything else is dropped.
     #[serde(default)]
     pub(crate) results: UniqueMap<RawResults>,
+    /// OAuth scopes and the tools each grants to a scoped credential.
     #[serde(default)]
     pub(crate) scopes: UniqueMap<Vec<String>>,
+    /// For `toolgate-server proxy` only: host requests the upstream may send, tools whose text is
+    /// trusted.
     #[serde(default, deserialize_with = "present")]
     #[schemars(with = "RawProxy")]
     pub(crate) proxy: Option<RawProxy>,
@@ -133,6 +152,7 @@ pub(crate) struct RawPolicy {
 /// `proxy` as written: what a proxied upstream may ask of the host, and whose text is trusted.
 #[derive(Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
+#[schemars(rename = "Proxy")]
 pub(crate) struct RawProxy {
     #[serde(default)]
     pub(crate) host_requests: Vec<crate::HostRequest>,
@@ -143,6 +163,7 @@ pub(crate) struct RawProxy {
 /// `arg_rules.<tool>.<field>` as written.
 #[derive(Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
+#[schemars(rename = "ArgRule")]
 pub(crate) struct RawArgRule {
     // The two original keys keep their original leniency (`null` = absent).
     #[serde(default)]
@@ -174,12 +195,14 @@ pub(crate) struct RawArgRule {
 
 #[derive(Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
+#[schemars(rename = "PathRule")]
 pub(crate) struct RawPathRule {
     pub(crate) roots: Vec<String>,
 }
 
 #[derive(Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
+#[schemars(rename = "Confirmation")]
 pub(crate) struct RawConfirmation {
     #[serde(default, deserialize_with = "present")]
     #[schemars(with = "u64")]
@@ -188,6 +211,7 @@ pub(crate) struct RawConfirmation {
 
 #[derive(Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
+#[schemars(rename = "Batch")]
 pub(crate) struct RawBatch {
     #[serde(default, deserialize_with = "present")]
     #[schemars(with = "String")]
@@ -202,6 +226,7 @@ pub(crate) struct RawBatch {
 
 #[derive(Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
+#[schemars(rename = "Rate")]
 pub(crate) struct RawRate {
     pub(crate) burst: u32,
     pub(crate) per_minute: u32,
@@ -209,6 +234,7 @@ pub(crate) struct RawRate {
 
 #[derive(Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
+#[schemars(rename = "RateLimits")]
 pub(crate) struct RawRateLimits {
     #[serde(default)]
     pub(crate) tools: UniqueMap<RawRate>,
@@ -218,6 +244,7 @@ pub(crate) struct RawRateLimits {
 
 #[derive(Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
+#[schemars(rename = "KillSwitch")]
 pub(crate) struct RawKillSwitch {
     #[serde(default)]
     pub(crate) exempt: Vec<String>,
@@ -225,6 +252,7 @@ pub(crate) struct RawKillSwitch {
 
 #[derive(Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
+#[schemars(rename = "Principal")]
 pub(crate) struct RawPrincipal {
     #[serde(default)]
     pub(crate) allow: Vec<String>,
@@ -236,6 +264,7 @@ pub(crate) struct RawPrincipal {
 
 #[derive(Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
+#[schemars(rename = "Untrusted")]
 pub(crate) struct RawUntrusted {
     pub(crate) fields: Vec<String>,
     #[serde(default, deserialize_with = "present")]
@@ -245,12 +274,14 @@ pub(crate) struct RawUntrusted {
 
 #[derive(Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
+#[schemars(rename = "Version")]
 pub(crate) struct RawVersion {
     pub(crate) argument: String,
 }
 
 #[derive(Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
+#[schemars(rename = "Duplicates")]
 pub(crate) struct RawDuplicates {
     pub(crate) key: Vec<String>,
     pub(crate) update_tool: String,
@@ -258,6 +289,7 @@ pub(crate) struct RawDuplicates {
 
 #[derive(Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
+#[schemars(rename = "Results")]
 pub(crate) struct RawResults {
     pub(crate) fields: Vec<String>,
 }
