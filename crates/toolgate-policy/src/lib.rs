@@ -20,8 +20,6 @@
 
 #![forbid(unsafe_code)]
 
-#[cfg(feature = "cedar")]
-pub mod cedar;
 mod load;
 mod principal;
 mod raw;
