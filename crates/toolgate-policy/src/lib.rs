@@ -20,6 +20,8 @@
 
 #![forbid(unsafe_code)]
 
+#[cfg(feature = "cedar")]
+pub mod cedar;
 mod load;
 mod principal;
 mod raw;

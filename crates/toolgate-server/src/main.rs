@@ -81,9 +81,23 @@ enum Command {
         #[command(subcommand)]
         command: ContractCommand,
     },
+    /// Cedar authorization (feature `cedar`).
+    #[cfg(feature = "cedar")]
+    Policy {
+        #[command(subcommand)]
+        command: PolicyCommand,
+    },
     /// The operator's commands (`toolgate::operator::Command`).
     #[command(flatten)]
     Operator(toolgate::operator::Command),
+}
+
+#[cfg(feature = "cedar")]
+#[derive(Debug, Subcommand)]
+enum PolicyCommand {
+    /// Print the Cedar schema of this binary's tools (JSON), for editors: the entity model of
+    /// docs/policy.md with one action per tool, its arguments typed from the tool's input schema.
+    Schema,
 }
 
 /// `proxy [--lock F] [--on-drift hide|refuse-start] -- CMD ARGS…` and `proxy lock`.
@@ -555,6 +569,15 @@ fn run(paths: &ServerOptions, command: Command) -> ExitCode {
             }
             Err(error) => fail(&error),
         },
+        #[cfg(feature = "cedar")]
+        Command::Policy {
+            command: PolicyCommand::Schema,
+        } => {
+            let tools = toolgate_server::tools::NotesServer::tools();
+            let schema = toolgate::contract::cedar_schema_of(&tools);
+            say!("{:#}", schema);
+            ExitCode::SUCCESS
+        }
         #[cfg(feature = "demo")]
         Command::Demo => {
             let runtime = match tokio::runtime::Runtime::new() {

@@ -117,6 +117,20 @@ pub fn server_contract(
     Ok(ServerContract::new(server_name, contracts)?)
 }
 
+/// The Cedar schema of `tools` (`toolgate::policy::cedar::cedar_schema`): their names and input
+/// schemas, as rmcp has them.
+#[cfg(feature = "cedar")]
+pub fn cedar_schema_of(tools: &[Tool]) -> Value {
+    let signatures: Vec<toolgate_policy::cedar::ToolSignature> = tools
+        .iter()
+        .map(|tool| toolgate_policy::cedar::ToolSignature {
+            name: tool.name.to_string(),
+            input_schema: Value::Object((*tool.input_schema).clone()),
+        })
+        .collect();
+    toolgate_policy::cedar::cedar_schema(&signatures)
+}
+
 /// Why a server contract could not be computed.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
