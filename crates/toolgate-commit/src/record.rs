@@ -226,7 +226,11 @@ impl StoredResult {
         let canonical = String::from_utf8(bytes).map_err(|_| EffectError::InvalidKey {
             reason: "the result's canonical JSON is not UTF-8".to_owned(),
         })?;
-        let exact = (!reads_back_exactly(value)).then(|| Arc::new(value.clone()));
+        let exact = (!reads_back_exactly(value)).then(|| {
+            let mut value = value.clone();
+            value.sort_all_objects();
+            Arc::new(value)
+        });
         Ok(Self::compact(&canonical, value, exact))
     }
 
@@ -270,14 +274,25 @@ impl StoredResult {
     }
 
     /// The result as a value (parsed from the canonical text unless the value itself is kept).
+    ///
+    /// Objects come back with their keys in `str` order whatever serde_json's map keeps: its
+    /// default map sorts them so, and a build in which some dependency turns on the feature
+    /// `preserve_order` (Cedar's does) would otherwise keep the canonical text's order, which
+    /// differs for keys beyond U+FFFF. The gate presents a first result in the same order, so a
+    /// replay is byte-identical to it in either build.
     pub(crate) fn to_value(&self) -> Result<Value, serde_json::Error> {
         if let Some(value) = &self.exact {
             return Ok(Value::clone(value));
         }
         match self.form {
-            Form::Whole => serde_json::from_str(&self.text),
+            Form::Whole => {
+                let mut value: Value = serde_json::from_str(&self.text)?;
+                value.sort_all_objects();
+                Ok(value)
+            }
             Form::ToolResult { complete } => {
-                let structured: Value = serde_json::from_str(&self.text)?;
+                let mut structured: Value = serde_json::from_str(&self.text)?;
+                structured.sort_all_objects();
                 let mut block = serde_json::Map::new();
                 block.insert("text".to_owned(), Value::String(self.text.to_string()));
                 block.insert("type".to_owned(), Value::String("text".to_owned()));
@@ -851,7 +866,7 @@ mod tests {
             assert_eq!(back, value, "case {case}");
             assert_eq!(
                 serde_json::to_string(&back).expect("serializes"),
-                serde_json::to_string(&value).expect("serializes"),
+                serde_json::to_string(&in_key_order(&value)).expect("serializes"),
                 "case {case}"
             );
             assert_eq!(stored.canonical().as_bytes(), canonical_value(&value));
@@ -886,7 +901,7 @@ mod tests {
             assert_eq!(stored.to_value().expect("parses"), *value, "{value}");
             assert_eq!(
                 serde_json::to_string(&stored.to_value().expect("parses")).expect("serializes"),
-                serde_json::to_string(value).expect("serializes"),
+                serde_json::to_string(&in_key_order(value)).expect("serializes"),
                 "{value}"
             );
             if stored.exact.is_none() {
@@ -970,15 +985,59 @@ mod tests {
             assert_eq!(stored.exact.is_none(), exact, "{value}");
             assert_eq!(stored.to_value().expect("parses"), value);
         }
-        // Inserted out of order, replayed in the same (sorted) order.
+        // Inserted out of order, replayed in key order whether serde_json's maps keep insertion
+        // order or not (a dependency may turn `preserve_order` on for the whole build), from every
+        // form: kept whole, the shorter tool-result form and an inexact value kept as given.
         let mut map = serde_json::Map::new();
         map.insert("status".into(), json!("committed"));
         map.insert("request_id".into(), json!("r"));
+        map.insert("n".into(), json!(1.5));
+        let inexact = Value::Object(map.clone());
+        map.remove("n");
+        let exact = Value::Object(map);
+        let text = serde_json::to_string(&exact).expect("serializes");
+        let tool = json!({"content": [{"type": "text", "text": text}], "isError": false, "structuredContent": exact});
+        for (value, sorted) in [
+            (
+                &exact,
+                r#"{"request_id":"r","status":"committed"}"#.to_owned(),
+            ),
+            (
+                &inexact,
+                r#"{"n":1.5,"request_id":"r","status":"committed"}"#.to_owned(),
+            ),
+            (
+                &tool,
+                format!(
+                    r#"{{"content":[{{"text":{},"type":"text"}}],"isError":false,"structuredContent":{{"request_id":"r","status":"committed"}}}}"#,
+                    serde_json::to_string(&text).expect("serializes")
+                ),
+            ),
+        ] {
+            let stored = StoredResult::from_value(value).expect("canonicalizes");
+            assert_eq!(
+                serde_json::to_string(&stored.to_value().expect("parses")).expect("serializes"),
+                sorted
+            );
+        }
+        // Keys beyond U+FFFF: RFC 8785 orders by UTF-16 units ("\u{ff61}" after "\u{1f600}"), a
+        // replay by `str` (code points), the order of serde_json's default map.
+        let mut map = serde_json::Map::new();
+        map.insert("\u{ff61}".into(), json!(1));
+        map.insert("\u{1f600}".into(), json!(2));
         let value = Value::Object(map);
         let stored = StoredResult::from_value(&value).expect("canonicalizes");
+        assert_eq!(stored.canonical(), "{\"\u{1f600}\":2,\"\u{ff61}\":1}");
         assert_eq!(
             serde_json::to_string(&stored.to_value().expect("parses")).expect("serializes"),
-            serde_json::to_string(&value).expect("serializes")
+            "{\"\u{ff61}\":1,\"\u{1f600}\":2}"
         );
+    }
+
+    /// `value` with every object's keys in `str` order, as a replay gives it back.
+    fn in_key_order(value: &Value) -> Value {
+        let mut value = value.clone();
+        value.sort_all_objects();
+        value
     }
 }

@@ -535,6 +535,11 @@ impl<H: ServerHandler> Gated<H> {
         // Presented before its record is written, so the checks can note what they did in it.
         // A refusal the gate wrote (invalid arguments) is not the handler's result.
         let mut response = response;
+        if let (Some((_, Ok(_))), Ok(CallToolResponse::Complete(result))) = (&settle, &mut response)
+        {
+            // As its replays will be: byte-identical in any build.
+            exactly_once::in_key_order(result);
+        }
         if !invalid_arguments && let Ok(CallToolResponse::Complete(result)) = &mut response {
             self.checks.present(state, &name, result, &mut entry);
         }
