@@ -112,6 +112,13 @@ pub struct AuditEntry {
     /// The version the client declared (`clientInfo.version`; written as `client_version`, only
     /// when present). Bounded like `client_name`.
     pub client_version: Option<String>,
+    /// The Cedar policies that determined the decision (written as `cedar_policies`, only when
+    /// present): their ids, sorted; the `permit`s of an allowed call, the `forbid`s of a refused
+    /// one, none when no `permit` matched. The gate sets it whenever Cedar decided the call.
+    pub cedar_policies: Option<Vec<String>>,
+    /// The digest of the Cedar policy set in force (written as `cedar_digest`, hex, only when
+    /// present): on every call record of a policy with Cedar.
+    pub cedar_digest: Option<Sha256Digest>,
 }
 
 impl AuditEntry {
@@ -140,6 +147,8 @@ impl AuditEntry {
             tenant: None,
             client_name: None,
             client_version: None,
+            cedar_policies: None,
+            cedar_digest: None,
         }
     }
 
@@ -190,6 +199,13 @@ impl AuditEntry {
     pub fn with_client(mut self, name: impl Into<String>, version: impl Into<String>) -> Self {
         self.client_name = Some(name.into());
         self.client_version = Some(version.into());
+        self
+    }
+
+    /// The same entry with `cedar_policies` (the determining policies) and `cedar_digest`.
+    pub fn with_cedar(mut self, policies: Option<Vec<String>>, digest: Sha256Digest) -> Self {
+        self.cedar_policies = policies;
+        self.cedar_digest = Some(digest);
         self
     }
 

@@ -125,6 +125,9 @@ pub(crate) fn representable(ts: u64) -> u64 {
         .unwrap_or(LARGEST_BELOW_2_64)
 }
 
+/// The most determining Cedar policy ids a record names (`cedar_policies`).
+const MAX_CEDAR_POLICIES: usize = 64;
+
 /// Builds the line for `entry` chained onto `prev`, record number `seq`, stamped `ts` (nanoseconds
 /// since the epoch, [`crate::now_ns`]): the one sealing of every sink, so that a chain kept
 /// elsewhere (the PostgreSQL one) has exactly the file format's lines. `extra` adds fields beyond
@@ -223,6 +226,25 @@ pub fn seal(
     }
     if let Some(digest) = entry.contract_digest {
         members.push(("contract_digest", Field::Digest(digest)));
+    }
+    if let Some(digest) = entry.cedar_digest {
+        members.push(("cedar_digest", Field::Digest(digest)));
+    }
+    if let Some(policies) = &entry.cedar_policies {
+        // Operator text, bounded all the same: at most MAX_CEDAR_POLICIES ids, each like a text
+        // field, and the number left out as a last element.
+        let mut ids: Vec<Value> = policies
+            .iter()
+            .take(MAX_CEDAR_POLICIES)
+            .map(|id| Value::String(Bounded::of(id, MAX_TEXT_FIELD_BYTES).text().to_owned()))
+            .collect();
+        if policies.len() > MAX_CEDAR_POLICIES {
+            ids.push(Value::String(format!(
+                "+{} more",
+                policies.len() - MAX_CEDAR_POLICIES
+            )));
+        }
+        members.push(("cedar_policies", Field::Json(Value::Array(ids))));
     }
     for (key, value) in extra {
         members.retain(|(k, _)| *k != key);

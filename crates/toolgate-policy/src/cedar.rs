@@ -25,11 +25,15 @@
 //! is left out of the context, so a policy that reads it is refused as naming an attribute that
 //! does not exist.
 
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::str::FromStr as _;
 
+use cedar_policy::RestrictedExpression;
 use serde_json::{Map, Value, json};
 use toolgate_canon::Sha256Digest;
+
+pub use crate::{CedarSource, MAX_CEDAR_FILE_BYTES, ToolSignature};
 
 /// The Cedar namespace of toolgate's entity types and actions.
 pub const NAMESPACE: &str = "Toolgate";
@@ -38,28 +42,18 @@ pub const LIST_ACTION: &str = "tools/list";
 /// The action group every tool's call action belongs to.
 pub const CALL_ACTION: &str = "tools/call";
 
-/// The largest Cedar policy file read, in bytes.
-pub const MAX_CEDAR_FILE_BYTES: u64 = 4 << 20;
-
 /// How deep `$ref`s and nested objects are followed when typing a tool's arguments; deeper parts
 /// are left out of the context.
 const MAX_DEPTH: usize = 16;
-
-/// A tool as the Cedar schema sees it: its name and the JSON Schema of its arguments.
-#[derive(Debug, Clone, PartialEq)]
-pub struct ToolSignature {
-    /// The tool's name (the call action's id).
-    pub name: String,
-    /// The tool's `inputSchema`.
-    pub input_schema: Value,
-}
 
 /// The Cedar schema (JSON form) of toolgate's entity model for `tools`; see the module
 /// documentation. `toolgate-server policy schema` prints it for editors.
 pub fn cedar_schema(tools: &[ToolSignature]) -> Value {
     let caller = json!({
         "memberOfTypes": ["Role"],
+        "tags": {"type": "String"},
         "shape": {"type": "Record", "attributes": {
+            "name": {"type": "String"},
             "channel": {"type": "String"},
             "scopes": {"type": "Set", "element": {"type": "String"}},
             "tenant": {"type": "String", "required": false},
@@ -69,6 +63,8 @@ pub fn cedar_schema(tools: &[ToolSignature]) -> Value {
         "shape": {"type": "Record", "attributes": {
             "read_only": {"type": "Boolean"},
             "destructive": {"type": "Boolean"},
+            "idempotent": {"type": "Boolean"},
+            "open_world": {"type": "Boolean"},
             "effect": {"type": "String", "required": false},
         }},
     });
@@ -84,6 +80,7 @@ pub fn cedar_schema(tools: &[ToolSignature]) -> Value {
         let context = json!({"type": "Record", "attributes": {
             "arguments": arguments,
             "now": {"type": "Long"},
+            "client": {"type": "String", "required": false},
         }});
         actions.insert(
             tool.name.clone(),
@@ -237,12 +234,69 @@ fn join(problems: &[CedarProblem]) -> String {
         .join("; ")
 }
 
-/// A Cedar policy set validated against the tools it governs.
+/// A Cedar policy set validated against the tools it governs, ready to decide requests.
 #[derive(Debug, Clone)]
 pub struct CedarPolicies {
     policies: cedar_policy::PolicySet,
     schema: cedar_policy::Schema,
     digest: Sha256Digest,
+    /// Each tool's call action and the Cedar type of its arguments (to build a call's context).
+    tools: HashMap<String, ToolAction>,
+    list_action: cedar_policy::EntityUid,
+    call_group: cedar_policy::EntityUid,
+}
+
+#[derive(Debug, Clone)]
+struct ToolAction {
+    uid: cedar_policy::EntityUid,
+    /// The Cedar record type (JSON form) of the arguments.
+    arguments: Value,
+    /// The resource `Toolgate::Tool` with its attributes.
+    resource: cedar_policy::Entity,
+}
+
+/// Who calls, as Cedar sees it (the principal `Toolgate::Caller`).
+#[derive(Debug, Clone, Copy)]
+pub struct CedarCaller<'a> {
+    /// The entity id: the caller's identity key (`name`, `TENANT/name`, `ISSUER#TENANT/name`).
+    pub id: &'a str,
+    /// The name within its authority and tenant (attribute `name`).
+    pub name: &'a str,
+    /// How it came in: `stdio` or `http` (attribute `channel`).
+    pub channel: &'a str,
+    /// The scopes its credential holds (attribute `scopes`; empty for an unscoped credential).
+    pub scopes: &'a BTreeSet<String>,
+    /// Its tenant, when its credential names one (attribute `tenant`).
+    pub tenant: Option<&'a str>,
+    /// The roles it is a member of (`principal in Toolgate::Role::"admin"`).
+    pub roles: &'a BTreeSet<String>,
+    /// The other attributes its credential carries (an API token's `--attr`, the JWT claims an
+    /// operator maps), as the entity's tags: `principal.hasTag("dept") &&
+    /// principal.getTag("dept") == "sales"`.
+    pub attributes: &'a BTreeMap<String, String>,
+}
+
+/// What Cedar decided, and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CedarAnswer {
+    /// Whether the request is permitted.
+    pub allowed: bool,
+    /// The policies that determined the decision (their `@id`, else Cedar's positional id),
+    /// sorted: the `permit`s that matched for an allowed request, the `forbid`s that matched for
+    /// a denied one (none when no `permit` matched).
+    pub determining: Vec<String>,
+    /// What went wrong while deciding, if anything. Any error denies (see [`CedarPolicies`]).
+    pub errors: Vec<String>,
+}
+
+impl CedarAnswer {
+    fn denied(error: String) -> Self {
+        CedarAnswer {
+            allowed: false,
+            determining: Vec::new(),
+            errors: vec![error],
+        }
+    }
 }
 
 impl CedarPolicies {
@@ -263,6 +317,11 @@ impl CedarPolicies {
         Self::from_text(&text, &path.display().to_string(), tools)
     }
 
+    /// The policies a JSON policy names ([`crate::Policy::cedar`]), validated against `tools`.
+    pub fn from_source(source: &CedarSource, tools: &[ToolSignature]) -> Result<Self, CedarError> {
+        Self::from_text(source.text(), &source.path().display().to_string(), tools)
+    }
+
     /// Parses `text` (named `source_name` in errors) and validates every policy with Cedar's
     /// strict validator against the schema of `tools`: all problems are reported together, each
     /// with its policy and line.
@@ -273,18 +332,7 @@ impl CedarPolicies {
     ) -> Result<Self, CedarError> {
         let schema = cedar_policy::Schema::from_json_value(cedar_schema(tools))
             .map_err(|error| CedarError::Schema(error.to_string()))?;
-        let policies =
-            cedar_policy::PolicySet::from_str(text).map_err(|errors| CedarError::Syntax {
-                source_name: source_name.to_owned(),
-                problems: errors
-                    .iter()
-                    .map(|error| CedarProblem {
-                        policy: "?".to_owned(),
-                        line: first_line(text, error),
-                        message: error.to_string(),
-                    })
-                    .collect(),
-            })?;
+        let policies = parse(text, source_name)?;
         let validator = cedar_policy::Validator::new(schema.clone());
         let result = validator.validate(&policies, cedar_policy::ValidationMode::Strict);
         let mut problems: Vec<CedarProblem> = result
@@ -302,10 +350,25 @@ impl CedarPolicies {
                 problems,
             });
         }
+        let action = |id: &str| action_uid(id).map_err(CedarError::Schema);
+        let mut actions = HashMap::with_capacity(tools.len());
+        for tool in tools {
+            actions.insert(
+                tool.name.clone(),
+                ToolAction {
+                    uid: action(&tool.name)?,
+                    arguments: record(&tool.input_schema, &tool.input_schema, 0),
+                    resource: resource(tool).map_err(CedarError::Schema)?,
+                },
+            );
+        }
         Ok(CedarPolicies {
             policies,
             schema,
             digest: Sha256Digest::of(text.as_bytes()),
+            tools: actions,
+            list_action: action(LIST_ACTION)?,
+            call_group: action(CALL_ACTION)?,
         })
     }
 
@@ -338,6 +401,326 @@ impl CedarPolicies {
     /// The schema the policies were validated against.
     pub fn schema(&self) -> &cedar_policy::Schema {
         &self.schema
+    }
+
+    /// Whether `caller` may call `tool` with `arguments` at `now` (seconds since the Unix epoch),
+    /// the client having declared the name `client`: Cedar's decision for the tool's call action,
+    /// with the context `{arguments, now, client}`. The arguments are given to Cedar as the
+    /// tool's schema types them: members the schema does not declare (or cannot type) are left
+    /// out, and a value that does not fit its type denies the call (the gate checks arguments
+    /// against the input schema first, so that is rare). A tool the policies were not validated
+    /// against is denied, and so is any request during whose evaluation a policy errs: a `forbid`
+    /// that could not be evaluated must not let a call through.
+    pub fn authorize_call(
+        &self,
+        caller: &CedarCaller<'_>,
+        tool: &str,
+        arguments: Option<&Map<String, Value>>,
+        now: i64,
+        client: Option<&str>,
+    ) -> CedarAnswer {
+        let Some(action) = self.tools.get(tool) else {
+            return CedarAnswer::denied(format!(
+                "the Cedar policies were not checked against a tool `{tool}`"
+            ));
+        };
+        let empty = Map::new();
+        let arguments = match project_record(arguments.unwrap_or(&empty), &action.arguments) {
+            Ok(arguments) => arguments,
+            Err(error) => {
+                return CedarAnswer::denied(format!(
+                    "the arguments cannot be given to Cedar: {error}"
+                ));
+            }
+        };
+        let mut context = vec![
+            ("arguments".to_owned(), arguments),
+            ("now".to_owned(), RestrictedExpression::new_long(now)),
+        ];
+        if let Some(client) = client {
+            context.push((
+                "client".to_owned(),
+                RestrictedExpression::new_string(client.to_owned()),
+            ));
+        }
+        let context = match cedar_policy::Context::from_pairs(context) {
+            Ok(context) => context,
+            Err(error) => return CedarAnswer::denied(error.to_string()),
+        };
+        self.decide(caller, action, &action.uid, context)
+    }
+
+    /// Whether tools/list shows `tool` to `caller`: Cedar permits the action `tools/list` on it,
+    /// and the tool's call action is not denied whatever the arguments (Cedar's partial
+    /// evaluation with the context unknown does not answer Deny). So a listed tool is callable
+    /// for some arguments as far as Cedar can tell without them; a tool forbidden to the caller
+    /// outright is not listed.
+    pub fn authorize_listing(&self, caller: &CedarCaller<'_>, tool: &str) -> CedarAnswer {
+        let Some(action) = self.tools.get(tool) else {
+            return CedarAnswer::denied(format!(
+                "the Cedar policies were not checked against a tool `{tool}`"
+            ));
+        };
+        let listed = self.decide(
+            caller,
+            action,
+            &self.list_action,
+            cedar_policy::Context::empty(),
+        );
+        if !listed.allowed {
+            return listed;
+        }
+        let (entities, principal, resource) = match self.entities(caller, action, &action.uid) {
+            Ok(parts) => parts,
+            Err(error) => return CedarAnswer::denied(error),
+        };
+        let request = match cedar_policy::RequestBuilder::default()
+            .principal(principal)
+            .action(action.uid.clone())
+            .resource(resource)
+            .schema(&self.schema)
+            .build()
+        {
+            Ok(request) => request,
+            Err(error) => return CedarAnswer::denied(error.to_string()),
+        };
+        let partial = cedar_policy::Authorizer::new().is_authorized_partial(
+            &request,
+            &self.policies,
+            &entities,
+        );
+        if partial.decision() == Some(cedar_policy::Decision::Deny) {
+            let mut determining: Vec<String> = partial
+                .definitely_satisfied()
+                .filter(|policy| policy.effect() == cedar_policy::Effect::Forbid)
+                .map(|policy| policy_name(&self.policies, policy.id()))
+                .collect();
+            determining.sort();
+            return CedarAnswer {
+                allowed: false,
+                determining,
+                errors: partial
+                    .definitely_errored()
+                    .map(|id| format!("policy {} failed", policy_name(&self.policies, id)))
+                    .collect(),
+            };
+        }
+        listed
+    }
+
+    /// The entities of one request: the caller (with its roles and attributes), the tool, the
+    /// action and its group. Returns them with the caller's and the tool's uids.
+    fn entities(
+        &self,
+        caller: &CedarCaller<'_>,
+        tool: &ToolAction,
+        action: &cedar_policy::EntityUid,
+    ) -> Result<
+        (
+            cedar_policy::Entities,
+            cedar_policy::EntityUid,
+            cedar_policy::EntityUid,
+        ),
+        String,
+    > {
+        use cedar_policy::Entity;
+        let principal = entity_uid("Caller", caller.id)?;
+        let mut roles = HashSet::with_capacity(caller.roles.len());
+        for role in caller.roles {
+            roles.insert(entity_uid("Role", role)?);
+        }
+        let string = |text: &str| RestrictedExpression::new_string(text.to_owned());
+        let mut attributes = HashMap::from([
+            ("name".to_owned(), string(caller.name)),
+            ("channel".to_owned(), string(caller.channel)),
+            (
+                "scopes".to_owned(),
+                RestrictedExpression::new_set(caller.scopes.iter().map(|scope| string(scope))),
+            ),
+        ]);
+        if let Some(tenant) = caller.tenant {
+            attributes.insert("tenant".to_owned(), string(tenant));
+        }
+        let tags = caller
+            .attributes
+            .iter()
+            .map(|(key, value)| (key.clone(), string(value)));
+        let mut entities = Vec::with_capacity(4 + roles.len());
+        entities.extend(
+            roles
+                .iter()
+                .map(|role| Entity::new_no_attrs(role.clone(), HashSet::new())),
+        );
+        entities.push(
+            Entity::new_with_tags(principal.clone(), attributes, roles, tags)
+                .map_err(|e| e.to_string())?,
+        );
+        entities.push(tool.resource.clone());
+        if *action == self.list_action {
+            entities.push(Entity::new_no_attrs(action.clone(), HashSet::new()));
+        } else {
+            entities.push(Entity::new_no_attrs(
+                action.clone(),
+                HashSet::from([self.call_group.clone()]),
+            ));
+            entities.push(Entity::new_no_attrs(
+                self.call_group.clone(),
+                HashSet::new(),
+            ));
+        }
+        let entities =
+            cedar_policy::Entities::from_entities(entities, None).map_err(|e| e.to_string())?;
+        Ok((entities, principal, tool.resource.uid()))
+    }
+
+    /// Cedar's decision for `action` on `tool` by `caller` in `context`, checked against the
+    /// schema; an error anywhere denies.
+    fn decide(
+        &self,
+        caller: &CedarCaller<'_>,
+        tool: &ToolAction,
+        action: &cedar_policy::EntityUid,
+        context: cedar_policy::Context,
+    ) -> CedarAnswer {
+        let (entities, principal, resource) = match self.entities(caller, tool, action) {
+            Ok(parts) => parts,
+            Err(error) => return CedarAnswer::denied(error),
+        };
+        let request = match cedar_policy::Request::new(
+            principal,
+            action.clone(),
+            resource,
+            context,
+            Some(&self.schema),
+        ) {
+            Ok(request) => request,
+            Err(error) => return CedarAnswer::denied(error.to_string()),
+        };
+        let response =
+            cedar_policy::Authorizer::new().is_authorized(&request, &self.policies, &entities);
+        let errors: Vec<String> = response
+            .diagnostics()
+            .errors()
+            .map(ToString::to_string)
+            .collect();
+        let mut determining: Vec<String> = response
+            .diagnostics()
+            .reason()
+            .map(|id| policy_name(&self.policies, id))
+            .collect();
+        determining.sort();
+        CedarAnswer {
+            allowed: response.decision() == cedar_policy::Decision::Allow && errors.is_empty(),
+            determining,
+            errors,
+        }
+    }
+}
+
+/// Parses a policy set, every syntax error with its line.
+fn parse(text: &str, source_name: &str) -> Result<cedar_policy::PolicySet, CedarError> {
+    cedar_policy::PolicySet::from_str(text).map_err(|errors| CedarError::Syntax {
+        source_name: source_name.to_owned(),
+        problems: errors
+            .iter()
+            .map(|error| CedarProblem {
+                policy: "?".to_owned(),
+                line: first_line(text, error),
+                message: error.to_string(),
+            })
+            .collect(),
+    })
+}
+
+/// Checks that `source` parses as Cedar (what [`crate::Policy::load`] can check before the
+/// tools are known).
+pub(crate) fn check_syntax(source: &CedarSource) -> Result<(), CedarError> {
+    parse(source.text(), &source.path().display().to_string()).map(drop)
+}
+
+/// The resource `Toolgate::Tool` of `tool`, with its attributes.
+fn resource(tool: &ToolSignature) -> Result<cedar_policy::Entity, String> {
+    let flag = RestrictedExpression::new_bool;
+    let mut attributes = HashMap::from([
+        ("read_only".to_owned(), flag(tool.read_only)),
+        ("destructive".to_owned(), flag(tool.destructive)),
+        ("idempotent".to_owned(), flag(tool.idempotent)),
+        ("open_world".to_owned(), flag(tool.open_world)),
+    ]);
+    if let Some(effect) = &tool.effect {
+        attributes.insert(
+            "effect".to_owned(),
+            RestrictedExpression::new_string(effect.clone()),
+        );
+    }
+    cedar_policy::Entity::new(entity_uid("Tool", &tool.name)?, attributes, HashSet::new())
+        .map_err(|e| e.to_string())
+}
+
+fn entity_uid(kind: &str, id: &str) -> Result<cedar_policy::EntityUid, String> {
+    let kind = cedar_policy::EntityTypeName::from_str(&format!("{NAMESPACE}::{kind}"))
+        .map_err(|e| e.to_string())?;
+    Ok(cedar_policy::EntityUid::from_type_name_and_id(
+        kind,
+        cedar_policy::EntityId::new(id),
+    ))
+}
+
+fn action_uid(id: &str) -> Result<cedar_policy::EntityUid, String> {
+    entity_uid("Action", id)
+}
+
+/// The Cedar value of the JSON object `value` as the record type `shape` (the JSON form
+/// [`record`] writes) types it: declared members only, `null` ones left out.
+fn project_record(
+    value: &Map<String, Value>,
+    shape: &Value,
+) -> Result<RestrictedExpression, String> {
+    let mut fields = Vec::new();
+    if let Some(attributes) = shape.get("attributes").and_then(Value::as_object) {
+        for (name, kind) in attributes {
+            match value.get(name) {
+                None | Some(Value::Null) => {
+                    if kind.get("required") != Some(&Value::Bool(false)) {
+                        return Err(format!("`{name}` is missing"));
+                    }
+                }
+                Some(member) => fields.push((
+                    name.clone(),
+                    project(member, kind).map_err(|e| format!("`{name}`: {e}"))?,
+                )),
+            }
+        }
+    }
+    RestrictedExpression::new_record(fields).map_err(|e| e.to_string())
+}
+
+/// The Cedar value of `value` as the type `kind` (JSON form).
+fn project(value: &Value, kind: &Value) -> Result<RestrictedExpression, String> {
+    match (kind.get("type").and_then(Value::as_str), value) {
+        (Some("String"), Value::String(text)) => Ok(RestrictedExpression::new_string(text.clone())),
+        (Some("Boolean"), Value::Bool(flag)) => Ok(RestrictedExpression::new_bool(*flag)),
+        (Some("Long"), Value::Number(number)) => number
+            .as_i64()
+            .or_else(|| {
+                number
+                    .as_f64()
+                    .filter(|f| f.fract() == 0.0 && f.abs() < 9.0e15)
+                    .map(|f| f as i64)
+            })
+            .map(RestrictedExpression::new_long)
+            .ok_or_else(|| "not an integer Cedar can hold (a 64-bit integer)".to_owned()),
+        (Some("Set"), Value::Array(items)) => {
+            let element = kind.get("element").unwrap_or(&Value::Null);
+            let items = items
+                .iter()
+                .map(|item| project(item, element))
+                .collect::<Result<Vec<_>, _>>()?;
+            Ok(RestrictedExpression::new_set(items))
+        }
+        (Some("Record"), Value::Object(members)) => project_record(members, kind),
+        (Some(kind), _) => Err(format!("not a {kind}")),
+        (None, _) => Err("has no Cedar type".to_owned()),
     }
 }
 

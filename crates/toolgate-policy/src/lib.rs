@@ -110,6 +110,10 @@ pub enum PolicyError {
         /// What is wrong and how to fix it.
         reason: String,
     },
+    /// The Cedar policies the policy names do not parse, or do not fit the tools.
+    #[cfg(feature = "cedar")]
+    #[error("{0}")]
+    Cedar(Box<cedar::CedarError>),
     /// The file at `path` was read but its text is not a valid policy ([`Policy::load`]): a
     /// syntax, version or validity error, which `error` describes. The message names the file,
     /// so that a server with several policies (or an operator with several copies) knows which
@@ -237,7 +241,113 @@ pub struct Policy {
     pub(crate) host_requests: BTreeSet<HostRequest>,
     /// Proxied tools whose text reaches the host unwrapped (`proxy.trusted_output`).
     pub(crate) trusted_output: BTreeSet<String>,
+    /// The Cedar policies the file names (`cedar`), read with it.
+    pub(crate) cedar: Option<CedarSource>,
     pub(crate) digest: Sha256Digest,
+}
+
+/// The largest Cedar policy file read, in bytes.
+pub const MAX_CEDAR_FILE_BYTES: u64 = 4 << 20;
+
+/// The Cedar policies a policy names (its key `cedar`): the file and its text, read when the
+/// policy is loaded (and its syntax checked, in a build with the feature `cedar`). A gate
+/// validates them against its tools' contracts (`toolgate_policy::cedar::CedarPolicies`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CedarSource {
+    path: PathBuf,
+    text: std::sync::Arc<str>,
+    digest: Sha256Digest,
+}
+
+impl CedarSource {
+    /// Reads the Cedar file at `path` (at most [`MAX_CEDAR_FILE_BYTES`], a regular file or a
+    /// link to one). A build without the feature `cedar` refuses it: a policy whose Cedar step
+    /// could not run must not load as if it had none.
+    pub(crate) fn read(path: &Path) -> Result<Self, PolicyError> {
+        let io_error = |source| PolicyError::Io {
+            path: path.to_owned(),
+            source,
+        };
+        let text = toolgate_storage::read_regular_text(
+            path,
+            MAX_CEDAR_FILE_BYTES,
+            toolgate_storage::Symlinks::Follow,
+        )
+        .map_err(io_error)?
+        .ok_or_else(|| io_error(std::io::ErrorKind::NotFound.into()))?;
+        #[cfg(not(feature = "cedar"))]
+        {
+            let _ = text;
+            Err(PolicyError::Invalid {
+                reason: format!(
+                    "the policy names Cedar policies ({}) but this build has no Cedar support; build with the feature `cedar` (on by default in toolgate-server), or remove the key \"cedar\"",
+                    path.display()
+                ),
+            })
+        }
+        #[cfg(feature = "cedar")]
+        {
+            let source = CedarSource {
+                path: path.to_owned(),
+                digest: Sha256Digest::of(text.as_bytes()),
+                text: text.into(),
+            };
+            cedar::check_syntax(&source).map_err(|error| PolicyError::Cedar(Box::new(error)))?;
+            Ok(source)
+        }
+    }
+
+    /// The file.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Its text.
+    pub fn text(&self) -> &str {
+        &self.text
+    }
+
+    /// The SHA-256 of its text: the digest of the policy set, in every audit record it decides.
+    pub fn digest(&self) -> Sha256Digest {
+        self.digest
+    }
+}
+
+/// A tool as Cedar sees it (from the tool's contract in `toolgate.lock`): its name, the JSON
+/// Schema of its arguments (the call action's context), and the attributes of the resource
+/// `Toolgate::Tool` (its annotations with the spec's defaults, and its effect class).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ToolSignature {
+    /// The tool's name (the call action's id).
+    pub name: String,
+    /// The tool's `inputSchema`.
+    pub input_schema: Value,
+    /// `readOnlyHint` (default false).
+    pub read_only: bool,
+    /// `destructiveHint` (default true).
+    pub destructive: bool,
+    /// `idempotentHint` (default false).
+    pub idempotent: bool,
+    /// `openWorldHint` (default true).
+    pub open_world: bool,
+    /// Its effect class in the JSON policy's `effects`, if any.
+    pub effect: Option<String>,
+}
+
+impl ToolSignature {
+    /// The tool `name` with `input_schema`, its annotations at the spec's defaults and no
+    /// effect class.
+    pub fn new(name: impl Into<String>, input_schema: Value) -> Self {
+        ToolSignature {
+            name: name.into(),
+            input_schema,
+            read_only: false,
+            destructive: true,
+            idempotent: false,
+            open_world: true,
+            effect: None,
+        }
+    }
 }
 
 /// A request a proxied upstream sends to the host (`proxy.host_requests`). A proxy forwards one
@@ -351,7 +461,7 @@ impl Policy {
         )
         .map_err(io_error)?
         .ok_or_else(|| io_error(std::io::ErrorKind::NotFound.into()))?;
-        Self::from_json(&text).map_err(|error| PolicyError::File {
+        Self::from_json_in(&text, path.parent()).map_err(|error| PolicyError::File {
             path: path.to_owned(),
             error: Box::new(error),
         })
@@ -456,8 +566,14 @@ impl Policy {
             .collect()
     }
 
+    /// The Cedar policies this policy names (`cedar`), if any.
+    pub fn cedar(&self) -> Option<&CedarSource> {
+        self.cedar.as_ref()
+    }
+
     /// The SHA-256 of the canonical JSON of the policy file as loaded: names the policy in force
-    /// independently of whitespace and key order.
+    /// independently of whitespace and key order. With Cedar policies (`cedar`) it covers their
+    /// text too: the digest of `{"json": <that digest>, "cedar": <the Cedar text's digest>}`.
     pub fn digest(&self) -> Sha256Digest {
         self.digest
     }
@@ -720,6 +836,29 @@ mod tests {
     use serde_json::json;
 
     const REFERENCE: &str = include_str!("../../../fixtures/policy.json");
+
+    /// Without Cedar support a policy that names Cedar policies is refused, never loaded as if
+    /// it had none (`.ci/run` runs this crate's unit tests on their own, without the feature).
+    #[cfg(not(feature = "cedar"))]
+    #[test]
+    fn a_policy_naming_cedar_is_refused_without_cedar_support() {
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        std::fs::write(
+            dir.path().join("p.cedar"),
+            "permit(principal, action, resource);",
+        )
+        .expect("writes");
+        std::fs::write(
+            dir.path().join("policy.json"),
+            r#"{"version": 1, "allow": ["a"], "cedar": "p.cedar"}"#,
+        )
+        .expect("writes");
+        let error = Policy::load(&dir.path().join("policy.json")).expect_err("refused");
+        assert!(
+            error.to_string().contains("no Cedar support") && error.to_string().contains("p.cedar"),
+            "{error}"
+        );
+    }
 
     fn reference() -> Policy {
         Policy::from_json(REFERENCE).expect("the reference policy loads")

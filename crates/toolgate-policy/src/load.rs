@@ -1,6 +1,7 @@
 //! The strict version-1 loader: raw structures in, a valid [`Policy`] out.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
 
 use serde_json::Value;
 use toolgate_canon::Sha256Digest;
@@ -139,6 +140,12 @@ fn compile_rules(
 impl Policy {
     /// Parses a policy from JSON text.
     pub fn from_json(text: &str) -> Result<Self, PolicyError> {
+        Self::from_json_in(text, None)
+    }
+
+    /// [`Policy::from_json`] for a policy read from a file in `dir` (or, `None`, from the
+    /// current directory): a relative `cedar` path is read from there.
+    pub(crate) fn from_json_in(text: &str, dir: Option<&Path>) -> Result<Self, PolicyError> {
         // Check the version before the strict parse, so that a file written for a newer format
         // reports "unsupported version" rather than an unknown key of that format.
         let loose: Value = serde_json::from_str(text).map_err(|e| syntax(&e))?;
@@ -383,6 +390,19 @@ impl Policy {
             }
         }
 
+        let json_digest = Sha256Digest::of_json(&loose);
+        let cedar = raw
+            .cedar
+            .map(|path| crate::CedarSource::read(&dir.unwrap_or(Path::new(".")).join(path)))
+            .transpose()?;
+        // A policy with Cedar is named by both texts, so that editing either is a new policy.
+        let digest = match &cedar {
+            None => json_digest,
+            Some(cedar) => Sha256Digest::of_json(&serde_json::json!({
+                "json": json_digest.to_string(),
+                "cedar": cedar.digest().to_string(),
+            })),
+        };
         Ok(Policy {
             allow,
             deny,
@@ -402,7 +422,8 @@ impl Policy {
             scopes,
             host_requests,
             trusted_output,
-            digest: Sha256Digest::of_json(&loose),
+            cedar,
+            digest,
         })
     }
 }

@@ -66,6 +66,9 @@ pub fn json_schema() -> Value {
     let mut schema = Value::from(schemars::schema_for!(RawPolicy));
     schema["$id"] = Value::from(SCHEMA_ID);
     schema["title"] = Value::from("toolgate policy, version 1");
+    // Keys in one order whatever serde_json's maps keep (a build with Cedar keeps insertion
+    // order), so the published file is the same from every build.
+    schema.sort_all_objects();
     schema
 }
 
@@ -147,6 +150,12 @@ pub(crate) struct RawPolicy {
     #[serde(default, deserialize_with = "present")]
     #[schemars(with = "RawProxy")]
     pub(crate) proxy: Option<RawProxy>,
+    /// A file of Cedar policies that every call must also satisfy (a path, relative to this
+    /// policy file): a call runs only when this policy allows it and Cedar permits it. Needs a
+    /// build with Cedar (feature `cedar`); see docs/policy.md, "Cedar".
+    #[serde(default, deserialize_with = "present")]
+    #[schemars(with = "String")]
+    pub(crate) cedar: Option<String>,
 }
 
 /// `proxy` as written: what a proxied upstream may ask of the host, and whose text is trusted.

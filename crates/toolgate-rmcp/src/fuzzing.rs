@@ -71,6 +71,8 @@ impl ArgumentChecker {
             policy: Arc::new(policy.clone()),
             contract_digest: None,
             tool_contract_digests: Default::default(),
+            tools: None,
+            cedar: None,
         };
         let meta = rmcp::model::RequestMetaObject::default();
         let caller = crate::world::Caller {
@@ -91,6 +93,7 @@ impl ArgumentChecker {
             sent: arguments,
             meta: &meta,
             decision: &decision,
+            cedar_policies: Default::default(),
             args_digest: toolgate_canon::Sha256Digest::of_json_object(
                 arguments.unwrap_or(&Map::new()),
             ),

@@ -102,6 +102,9 @@ pub enum GateError {
     /// could not be computed.
     #[error("cannot compute the server's contract from its toolgate.lock: {0}")]
     Contract(Box<dyn std::error::Error + Send + Sync>),
+    /// The policy's Cedar policies do not fit the tools, or cannot be enforced here.
+    #[error("{0}")]
+    Cedar(Box<dyn std::error::Error + Send + Sync>),
     /// The ledger's exactly-once store could not be opened.
     #[error("cannot open the ledger's effect store: {0}")]
     Effects(#[from] toolgate_commit::EffectError),
@@ -247,6 +250,8 @@ pub struct GatedBuilder<H> {
     unavailable: Option<Arc<dyn UnavailableTools>>,
     contract_digest: Option<Sha256Digest>,
     tool_contract_digests: BTreeMap<String, Sha256Digest>,
+    /// The tools as the live contract describes them, for Cedar.
+    tools: Option<Arc<[toolgate_policy::ToolSignature]>>,
     contract_changes: BTreeMap<String, Vec<Change>>,
     /// The server's tools and the text of its committed lockfile, for the live contract.
     contract_at_build: Option<ContractAtBuild>,
@@ -440,17 +445,15 @@ impl<H: ServerHandler> GatedBuilder<H> {
         self.contract_at_build = None;
         self.contract_digest = Some(integrity);
         self.tool_contract_digests = tools;
+        self.tools = None;
         self
     }
 
     fn set_contract(&mut self, live: &toolgate_contract::lockfile::Lockfile) {
-        self.contract_digest = Some(live.integrity_digest());
-        self.tool_contract_digests = live
-            .contract()
-            .tools
-            .iter()
-            .map(|(name, contract)| (name.clone(), contract.digest()))
-            .collect();
+        let (digest, digests, tools) = crate::state::contract_parts(live);
+        self.contract_digest = Some(digest);
+        self.tool_contract_digests = digests;
+        self.tools = Some(tools);
     }
 
     /// The contract computed at [`GatedBuilder::build`] under the policy loaded there, by
@@ -592,10 +595,14 @@ impl<H: ServerHandler> GatedBuilder<H> {
             ),
             Principals::Source(source) => source,
         };
+        let cedar = crate::checks::cedar::compile(&policy, self.tools.as_deref())
+            .map_err(GateError::Cedar)?;
         let state = GateState {
             policy,
             contract_digest: self.contract_digest,
             tool_contract_digests: self.tool_contract_digests,
+            tools: self.tools,
+            cedar,
         };
         let checks = Checks::new(crate::checks::Parts {
             rights: self.rights,
@@ -646,6 +653,7 @@ impl<H: ServerHandler> Gated<H> {
             unavailable: None,
             contract_digest: None,
             tool_contract_digests: BTreeMap::new(),
+            tools: None,
             contract_changes: BTreeMap::new(),
             contract_at_build: None,
         }
@@ -723,7 +731,7 @@ impl<H: ServerHandler> Gated<H> {
     pub(crate) fn listed(&self, state: &GateState, caller: &Caller, tool: &str) -> bool {
         self.inner.get_tool(tool).is_some()
             && caller.grants(&state.policy, tool)
-            && self.checks.lists(state, &caller.principal, tool)
+            && self.checks.lists(state, caller, tool)
     }
 
     /// Who makes a request, or the JSON-RPC error refusing a request without a principal.
@@ -1002,19 +1010,19 @@ impl<H: ServerHandler> ServerHandler for Gated<H> {
                 .get_tool(name)
                 .filter(|_| state.policy.visible(name));
         };
+        let caller = Caller {
+            principal,
+            credential: None,
+            client: None,
+        };
         if self.confirmations_offered(name) {
-            let caller = Caller {
-                principal,
-                credential: None,
-                client: None,
-            };
             return self
                 .offers_confirmation(&state, &caller)
                 .then(|| crate::checks::confirmation::confirmation_tool(name));
         }
         self.inner
             .get_tool(name)
-            .filter(|_| self.checks.lists(&state, &principal, name))
+            .filter(|_| self.checks.lists(&state, &caller, name))
     }
 
     fn get_info(&self) -> ServerConfig {

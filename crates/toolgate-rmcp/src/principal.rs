@@ -11,7 +11,7 @@
 //! none for this server's own credentials), its tenant and its name, so every store keeps two
 //! identities apart that share a name.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::sync::Arc;
 
@@ -94,6 +94,10 @@ pub struct VerifiedPrincipal {
     key: Arc<str>,
     scopes: Option<Arc<BTreeSet<String>>>,
     channel: Option<&'static str>,
+    /// The roles the credential names (Cedar: `principal in Toolgate::Role::"admin"`).
+    roles: Arc<BTreeSet<String>>,
+    /// Its other attributes (Cedar: the principal's tags).
+    attributes: Arc<BTreeMap<String, String>>,
 }
 
 impl VerifiedPrincipal {
@@ -107,6 +111,8 @@ impl VerifiedPrincipal {
             authority: None,
             scopes: None,
             channel: None,
+            roles: Arc::default(),
+            attributes: Arc::default(),
         })
     }
 
@@ -151,6 +157,35 @@ impl VerifiedPrincipal {
     pub fn with_channel(mut self, channel: &'static str) -> Self {
         self.channel = Some(channel);
         self
+    }
+
+    /// The same identity as a member of `roles` (from an API token's `role` attributes, or the
+    /// JWT claim an operator maps to roles): what Cedar policies test with
+    /// `principal in Toolgate::Role::"..."`. Not part of the identity key.
+    pub fn with_roles(mut self, roles: impl IntoIterator<Item = String>) -> Self {
+        self.roles = Arc::new(roles.into_iter().collect());
+        self
+    }
+
+    /// The same identity with `attributes` (an API token's other `--attr KEY=VALUE`, the JWT
+    /// claims an operator maps), which Cedar policies read as the principal's tags. Not part of
+    /// the identity key.
+    pub fn with_attributes(
+        mut self,
+        attributes: impl IntoIterator<Item = (String, String)>,
+    ) -> Self {
+        self.attributes = Arc::new(attributes.into_iter().collect());
+        self
+    }
+
+    /// The roles the credential names.
+    pub fn roles(&self) -> &BTreeSet<String> {
+        &self.roles
+    }
+
+    /// The credential's other attributes.
+    pub fn attributes(&self) -> &BTreeMap<String, String> {
+        &self.attributes
     }
 
     /// The name (within its authority and tenant).

@@ -18,6 +18,55 @@ pub struct GateState {
     pub contract_digest: Option<Sha256Digest>,
     /// Each tool's contract digest, recorded in its audit lines.
     pub tool_contract_digests: BTreeMap<String, Sha256Digest>,
+    /// The tools as their contract describes them (`None`: the gate was given no contract with
+    /// schemas): what the policy's Cedar policies are validated against, at build and reload.
+    pub(crate) tools: Option<Arc<[toolgate_policy::ToolSignature]>>,
+    /// The policy's Cedar policies, validated against `tools` (`None`: the policy names none).
+    pub(crate) cedar: Option<Arc<crate::checks::cedar::CedarSet>>,
+}
+
+impl GateState {
+    /// Takes the contract digests and the tools' signatures from `live`.
+    pub(crate) fn set_contract(&mut self, live: &toolgate_contract::lockfile::Lockfile) {
+        let (digest, tools_digests, tools) = contract_parts(live);
+        self.contract_digest = Some(digest);
+        self.tool_contract_digests = tools_digests;
+        self.tools = Some(tools);
+    }
+}
+
+/// What a gate takes from `live`, the server's live contract (its `toolgate.lock` as computed
+/// now): the integrity digest it publishes, each tool's contract digest, and the tools as Cedar
+/// sees them (name, input schema, annotations with the spec's defaults).
+pub(crate) fn contract_parts(
+    live: &toolgate_contract::lockfile::Lockfile,
+) -> (
+    Sha256Digest,
+    BTreeMap<String, Sha256Digest>,
+    Arc<[toolgate_policy::ToolSignature]>,
+) {
+    let tools = &live.contract().tools;
+    let digests = tools
+        .iter()
+        .map(|(name, contract)| (name.clone(), contract.digest()))
+        .collect();
+    let signatures = tools
+        .iter()
+        .map(|(name, contract)| {
+            let hints = contract.behavior.annotations();
+            toolgate_policy::ToolSignature {
+                read_only: hints.read_only_hint,
+                destructive: hints.destructive_hint,
+                idempotent: hints.idempotent_hint,
+                open_world: hints.open_world_hint,
+                ..toolgate_policy::ToolSignature::new(
+                    name.clone(),
+                    contract.surface.input_schema().clone(),
+                )
+            }
+        })
+        .collect();
+    (live.integrity_digest(), digests, signatures)
 }
 
 /// A replacement for the gate's state, checked and installed by [`PolicyHandle::install`].
@@ -25,10 +74,10 @@ pub struct GateState {
 pub struct Reload {
     /// The new policy, already parsed completely.
     pub policy: Policy,
-    /// The contract digest to publish from now on (`None` keeps the current one).
-    pub contract_digest: Option<Sha256Digest>,
-    /// The tools' contract digests from now on (`None` keeps the current ones).
-    pub tool_contract_digests: Option<BTreeMap<String, Sha256Digest>>,
+    /// The live contract under the new policy (`None` keeps the current one): its digest is
+    /// published from now on, each tool's is recorded in its audit lines, and the policy's
+    /// Cedar policies are validated against its tools.
+    pub contract: Option<toolgate_contract::lockfile::Lockfile>,
 }
 
 /// What a successful reload changed.
@@ -52,6 +101,10 @@ pub enum ReloadError {
         /// A tool with idempotency settings.
         tool: String,
     },
+    /// The new policy's Cedar policies do not fit the tools (every problem named with its
+    /// policy and line), or this gate cannot enforce Cedar.
+    #[error("{0}; the old policy stays in force")]
+    Cedar(String),
     /// The caller's own check refused the new state (for example: it changes an attested
     /// contract).
     #[error("{0}")]
@@ -115,17 +168,25 @@ impl PolicyHandle {
             return Err(error);
         }
         let new_digest = reload.policy.digest();
+        // Everything that can refuse the new state is computed before the swap, so a refused
+        // reload leaves the old state whole.
+        let current = self.snapshot();
+        let mut next = GateState::clone(&current);
+        if let Some(live) = &reload.contract {
+            next.set_contract(live);
+        }
+        next.cedar = match crate::checks::cedar::compile(&reload.policy, next.tools.as_deref()) {
+            Ok(cedar) => cedar,
+            Err(error) => {
+                let error = ReloadError::Cedar(error.to_string());
+                self.record_rejected(&error.to_string());
+                return Err(error);
+            }
+        };
+        next.policy = Arc::new(reload.policy);
         let old_digest = {
             let mut guard = self.state.write().unwrap_or_else(PoisonError::into_inner);
             let old = guard.policy.digest();
-            let mut next = GateState::clone(&guard);
-            next.policy = Arc::new(reload.policy);
-            if let Some(digest) = reload.contract_digest {
-                next.contract_digest = Some(digest);
-            }
-            if let Some(digests) = reload.tool_contract_digests {
-                next.tool_contract_digests = digests;
-            }
             *guard = Arc::new(next);
             old
         };

@@ -522,8 +522,7 @@ fn reload_policy_only(
     match load_policy(&options.gate.policy) {
         Ok(policy) => Ok(handle.install(toolgate::Reload {
             policy,
-            contract_digest: None,
-            tool_contract_digests: None,
+            contract: None,
         })?),
         Err(error) => {
             handle.record_rejected(&format!("{error:#}"));
@@ -547,14 +546,7 @@ pub fn reload_policy(
             .context("the new policy changes the attested tool contract")?;
         Ok(toolgate::Reload {
             policy,
-            contract_digest: Some(live.integrity_digest()),
-            tool_contract_digests: Some(
-                live.contract()
-                    .tools
-                    .iter()
-                    .map(|(name, contract)| (name.clone(), contract.digest()))
-                    .collect(),
-            ),
+            contract: Some(live),
         })
     })();
     match prepared {

@@ -123,9 +123,11 @@ pub fn server_contract(
 pub fn cedar_schema_of(tools: &[Tool]) -> Value {
     let signatures: Vec<toolgate_policy::cedar::ToolSignature> = tools
         .iter()
-        .map(|tool| toolgate_policy::cedar::ToolSignature {
-            name: tool.name.to_string(),
-            input_schema: Value::Object((*tool.input_schema).clone()),
+        .map(|tool| {
+            toolgate_policy::cedar::ToolSignature::new(
+                tool.name.to_string(),
+                Value::Object((*tool.input_schema).clone()),
+            )
         })
         .collect();
     toolgate_policy::cedar::cedar_schema(&signatures)

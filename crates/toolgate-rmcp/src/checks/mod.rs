@@ -61,6 +61,7 @@ use crate::state::GateState;
 
 pub(crate) mod arguments;
 pub(crate) mod batch;
+pub(crate) mod cedar;
 pub(crate) mod confirmation;
 pub(crate) mod duplicates;
 pub(crate) mod exactly_once;
@@ -109,6 +110,9 @@ pub(crate) struct Call<'a> {
     pub(crate) meta: &'a RequestMetaObject,
     /// What the policy decided for this principal, tool and arguments.
     pub(crate) decision: &'a Decision,
+    /// The Cedar policies that determined the call, once Cedar decided it (`checks::cedar`).
+    #[cfg_attr(not(feature = "cedar"), allow(dead_code))]
+    pub(crate) cedar_policies: std::sync::OnceLock<Vec<String>>,
     /// The digest of the canonical arguments as sent (absent = `{}`).
     pub(crate) args_digest: Sha256Digest,
     /// Set when the call comes back through `confirm_action`: the action the person confirmed.
@@ -169,10 +173,10 @@ pub(crate) trait Check: Send + Sync {
     /// Decides `call` before dispatch.
     fn admit<'a>(&'a self, call: &'a Call<'a>) -> Verdict<'a>;
 
-    /// Whether tools/list shows `tool` to `principal` (a tool it would hide on call must not be
+    /// Whether tools/list shows `tool` to `caller` (a tool it would hide on call must not be
     /// listed). Default: shown.
-    fn lists(&self, state: &GateState, principal: &str, tool: &str) -> bool {
-        let _ = (state, principal, tool);
+    fn lists(&self, state: &GateState, caller: &crate::world::Caller, tool: &str) -> bool {
+        let _ = (state, caller, tool);
         true
     }
 
@@ -239,10 +243,12 @@ pub(crate) struct Checks {
 impl Checks {
     /// THE order of the checks. The first that does not pass decides a call:
     ///
-    /// 1. policy allow / deny for this principal, then the rights file: hidden (-32602);
+    /// 1. policy allow / deny for this principal, then Cedar's listing (when the policy names
+    ///    Cedar policies), then the rights file: hidden (-32602);
     /// 2. kill switch: a JSON-RPC error (tools the policy exempts keep working);
     /// 3. arguments (input shape, policy argument rules, JSON Schema), then path containment
-    ///    through symbolic links, then the idempotency key's limits: an `isError` refusal;
+    ///    through symbolic links, then Cedar's decision on the call with its typed arguments,
+    ///    then the idempotency key's limits: an `isError` refusal;
     /// 4. batch guard (explicit ids, or a filter whose match count equals `expected_count`);
     /// 5. rate limits (per tool, per principal);
     /// 6. stale version: the version the call carries must be the object's current one (else a
@@ -277,10 +283,12 @@ impl Checks {
         let arguments = Arc::new(arguments::Arguments::default());
         let list: Vec<Arc<dyn Check>> = vec![
             Arc::new(visibility::Visibility),
+            Arc::new(cedar::CedarListing),
             Arc::new(rights::RightsCheck { file: parts.rights }),
             kill_switch.clone(),
             arguments.clone(),
             Arc::new(paths::PathContainment),
+            Arc::new(cedar::CedarCall),
             exactly_once.clone(),
             Arc::new(batch::BatchGuard {
                 preflight: parts.preflight.clone(),
@@ -326,10 +334,15 @@ impl Checks {
         Verdict::Pass
     }
 
-    /// Whether every check lets tools/list show `tool` to `principal`.
-    pub(crate) fn lists(&self, state: &GateState, principal: &str, tool: &str) -> bool {
+    /// Whether every check lets tools/list show `tool` to `caller`.
+    pub(crate) fn lists(
+        &self,
+        state: &GateState,
+        caller: &crate::world::Caller,
+        tool: &str,
+    ) -> bool {
         self.sequence()
-            .all(|check| check.lists(state, principal, tool))
+            .all(|check| check.lists(state, caller, tool))
     }
 
     /// A listed tool's definition as every check rewrites it.
@@ -398,7 +411,7 @@ mod tests {
             }
         }
 
-        fn lists(&self, _: &GateState, _: &str, tool: &str) -> bool {
+        fn lists(&self, _: &GateState, _: &crate::world::Caller, tool: &str) -> bool {
             tool != "deploy"
         }
 
@@ -426,6 +439,8 @@ mod tests {
             policy: Arc::new(policy.clone()),
             contract_digest: None,
             tool_contract_digests: Default::default(),
+            tools: None,
+            cedar: None,
         };
         let definition = Tool::new(tool.to_owned(), String::new(), Arc::new(JsonObject::new()));
         let input = arguments::InputShape::of_schema(&definition.input_schema);
@@ -450,6 +465,7 @@ mod tests {
             sent: None,
             meta: &meta,
             decision: &decision,
+            cedar_policies: Default::default(),
             args_digest: Sha256Digest::of_json_object(&JsonObject::new()),
             confirmed: None,
         };
@@ -472,6 +488,8 @@ mod tests {
             policy: Arc::new(policy.clone()),
             contract_digest: None,
             tool_contract_digests: Default::default(),
+            tools: None,
+            cedar: None,
         };
         let without = Checks::new(parts());
         assert_eq!(admit(&without, &policy, "deploy").await, "pass");
@@ -488,9 +506,14 @@ mod tests {
         // Checks earlier in the list decide first: a denied tool is hidden by visibility.
         assert!(admit(&with, &policy, "drop").await.starts_with("hide "));
         // tools/list asks it too; the gate's lists are the checks' lists.
-        assert!(without.lists(&state, "alice", "deploy"));
-        assert!(!with.lists(&state, "alice", "deploy"));
-        assert!(with.lists(&state, "alice", "status"));
+        let alice = crate::world::Caller {
+            principal: Arc::from("alice"),
+            credential: None,
+            client: None,
+        };
+        assert!(without.lists(&state, &alice, "deploy"));
+        assert!(!with.lists(&state, &alice, "deploy"));
+        assert!(with.lists(&state, &alice, "status"));
         // And it presents results in its place in the order.
         let mut result = CallToolResult::success(vec![ContentBlock::text("ok")]);
         let mut entry = AuditEntry::tool_call(

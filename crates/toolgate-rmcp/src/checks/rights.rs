@@ -44,7 +44,12 @@ impl super::Check for RightsCheck {
             .unwrap_or(super::Verdict::Pass)
     }
 
-    fn lists(&self, _state: &crate::state::GateState, principal: &str, tool: &str) -> bool {
-        self.refusal(principal, tool).is_none()
+    fn lists(
+        &self,
+        _state: &crate::state::GateState,
+        caller: &crate::world::Caller,
+        tool: &str,
+    ) -> bool {
+        self.refusal(&caller.principal, tool).is_none()
     }
 }

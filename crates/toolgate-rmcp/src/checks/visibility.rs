@@ -21,7 +21,7 @@ impl Check for Visibility {
         }
     }
 
-    fn lists(&self, state: &GateState, principal: &str, tool: &str) -> bool {
-        state.policy.visible_for(principal, tool)
+    fn lists(&self, state: &GateState, caller: &crate::world::Caller, tool: &str) -> bool {
+        state.policy.visible_for(&caller.principal, tool)
     }
 }

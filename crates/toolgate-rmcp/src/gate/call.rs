@@ -95,8 +95,7 @@ impl<H: ServerHandler> Gated<H> {
                 .as_ref()
                 .and_then(|unavailable| unavailable.why(&name))
                 .filter(|_| {
-                    caller.grants(&state.policy, &name)
-                        && self.checks.lists(&state, &caller.principal, &name)
+                    caller.grants(&state.policy, &name) && self.checks.lists(&state, &caller, &name)
                 });
             let (reason, error) = match &why {
                 Some(why) => (
@@ -158,21 +157,24 @@ impl<H: ServerHandler> Gated<H> {
             sent: sent.as_ref().or(arguments),
             meta: &context.meta,
             decision: &decision,
+            cedar_policies: Default::default(),
             args_digest,
             confirmed,
         };
         let request_id = self.request_id(arguments, &tool, &context.id);
         let deny = |request_id: String, reason: Reason| {
-            self.entry(
-                &state,
-                caller,
-                request_id,
-                &name,
-                AuditDecision::Deny,
-                Outcome::NotExecuted,
-                args_digest,
-            )
-            .with_reason(reason)
+            let entry = self
+                .entry(
+                    &state,
+                    caller,
+                    request_id,
+                    &name,
+                    AuditDecision::Deny,
+                    Outcome::NotExecuted,
+                    args_digest,
+                )
+                .with_reason(reason);
+            crate::checks::cedar::noted(&state, &call, entry)
         };
         if !caller.grants(&state.policy, &name) {
             // Outside the credential's scopes: as unknown as a hidden tool (an HTTP front door

@@ -1,0 +1,229 @@
+//! Cedar authorization (feature `cedar`): the Cedar policies a JSON policy names (its key
+//! `cedar`) decide lists and calls too, after the JSON policy allowed them. A call runs only when
+//! both allow it; `forbid` wins; a policy without `cedar` has no Cedar step (docs/policy.md,
+//! "Cedar").
+//!
+//! Two checks, in two places of the order: [`CedarListing`] next to the JSON policy's visibility
+//! (a tool Cedar does not list to the caller is hidden, and a call of it gets the same -32602 as
+//! an unknown tool), and [`CedarCall`] after the arguments were checked against the tool's input
+//! schema (so Cedar sees typed arguments; a call it does not permit is an `isError` refusal of
+//! the usual shape). Every record of a call that Cedar decided names the determining policies
+//! (`cedar_policies`); every call record under a policy with Cedar carries the set's digest
+//! (`cedar_digest`).
+
+use std::sync::Arc;
+
+use toolgate_audit::AuditEntry;
+use toolgate_policy::Policy;
+
+use super::{Call, Check, Verdict};
+use crate::state::GateState;
+use crate::world::Caller;
+
+/// A validated Cedar policy set (nothing can be, in a build without the feature `cedar`).
+#[cfg(feature = "cedar")]
+pub(crate) type CedarSet = toolgate_policy::cedar::CedarPolicies;
+/// A validated Cedar policy set (nothing can be, in a build without the feature `cedar`).
+#[cfg(not(feature = "cedar"))]
+pub(crate) type CedarSet = std::convert::Infallible;
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// The Cedar policies `policy` names, validated against `tools` (the live contract's); `None`
+/// when it names none. Refused when the gate has no contract to validate them against, or was
+/// built without Cedar: a policy whose Cedar step cannot run must not be served as if it had none.
+pub(crate) fn compile(
+    policy: &Policy,
+    tools: Option<&[toolgate_policy::ToolSignature]>,
+) -> Result<Option<Arc<CedarSet>>, BoxError> {
+    let Some(source) = policy.cedar() else {
+        return Ok(None);
+    };
+    #[cfg(not(feature = "cedar"))]
+    {
+        let _ = tools;
+        Err(format!(
+            "the policy names Cedar policies ({}) but this gate was built without Cedar; enable the feature `cedar` of toolgate (or toolgate-rmcp)",
+            source.path().display()
+        )
+        .into())
+    }
+    #[cfg(feature = "cedar")]
+    {
+        let Some(tools) = tools else {
+            return Err(format!(
+                "the policy's Cedar policies ({}) are validated against the tools' contracts, and this gate was given none; give it the server's live contract (GatedBuilder::contract, or the facade's locked_contract)",
+                source.path().display()
+            )
+            .into());
+        };
+        let tools: Vec<toolgate_policy::ToolSignature> = tools
+            .iter()
+            .map(|tool| toolgate_policy::ToolSignature {
+                effect: policy
+                    .effect_class(&tool.name)
+                    .map(|class| class.to_string()),
+                ..tool.clone()
+            })
+            .collect();
+        Ok(Some(Arc::new(CedarSet::from_source(source, &tools)?)))
+    }
+}
+
+/// `entry` with what Cedar contributed to the call: the set's digest whenever the policy has
+/// Cedar, and the determining policies once Cedar decided the call.
+pub(crate) fn noted(state: &GateState, call: &Call<'_>, entry: AuditEntry) -> AuditEntry {
+    #[cfg(feature = "cedar")]
+    if let Some(cedar) = &state.cedar {
+        return entry.with_cedar(call.cedar_policies.get().cloned(), cedar.digest());
+    }
+    let _ = (state, call);
+    entry
+}
+
+/// Whether Cedar lets tools/list show `tool` to `caller` (always, without Cedar).
+pub(crate) fn lists(state: &GateState, caller: &Caller, tool: &str) -> bool {
+    #[cfg(feature = "cedar")]
+    if let Some(cedar) = &state.cedar {
+        with_caller(caller, |principal| {
+            cedar.authorize_listing(principal, tool).allowed
+        })
+    } else {
+        true
+    }
+    #[cfg(not(feature = "cedar"))]
+    {
+        let _ = (state, caller, tool);
+        true
+    }
+}
+
+/// Hides what Cedar does not list to the caller.
+#[derive(Debug, Default)]
+pub(crate) struct CedarListing;
+
+impl Check for CedarListing {
+    fn admit<'a>(&'a self, call: &'a Call<'a>) -> Verdict<'a> {
+        #[cfg(feature = "cedar")]
+        if let Some(cedar) = &call.state.cedar {
+            let answer = with_caller(call.caller, |principal| {
+                cedar.authorize_listing(principal, call.name)
+            });
+            if !answer.allowed {
+                log_errors(call.name, &answer.errors);
+                let _ = call.cedar_policies.set(answer.determining);
+                return Verdict::Hide(toolgate_audit::Reason::Rule("cedar.list".to_owned()));
+            }
+        }
+        let _ = call;
+        Verdict::Pass
+    }
+
+    fn lists(&self, state: &GateState, caller: &Caller, tool: &str) -> bool {
+        lists(state, caller, tool)
+    }
+}
+
+/// Refuses a call Cedar does not permit with these arguments, now.
+#[derive(Debug, Default)]
+pub(crate) struct CedarCall;
+
+impl Check for CedarCall {
+    fn admit<'a>(&'a self, call: &'a Call<'a>) -> Verdict<'a> {
+        #[cfg(feature = "cedar")]
+        if let Some(cedar) = &call.state.cedar {
+            let now = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |since| {
+                    i64::try_from(since.as_secs()).unwrap_or(i64::MAX)
+                });
+            let client = call.caller.client.as_ref().map(|(name, _)| name.as_str());
+            let answer = with_caller(call.caller, |principal| {
+                cedar.authorize_call(principal, call.name, call.arguments, now, client)
+            });
+            let _ = call.cedar_policies.set(answer.determining.clone());
+            if !answer.allowed {
+                log_errors(call.name, &answer.errors);
+                return Verdict::Refuse(refusal(call.name, &answer));
+            }
+        }
+        let _ = call;
+        Verdict::Pass
+    }
+
+    fn annotate(&self, call: &Call<'_>, entry: &mut AuditEntry) {
+        *entry = noted(call.state, call, std::mem::replace(entry, empty_entry()));
+    }
+}
+
+/// A placeholder swapped out and back by [`CedarCall::annotate`].
+fn empty_entry() -> AuditEntry {
+    AuditEntry::tool_call(
+        String::new(),
+        String::new(),
+        toolgate_audit::AuditDecision::Allow,
+        toolgate_audit::Outcome::Error,
+        toolgate_canon::Sha256Digest::of(b""),
+    )
+}
+
+/// Runs `decide` with the caller as Cedar's principal: its identity key, and what its credential
+/// says (none for a configured stdio principal: channel `stdio`, no scopes, tenant or roles).
+#[cfg(feature = "cedar")]
+fn with_caller<T>(
+    caller: &Caller,
+    decide: impl FnOnce(&toolgate_policy::cedar::CedarCaller<'_>) -> T,
+) -> T {
+    static NONE: std::collections::BTreeSet<String> = std::collections::BTreeSet::new();
+    static NO_ATTRIBUTES: std::collections::BTreeMap<String, String> =
+        std::collections::BTreeMap::new();
+    let credential = caller.credential.as_ref();
+    decide(&toolgate_policy::cedar::CedarCaller {
+        id: &caller.principal,
+        name: credential.map_or(&*caller.principal, |c| c.name()),
+        channel: credential.and_then(|c| c.channel()).unwrap_or("stdio"),
+        scopes: credential.and_then(|c| c.scopes()).unwrap_or(&NONE),
+        tenant: credential.and_then(|c| c.tenant()),
+        roles: credential.map_or(&NONE, |c| c.roles()),
+        attributes: credential.map_or(&NO_ATTRIBUTES, |c| c.attributes()),
+    })
+}
+
+/// Evaluation errors deny (a `forbid` that could not be evaluated must not let a call through);
+/// they go to the log, not to the caller (their text can quote argument values).
+#[cfg(feature = "cedar")]
+fn log_errors(tool: &str, errors: &[String]) {
+    for error in errors {
+        tracing::warn!(%tool, %error, "a Cedar policy could not be evaluated; the request is denied");
+    }
+}
+
+/// The refusal of a call Cedar does not permit: the usual `isError` shape, naming the
+/// determining `forbid`s (or that no `permit` matched), never the arguments' values.
+#[cfg(feature = "cedar")]
+fn refusal(tool: &str, answer: &toolgate_policy::cedar::CedarAnswer) -> crate::refusal::Refusal {
+    let why = if !answer.errors.is_empty() {
+        "the Cedar policies could not decide it (the server's log says why)".to_owned()
+    } else if answer.determining.is_empty() {
+        "no Cedar policy permits it with these arguments".to_owned()
+    } else {
+        format!(
+            "forbidden by the Cedar policies {}",
+            answer.determining.join(", ")
+        )
+    };
+    let fix = "call it with arguments the policies permit, or ask an operator for the permission";
+    crate::refusal::Refusal {
+        rule: "cedar".to_owned(),
+        message: format!(
+            "Error: the call of `{tool}` is not permitted: {why}; nothing was executed. Fix: {fix}."
+        ),
+        details: serde_json::json!({
+            "error": "not_permitted",
+            "tool": tool,
+            "rule": "cedar",
+            "policies": answer.determining,
+            "fix": fix,
+        }),
+    }
+}
