@@ -1,0 +1,248 @@
+//! Cedar through the real binary: `policy schema` prints the Cedar schema of the binary's own
+//! tools for editors; a policy naming Cedar policies decides lists and calls with them (the
+//! JSON policy's decision AND Cedar's, `forbid` winning), every call record names the
+//! determining policies and the set's digest; a set that does not fit the tools stops the
+//! server from starting, and a SIGHUP with one keeps the old set.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::process::Command;
+use std::time::Instant;
+
+use common::*;
+use serde_json::{Value, json};
+
+#[test]
+fn policy_schema_prints_the_cedar_schema_of_the_tools() {
+    let output = Command::new(env!("CARGO_BIN_EXE_toolgate-server"))
+        .args(["policy", "schema"])
+        .env_remove("RUST_LOG")
+        .output()
+        .unwrap();
+    assert!(output.status.success(), "{output:?}");
+    let schema: Value = serde_json::from_slice(&output.stdout).unwrap();
+    let actions = &schema["Toolgate"]["actions"];
+    for tool in [
+        "write_note",
+        "read_ledger",
+        "rm_rf",
+        "tools/list",
+        "tools/call",
+    ] {
+        assert!(actions.get(tool).is_some(), "no action {tool}: {actions}");
+    }
+    let arguments =
+        &actions["write_note"]["appliesTo"]["context"]["attributes"]["arguments"]["attributes"];
+    assert_eq!(arguments["request_id"]["type"], "String", "{arguments}");
+    assert_eq!(arguments["text"]["type"], "String", "{arguments}");
+}
+
+const POLICY: &str = r#"{"version": 1, "allow": ["write_note", "read_ledger"], "deny": ["rm_rf"],
+  "idempotency": {"write_note": {"key_argument": "request_id", "effect": "idempotent"}},
+  "cedar": "notes.cedar"}"#;
+
+const CEDAR: &str = r#"// alice sees the tools; anybody else sees nothing.
+@id("alice-lists")
+permit(principal == Toolgate::Caller::"alice", action == Toolgate::Action::"tools/list", resource);
+
+@id("alice-reads")
+permit(principal == Toolgate::Caller::"alice", action == Toolgate::Action::"read_ledger", resource);
+
+// Only notes whose id says they are approved.
+@id("alice-writes-approved")
+permit(principal == Toolgate::Caller::"alice", action == Toolgate::Action::"write_note", resource)
+when { context.arguments.request_id like "ok-*" };
+
+@id("no-secrets")
+forbid(principal, action == Toolgate::Action::"write_note", resource)
+when { context.arguments.text like "*secret*" };
+"#;
+
+/// A test environment whose policy names `notes.cedar` holding `cedar`.
+fn cedar_env(cedar: &str) -> TestEnv {
+    let env = TestEnv::new();
+    std::fs::write(&env.policy, POLICY).unwrap();
+    std::fs::write(env.path("notes.cedar"), cedar).unwrap();
+    env
+}
+
+fn spawn_as(env: &TestEnv, principal: &str) -> Server {
+    let mut command = env.command();
+    command.arg("--principal").arg(principal);
+    Server::spawn(command, &env.path(&format!("stderr-{principal}")))
+}
+
+fn error_code(reply: &Value) -> Option<i64> {
+    reply.get("error").and_then(|e| e["code"].as_i64())
+}
+
+fn is_error(reply: &Value) -> bool {
+    result_of(reply).get("isError") == Some(&Value::Bool(true))
+}
+
+/// The last audit record of a tools/call of `tool`.
+fn last_call(env: &TestEnv, tool: &str) -> Value {
+    audit_records(&env.audit_path())
+        .into_iter()
+        .rev()
+        .find(|r| r["method"] == "tools/call" && r["name"] == tool)
+        .unwrap_or_else(|| panic!("no record of {tool}"))
+}
+
+#[test]
+fn cedar_decides_lists_and_calls_and_the_audit_names_the_determining_policies() {
+    let env = cedar_env(CEDAR);
+    let digest = sha256_hex(CEDAR.as_bytes());
+    let mut alice = spawn_as(&env, "alice");
+    alice.discover();
+    let mut listed = alice.list_tool_names();
+    listed.sort();
+    assert_eq!(listed, ["read_ledger", "write_note"]);
+
+    // Both the JSON policy and Cedar allow it.
+    let written = alice.write_note("ok-000001", "hello");
+    assert_eq!(note_status(&written), "committed", "{written}");
+    let record = last_call(&env, "write_note");
+    assert_eq!(record["decision"], "allow");
+    assert_eq!(record["cedar_policies"], json!(["alice-writes-approved"]));
+    assert_eq!(record["cedar_digest"], digest);
+
+    // No permit for this id: an isError refusal of the usual shape, nothing written.
+    let refused = alice.write_note("no-000001", "hello");
+    assert!(is_error(&refused), "{refused}");
+    let details = &result_of(&refused)["structuredContent"];
+    assert_eq!(details["rule"], "cedar", "{refused}");
+    assert_eq!(details["policies"], json!([]), "{refused}");
+    assert!(!env.note_path("no-000001").exists());
+    let record = last_call(&env, "write_note");
+    assert_eq!(
+        (&record["decision"], &record["reason"]),
+        (&json!("deny"), &json!("cedar"))
+    );
+    assert_eq!(record["cedar_policies"], json!([]));
+    assert_eq!(record["cedar_digest"], digest);
+
+    // A forbid wins over the permit, and is named.
+    let forbidden = alice.write_note("ok-000002", "my secret plan");
+    assert!(is_error(&forbidden), "{forbidden}");
+    assert!(first_text(&forbidden).contains("no-secrets"), "{forbidden}");
+    assert!(
+        !first_text(&forbidden).contains("secret plan"),
+        "{forbidden}"
+    );
+    assert!(!env.note_path("ok-000002").exists());
+    assert_eq!(
+        last_call(&env, "write_note")["cedar_policies"],
+        json!(["no-secrets"])
+    );
+    // The JSON policy still decides first: rm_rf is denied there, whatever Cedar says.
+    let denied = alice.call("rm_rf", json!({"path": "/tmp/x"}));
+    assert_eq!(error_code(&denied), Some(INVALID_PARAMS), "{denied}");
+    alice.close();
+
+    // Another principal: Cedar lists nothing, and a call is as unknown as a missing tool.
+    let mut bob = spawn_as(&env, "bob");
+    bob.discover();
+    assert!(bob.list_tool_names().is_empty());
+    let hidden = bob.call("read_ledger", json!({}));
+    assert_eq!(error_code(&hidden), Some(INVALID_PARAMS), "{hidden}");
+    let unknown = bob.call("no_such_tool", json!({}));
+    assert_eq!(hidden["error"], unknown["error"]);
+    let record = last_call(&env, "read_ledger");
+    assert_eq!(record["reason"], "cedar.list");
+    assert_eq!(record["principal"], "bob");
+    bob.close();
+    assert_verifies(&env.ledger);
+}
+
+#[test]
+fn a_cedar_set_that_does_not_fit_the_tools_stops_the_server_naming_policy_and_line() {
+    let env = cedar_env(
+        r#"@id("fine")
+permit(principal, action == Toolgate::Action::"tools/list", resource);
+@id("typo")
+permit(principal, action == Toolgate::Action::"write_note", resource)
+when { context.arguments.txt == "x" };
+"#,
+    );
+    let output = run_to_end(env.command());
+    assert!(!output.status.success());
+    let text = output_text(&output);
+    assert!(
+        text.contains("notes.cedar") && text.contains("policy typo (line 5)"),
+        "{text}"
+    );
+    assert!(!env.audit_path().exists() || audit_records(&env.audit_path()).is_empty());
+}
+
+#[test]
+fn sighup_with_a_cedar_set_that_does_not_fit_keeps_the_old_one() {
+    let env = cedar_env(CEDAR);
+    let mut alice = spawn_as(&env, "alice");
+    alice.discover();
+    let hup = |pid: u32| {
+        let status = Command::new("kill")
+            .arg("-HUP")
+            .arg(pid.to_string())
+            .status()
+            .unwrap();
+        assert!(status.success());
+    };
+    let wait_for = |server: &mut Server, outcome: &str, after: usize| -> Value {
+        let deadline = Instant::now() + TIMEOUT;
+        loop {
+            let records = audit_records(&env.audit_path());
+            if let Some(record) = records
+                .iter()
+                .skip(after)
+                .find(|r| r["method"] == "policy/reload" && r["outcome"] == outcome)
+            {
+                return record.clone();
+            }
+            assert!(
+                Instant::now() < deadline && server.is_running(),
+                "no {outcome} reload; stderr:\n{}",
+                server.stderr()
+            );
+            poll_pause();
+        }
+    };
+    // An argument the tool does not have: refused, the old set stays.
+    std::fs::write(
+        env.path("notes.cedar.new"),
+        CEDAR.replace("context.arguments.text like", "context.arguments.body like"),
+    )
+    .unwrap();
+    std::fs::rename(env.path("notes.cedar.new"), env.path("notes.cedar")).unwrap();
+    let before = audit_records(&env.audit_path()).len();
+    hup(alice.pid());
+    let rejected = wait_for(&mut alice, "rejected", before);
+    let reason = rejected["reason"].as_str().unwrap();
+    assert!(reason.contains("no-secrets"), "{reason}");
+    let forbidden = alice.write_note("ok-000003", "a secret");
+    assert!(
+        is_error(&forbidden),
+        "the old set still forbids: {forbidden}"
+    );
+
+    // A set that fits replaces it: now alice may write anything.
+    let open = CEDAR.replace("when { context.arguments.request_id like \"ok-*\" }", "");
+    let open = open.replace(
+        "when { context.arguments.text like \"*secret*\" }",
+        "when { false }",
+    );
+    std::fs::write(env.path("notes.cedar"), &open).unwrap();
+    let before = audit_records(&env.audit_path()).len();
+    hup(alice.pid());
+    wait_for(&mut alice, "reloaded", before);
+    let written = alice.write_note("any-000004", "a secret");
+    assert_eq!(note_status(&written), "committed", "{written}");
+    assert_eq!(
+        last_call(&env, "write_note")["cedar_digest"],
+        sha256_hex(open.as_bytes())
+    );
+    alice.close();
+    assert_verifies(&env.ledger);
+}
