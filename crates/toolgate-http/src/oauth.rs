@@ -60,6 +60,13 @@ pub struct OAuthOptions {
     pub principal_claim: String,
     /// The claim naming the tenant, when tenants are used; a token without it is refused.
     pub tenant_claim: Option<String>,
+    /// The claim naming the caller's roles for Cedar policies (`principal in
+    /// Toolgate::Role::"NAME"`): a string (space-separated names) or an array of strings; role
+    /// names that are not principal names are ignored. `None` (the default): no roles.
+    pub roles_claim: Option<String>,
+    /// Claims given to Cedar policies as the principal's tags (`principal.getTag("dept")`):
+    /// string claims only (numbers and booleans as their JSON text; others are left out).
+    pub attribute_claims: Vec<String>,
     /// A key set older than this is fetched again on the next token (5 minutes by default).
     pub refresh_after: Duration,
     /// The shortest time from the end of one fetch (successful or not) to the start of the next
@@ -137,6 +144,8 @@ impl OAuthOptions {
             audience: audience.into(),
             principal_claim: "sub".to_owned(),
             tenant_claim: None,
+            roles_claim: None,
+            attribute_claims: Vec::new(),
             refresh_after: Duration::from_secs(300),
             refetch_cooldown: Duration::from_secs(10),
             fetch_timeout: DEFAULT_FETCH_TIMEOUT,
@@ -682,7 +691,33 @@ fn principal_of(
             _ => {}
         }
     }
-    Ok(principal.with_scopes(scopes).with_channel("http"))
+    let mut roles = BTreeSet::new();
+    if let Some(claim) = &options.roles_claim {
+        let names: Vec<&str> = match claims.get(claim) {
+            Some(Value::String(list)) => list.split_ascii_whitespace().collect(),
+            Some(Value::Array(list)) => list.iter().filter_map(Value::as_str).collect(),
+            _ => Vec::new(),
+        };
+        roles.extend(
+            names
+                .into_iter()
+                .filter(|name| toolgate_canon::names::is_principal_name(name))
+                .map(str::to_owned),
+        );
+    }
+    let attributes = options.attribute_claims.iter().filter_map(|claim| {
+        let value = match claims.get(claim)? {
+            Value::String(text) => text.clone(),
+            value @ (Value::Number(_) | Value::Bool(_)) => value.to_string(),
+            _ => return None,
+        };
+        Some((claim.clone(), value))
+    });
+    Ok(principal
+        .with_scopes(scopes)
+        .with_roles(roles)
+        .with_attributes(attributes.collect::<Vec<_>>())
+        .with_channel("http"))
 }
 
 fn check_jwks_url(url: &str) -> Result<(), OAuthError> {

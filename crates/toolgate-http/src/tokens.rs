@@ -15,6 +15,7 @@
 //! the epoch). Changes are read-modify-write under a lock file and written through the storage
 //! floor's durable replace (temporary file, fdatasync, rename, directory fsync).
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -50,6 +51,12 @@ pub struct TokenInfo {
     /// The scopes it is limited to; `None`: not scoped (the policy and the rights decide alone).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub scopes: Option<Vec<String>>,
+    /// The roles it carries (`--attr role=NAME`), for Cedar policies.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub roles: Vec<String>,
+    /// Its other attributes (`--attr KEY=VALUE`), for Cedar policies (the principal's tags).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub attributes: BTreeMap<String, String>,
     /// When it was created, ns since the epoch.
     #[serde(with = "ns_text")]
     pub created_ns: u64,
@@ -72,6 +79,10 @@ pub struct TokenSpec {
     pub scopes: Option<Vec<String>>,
     /// How long it is accepted; `None`: until revoked.
     pub valid_for: Option<Duration>,
+    /// Attributes as `(key, value)` pairs (`token create --attr KEY=VALUE`): the key `role`
+    /// (repeatable) names a role, any other key (once each) an attribute; Cedar policies read
+    /// them (docs/policy.md, "Cedar").
+    pub attributes: Vec<(String, String)>,
 }
 
 impl TokenSpec {
@@ -154,6 +165,14 @@ pub enum TokenError {
     InvalidScope {
         /// The scope given.
         scope: String,
+    },
+    /// An attribute (`--attr KEY=VALUE`) is malformed; nothing was created.
+    #[error("invalid token attribute `{key}`: {problem}; no token was created")]
+    InvalidAttribute {
+        /// The key given.
+        key: String,
+        /// What is wrong with it or its value.
+        problem: String,
     },
     /// The operating system's random number generator failed; no token was created.
     #[error("cannot draw a token from the operating system's random number generator: {cause}")]
@@ -309,6 +328,7 @@ impl ApiTokens {
                 scope: scope.clone(),
             });
         }
+        let (roles, attributes) = token_attributes(&spec.attributes)?;
         let mut secret = [0u8; 32];
         getrandom::fill(&mut secret).map_err(|e| TokenError::Random {
             cause: e.to_string(),
@@ -325,6 +345,8 @@ impl ApiTokens {
             principal: spec.principal.clone(),
             tenant: spec.tenant.clone(),
             scopes: spec.scopes.clone(),
+            roles,
+            attributes,
             created_ns,
             expires_ns: spec.valid_for.map(|d| {
                 created_ns.saturating_add(u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
@@ -393,8 +415,67 @@ impl ApiTokens {
         if let Some(scopes) = &token.scopes {
             principal = principal.with_scopes(scopes.iter().cloned());
         }
+        let principal = principal
+            .with_roles(token.roles.iter().cloned())
+            .with_attributes(token.attributes.clone());
         Ok((principal.with_channel("http"), token.id.clone()))
     }
+}
+
+/// The longest attribute key and value of a token.
+const MAX_ATTRIBUTE_KEY: usize = 64;
+const MAX_ATTRIBUTE_VALUE: usize = 256;
+
+/// A token's roles and attributes from `--attr KEY=VALUE` pairs: `role` (repeatable) names a
+/// role (a principal name); any other key, once, an attribute. Keys are 1 to 64 of `a-z`, `0-9`,
+/// `_` starting with a letter; values 1 to 256 characters without control characters.
+fn token_attributes(
+    pairs: &[(String, String)],
+) -> Result<(Vec<String>, BTreeMap<String, String>), TokenError> {
+    let invalid = |key: &str, problem: &str| TokenError::InvalidAttribute {
+        key: key.to_owned(),
+        problem: problem.to_owned(),
+    };
+    let mut roles = Vec::new();
+    let mut attributes = BTreeMap::new();
+    for (key, value) in pairs {
+        let key_ok = key.len() <= MAX_ATTRIBUTE_KEY
+            && key.starts_with(|c: char| c.is_ascii_lowercase())
+            && key
+                .bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_');
+        if !key_ok {
+            return Err(invalid(
+                key,
+                "a key is 1 to 64 of a-z, 0-9 and '_', starting with a letter",
+            ));
+        }
+        if key == "role" {
+            if !toolgate_canon::names::is_principal_name(value) {
+                return Err(invalid(
+                    key,
+                    "a role is 1 to 128 characters from A-Z, a-z, 0-9, '_', '.', '@', ':' and '-'",
+                ));
+            }
+            if !roles.contains(value) {
+                roles.push(value.clone());
+            }
+            continue;
+        }
+        if value.is_empty()
+            || value.chars().count() > MAX_ATTRIBUTE_VALUE
+            || value.chars().any(char::is_control)
+        {
+            return Err(invalid(
+                key,
+                "a value is 1 to 256 characters without control characters",
+            ));
+        }
+        if attributes.insert(key.clone(), value.clone()).is_some() {
+            return Err(invalid(key, "given twice; only `role` may repeat"));
+        }
+    }
+    Ok((roles, attributes))
 }
 
 /// The public id of `token`: the first 12 hex characters of its SHA-256.

@@ -228,6 +228,19 @@ struct HttpArgs {
     /// The claim naming the tenant; tokens without it are refused.
     #[arg(long, env = "TOOLGATE_OAUTH_TENANT_CLAIM", requires = "oauth_issuer")]
     oauth_tenant_claim: Option<String>,
+    /// The claim naming the caller's roles for Cedar policies (a string of space-separated
+    /// names, or an array of strings).
+    #[arg(long, env = "TOOLGATE_OAUTH_ROLES_CLAIM", requires = "oauth_issuer")]
+    oauth_roles_claim: Option<String>,
+    /// A claim given to Cedar policies as a tag of the principal (repeat for several).
+    #[arg(
+        long = "oauth-attribute-claim",
+        value_name = "CLAIM",
+        env = "TOOLGATE_OAUTH_ATTRIBUTE_CLAIMS",
+        value_delimiter = ',',
+        requires = "oauth_issuer"
+    )]
+    oauth_attribute_claims: Vec<String>,
     /// Seconds from the end of one fetch of the key set (successful or not) to the start of the
     /// next (default 10); meanwhile tokens are judged at once with the keys known.
     #[arg(long, env = "TOOLGATE_OAUTH_JWKS_COOLDOWN", requires = "oauth_issuer")]
@@ -355,6 +368,8 @@ fn serve_http(paths: &ServerOptions, addr: std::net::SocketAddr, web: HttpArgs) 
             oauth.principal_claim = claim;
         }
         oauth.tenant_claim = web.oauth_tenant_claim;
+        oauth.roles_claim = web.oauth_roles_claim;
+        oauth.attribute_claims = web.oauth_attribute_claims;
         if let Some(secs) = web.oauth_jwks_timeout {
             oauth.fetch_timeout = std::time::Duration::from_secs(secs);
         }

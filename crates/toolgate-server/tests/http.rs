@@ -2056,3 +2056,197 @@ fn a_session_is_bound_to_the_whole_identity_and_a_refused_delete_keeps_it() {
         ["bad_request"]
     );
 }
+
+/// Cedar policies over HTTP: roles and tenants from API tokens (`--attr role=…`) and from OAuth
+/// claims (`--oauth-roles-claim`), on one server; lists, calls and refusals follow the Cedar
+/// policy, a tenant never reaches another tenant's tool, and the audit names the determining
+/// policies.
+#[cfg(feature = "cedar")]
+#[test]
+fn cedar_roles_and_tenants_from_tokens_decide_lists_and_calls() {
+    use issuer::{Jwks, Key, claims};
+
+    let env = TestEnv::new();
+    let mut policy: Value =
+        serde_json::from_str(&std::fs::read_to_string(&env.policy).unwrap()).unwrap();
+    policy["cedar"] = json!("roles.cedar");
+    std::fs::write(&env.policy, policy.to_string()).unwrap();
+    let cedar = r#"
+@id("everyone-lists")
+permit(principal, action == Toolgate::Action::"tools/list", resource);
+
+@id("readers-read")
+permit(principal in Toolgate::Role::"reader", action == Toolgate::Action::"read_ledger", resource);
+
+@id("writers-write-approved")
+permit(principal in Toolgate::Role::"writer", action == Toolgate::Action::"write_note", resource)
+when { context.arguments.text like "ok*" };
+
+// write_note belongs to tenant acme: no other tenant reaches it, whatever its roles.
+@id("acme-only")
+forbid(principal, action == Toolgate::Action::"write_note", resource)
+unless { principal has tenant && principal.tenant == "acme" };
+"#;
+    std::fs::write(env.path("roles.cedar"), cedar).unwrap();
+    let alice = create_token(
+        &env,
+        "alice",
+        &[
+            "--tenant",
+            "acme",
+            "--attr",
+            "role=writer",
+            "--attr",
+            "role=reader",
+        ],
+    );
+    let bob = create_token(&env, "bob", &["--tenant", "acme", "--attr", "role=reader"]);
+    let carol = create_token(
+        &env,
+        "carol",
+        &[
+            "--tenant",
+            "globex",
+            "--attr",
+            "role=writer",
+            "--attr",
+            "dept=sales",
+        ],
+    );
+    // Malformed attributes create nothing.
+    for bad in [
+        ["--attr", "role"],
+        ["--attr", "Dept=x"],
+        ["--attr", "role=a b"],
+    ] {
+        let output = common::run_to_end({
+            let mut command = env.command();
+            command
+                .args(["token", "create", "--principal", "dave"])
+                .args(bad);
+            command
+        });
+        assert!(!output.status.success(), "{bad:?}");
+    }
+    let k1 = Key::ed25519("k1");
+    let jwks = Jwks::serve(&[&k1]);
+    let server = start_oauth(
+        &env,
+        &jwks,
+        &[
+            "--oauth-roles-claim",
+            "roles",
+            "--oauth-tenant-claim",
+            "org",
+        ],
+    );
+    let oauth = {
+        let mut claims = claims(&format!("http://127.0.0.1:{}/mcp", server.port), "erin", "");
+        claims["org"] = json!("acme");
+        claims["roles"] = json!(["writer"]);
+        k1.sign(&claims)
+    };
+    let write = |text: &str, id: &str| json!({"name": "write_note", "arguments": {"request_id": id, "text": text}});
+    let listed = |token: &str, id: u64| {
+        let (_, reply) = server.call(token, id, "tools/list", json!({}));
+        let mut names = listed_names(&reply);
+        names.sort();
+        names
+    };
+
+    assert_eq!(listed(&alice, 1), ["read_ledger", "write_note"]);
+    assert_eq!(listed(&bob, 2), ["read_ledger"]);
+    assert_eq!(listed(&carol, 3), Vec::<String>::new());
+    assert_eq!(listed(&oauth, 4), ["write_note"]);
+
+    let (_, ok) = server.call(
+        &alice,
+        5,
+        "tools/call",
+        write("ok from alice", "req-cedar-0001"),
+    );
+    assert_eq!(status_of(&ok), "committed", "{ok}");
+    let (_, refused) = server.call(
+        &alice,
+        6,
+        "tools/call",
+        write("unapproved", "req-cedar-0002"),
+    );
+    assert_eq!(refused["result"]["isError"], json!(true), "{refused}");
+    assert_eq!(
+        refused["result"]["structuredContent"]["rule"], "cedar",
+        "{refused}"
+    );
+    assert!(!env.note_path("req-cedar-0002").exists());
+    // A tool Cedar does not list is as unknown as a missing one, for a role or a tenant.
+    for (token, id) in [(&bob, 7), (&carol, 8)] {
+        let (status, hidden) = server.call(token, id, "tools/call", write("ok", "req-cedar-0003"));
+        assert_eq!(status, 200, "{hidden}");
+        assert_eq!(hidden["error"]["code"], json!(-32602), "{hidden}");
+    }
+    assert!(!env.note_path("req-cedar-0003").exists());
+    let (_, ok) = server.call(
+        &oauth,
+        9,
+        "tools/call",
+        write("ok from erin", "req-cedar-0004"),
+    );
+    assert_eq!(status_of(&ok), "committed", "{ok}");
+    let (_, read) = server.call(
+        &bob,
+        10,
+        "tools/call",
+        json!({"name": "read_ledger", "arguments": {}}),
+    );
+    assert_ne!(read["result"]["isError"], json!(true), "{read}");
+    drop(server);
+
+    let records = env.audit_records();
+    let calls: Vec<(&str, &str, &str, Value)> = records
+        .iter()
+        .filter(|r| r["method"] == "tools/call")
+        .map(|r| {
+            (
+                r["principal"].as_str().unwrap(),
+                r["name"].as_str().unwrap(),
+                r["reason"].as_str().unwrap_or(""),
+                r["cedar_policies"].clone(),
+            )
+        })
+        .collect();
+    let erin = format!("{}#acme/erin", issuer::ISSUER);
+    assert_eq!(
+        calls,
+        [
+            (
+                "acme/alice",
+                "write_note",
+                "allow",
+                json!(["writers-write-approved"])
+            ),
+            ("acme/alice", "write_note", "cedar", json!([])),
+            ("acme/bob", "write_note", "cedar.list", json!([])),
+            (
+                "globex/carol",
+                "write_note",
+                "cedar.list",
+                json!(["acme-only"])
+            ),
+            (
+                erin.as_str(),
+                "write_note",
+                "allow",
+                json!(["writers-write-approved"])
+            ),
+            ("acme/bob", "read_ledger", "allow", json!(["readers-read"])),
+        ]
+    );
+    let digest = common::sha256_hex(cedar.as_bytes());
+    assert!(
+        records
+            .iter()
+            .filter(|r| r["method"] == "tools/call")
+            .all(|r| r["cedar_digest"] == digest.as_str())
+    );
+    assert!(env.audit_verify().status.success());
+}

@@ -38,7 +38,7 @@ pub const PROTOCOL_2026: &str = "2026-07-28";
 pub const INVALID_PARAMS: i64 = -32602;
 
 /// Environment variables a test process might inherit that would change the server's behaviour.
-const SCRUBBED_ENV: [&str; 27] = [
+const SCRUBBED_ENV: [&str; 29] = [
     "TOOLGATE_STORE",
     "RUST_LOG",
     "TOOLGATE_AUDIT_KEY_FILE",
@@ -63,6 +63,8 @@ const SCRUBBED_ENV: [&str; 27] = [
     "TOOLGATE_OAUTH_AUDIENCE",
     "TOOLGATE_OAUTH_PRINCIPAL_CLAIM",
     "TOOLGATE_OAUTH_TENANT_CLAIM",
+    "TOOLGATE_OAUTH_ROLES_CLAIM",
+    "TOOLGATE_OAUTH_ATTRIBUTE_CLAIMS",
     "TOOLGATE_OAUTH_JWKS_COOLDOWN",
     "TOOLGATE_HTTP_REQUEST_TIMEOUT",
     "TOOLGATE_HTTP_HEADER_TIMEOUT",

@@ -187,6 +187,13 @@ pub enum RightsCommand {
 }
 
 /// `token ...`.
+/// `KEY=VALUE`, split at the first `=` (the token store checks both halves).
+fn key_value(text: &str) -> Result<(String, String), String> {
+    text.split_once('=')
+        .map(|(key, value)| (key.to_owned(), value.to_owned()))
+        .ok_or_else(|| format!("expected KEY=VALUE, e.g. role=admin, got {text:?}"))
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, clap::Subcommand)]
 #[non_exhaustive]
 pub enum TokenCommand {
@@ -205,6 +212,11 @@ pub enum TokenCommand {
         /// scopes are then reachable only with one of theirs. Default: not scoped.
         #[arg(long = "scope", value_name = "SCOPE")]
         scopes: Vec<String>,
+        /// An attribute for Cedar policies (repeat for several): `role=NAME` makes the caller a
+        /// member of that role (`principal in Toolgate::Role::"NAME"`; repeatable), any other
+        /// `KEY=VALUE` a tag of the principal (`principal.getTag("KEY")`).
+        #[arg(long = "attr", value_name = "KEY=VALUE", value_parser = key_value)]
+        attributes: Vec<(String, String)>,
     },
     /// List the tokens: id, principal, expiry, revocation.
     List,
@@ -702,12 +714,14 @@ fn token(
             expires_in,
             tenant,
             scopes,
+            attributes,
         } => {
             let spec = toolgate_http::tokens::TokenSpec {
                 principal: principal.clone(),
                 tenant: tenant.clone(),
                 scopes: (!scopes.is_empty()).then(|| scopes.clone()),
                 valid_for: expires_in.map(std::time::Duration::from_secs),
+                attributes: attributes.clone(),
             };
             let created = super::create_token(&tokens, gate.audit()?.as_ref(), &spec)?;
             writeln!(
