@@ -68,7 +68,7 @@ enum Command {
         #[arg(long, value_name = "ADDR")]
         http: Option<std::net::SocketAddr>,
         #[command(flatten)]
-        web: HttpArgs,
+        web: Box<HttpArgs>,
     },
     /// Gate an MCP server toolgate did not build: start it as a child over stdio and serve it
     /// to the host through the gate, its tools as pinned by `proxy lock` (docs/proxy.md).
@@ -537,7 +537,7 @@ fn main() -> ExitCode {
     };
     let command = cli.command.unwrap_or(Command::Serve {
         http: None,
-        web: HttpArgs::default(),
+        web: Box::default(),
     });
     #[cfg(feature = "otel")]
     if matches!(command, Command::Serve { .. } | Command::Proxy(_)) {
@@ -574,7 +574,7 @@ fn run(paths: &ServerOptions, command: Command) -> ExitCode {
         Command::Serve {
             http: Some(addr),
             web,
-        } => serve_http(paths, addr, web),
+        } => serve_http(paths, addr, *web),
         Command::Proxy(args) => proxy_command(paths, args),
         Command::Operator(command) => command.run(&paths.gate, toolgate_server::SERVER_NAME),
         Command::Contract { command } => match contract_command(&command, paths) {
