@@ -617,6 +617,142 @@ impl CedarPolicies {
     }
 }
 
+/// One request as `toolgate-server policy test` and `policy explain` state it: a caller with its
+/// attributes, a tool, its arguments, the time and the client's name.
+#[derive(Debug, Clone, Default, PartialEq, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Request {
+    /// The caller.
+    pub principal: Principal,
+    /// The tool called (or listed).
+    pub tool: String,
+    /// The call's arguments (absent: `{}`).
+    #[serde(default)]
+    pub arguments: Map<String, Value>,
+    /// The time of the call, seconds since the Unix epoch (absent: now).
+    #[serde(default)]
+    pub now: Option<i64>,
+    /// The name the client declared.
+    #[serde(default)]
+    pub client: Option<String>,
+}
+
+/// A caller as a test case states it (what a credential would say).
+#[derive(Debug, Clone, Default, PartialEq, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Principal {
+    /// The identity key (`alice`, `acme/alice`, `ISSUER#acme/alice`): the JSON policy's
+    /// principal and the Cedar entity id.
+    pub id: String,
+    /// The name within its tenant (absent: the id).
+    #[serde(default)]
+    pub name: Option<String>,
+    /// `stdio` (the default) or `http`.
+    #[serde(default)]
+    pub channel: Option<String>,
+    /// The tenant.
+    #[serde(default)]
+    pub tenant: Option<String>,
+    /// The scopes.
+    #[serde(default)]
+    pub scopes: BTreeSet<String>,
+    /// The roles.
+    #[serde(default)]
+    pub roles: BTreeSet<String>,
+    /// The other attributes (tags).
+    #[serde(default)]
+    pub attributes: BTreeMap<String, String>,
+}
+
+impl Principal {
+    /// The caller as Cedar sees it.
+    pub fn caller(&self) -> CedarCaller<'_> {
+        CedarCaller {
+            id: &self.id,
+            name: self.name.as_deref().unwrap_or(&self.id),
+            channel: self.channel.as_deref().unwrap_or("stdio"),
+            scopes: &self.scopes,
+            tenant: self.tenant.as_deref(),
+            roles: &self.roles,
+            attributes: &self.attributes,
+        }
+    }
+}
+
+/// How the JSON policy and Cedar decided one request, in the gate's order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Explanation {
+    /// Whether tools/list shows the tool to the caller.
+    pub listed: bool,
+    /// Whether the call runs (as far as the policies decide: the gate's other checks, such as
+    /// the input schema, rights and rate limits, come on top).
+    pub allowed: bool,
+    /// The rule that decided: `allow` when both allow, the JSON policy's rule (`deny`,
+    /// `default_deny`, `arg_rules.…`) when it refused, `cedar.list` when Cedar does not list the
+    /// tool, `cedar` when Cedar refused the call.
+    pub rule: String,
+    /// Cedar's answer, when Cedar was asked (the JSON policy allowed the tool).
+    pub cedar: Option<CedarAnswer>,
+}
+
+/// Decides `request` as the gate does: the JSON policy first (a tool it hides is hidden), then
+/// Cedar's listing (a tool Cedar does not list is hidden), then the JSON policy's argument rules,
+/// then Cedar's decision on the call. `cedar` is `None` for a policy without Cedar.
+pub fn explain(
+    policy: &crate::Policy,
+    cedar: Option<&CedarPolicies>,
+    request: &Request,
+) -> Explanation {
+    let principal = &request.principal.id;
+    let arguments = Some(&request.arguments);
+    let decision = policy.decide_for(principal, &request.tool, arguments);
+    let refused = |listed: bool, rule: String, cedar: Option<CedarAnswer>| Explanation {
+        listed,
+        allowed: false,
+        rule,
+        cedar,
+    };
+    if let crate::Decision::DenyTool(denial) = &decision {
+        return refused(false, denial.rule(), None);
+    }
+    let Some(cedar) = cedar else {
+        return Explanation {
+            listed: true,
+            allowed: decision.is_allow(),
+            rule: decision.rule(),
+            cedar: None,
+        };
+    };
+    let caller = request.principal.caller();
+    let listing = cedar.authorize_listing(&caller, &request.tool);
+    if !listing.allowed {
+        return refused(false, "cedar.list".to_owned(), Some(listing));
+    }
+    if !decision.is_allow() {
+        return refused(true, decision.rule(), None);
+    }
+    let now = request.now.unwrap_or_else(|| {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |since| {
+                i64::try_from(since.as_secs()).unwrap_or(i64::MAX)
+            })
+    });
+    let answer = cedar.authorize_call(
+        &caller,
+        &request.tool,
+        arguments,
+        now,
+        request.client.as_deref(),
+    );
+    Explanation {
+        listed: true,
+        allowed: answer.allowed,
+        rule: if answer.allowed { "allow" } else { "cedar" }.to_owned(),
+        cedar: Some(answer),
+    }
+}
+
 /// Parses a policy set, every syntax error with its line.
 fn parse(text: &str, source_name: &str) -> Result<cedar_policy::PolicySet, CedarError> {
     cedar_policy::PolicySet::from_str(text).map_err(|errors| CedarError::Syntax {

@@ -69,3 +69,41 @@ impl<H: ServerHandler> Gated<H> {
         gate_stages(&self.policy(), tool)
     }
 }
+
+/// The tools of `live` (a server's live contract) as Cedar sees them: name, input schema and
+/// annotations with the spec's defaults (their effect classes come from the policy).
+pub fn tool_signatures(
+    live: &toolgate_contract::lockfile::Lockfile,
+) -> Vec<toolgate_policy::ToolSignature> {
+    live.contract()
+        .tools
+        .iter()
+        .map(|(name, contract)| {
+            let hints = contract.behavior.annotations();
+            toolgate_policy::ToolSignature {
+                read_only: hints.read_only_hint,
+                destructive: hints.destructive_hint,
+                idempotent: hints.idempotent_hint,
+                open_world: hints.open_world_hint,
+                ..toolgate_policy::ToolSignature::new(
+                    name.clone(),
+                    contract.surface.input_schema().clone(),
+                )
+            }
+        })
+        .collect()
+}
+
+/// The Cedar policies `policy` names, validated against the tools of `live` exactly as a gate
+/// validates them at build and reload (effect classes from the policy); `None` when it names
+/// none. What `lock --check`, `policy test` and `policy explain` use.
+#[cfg(feature = "cedar")]
+pub fn cedar_policies(
+    policy: &Policy,
+    live: &toolgate_contract::lockfile::Lockfile,
+) -> Result<
+    Option<std::sync::Arc<toolgate_policy::cedar::CedarPolicies>>,
+    Box<dyn std::error::Error + Send + Sync>,
+> {
+    crate::checks::cedar::compile(policy, Some(&tool_signatures(live)))
+}

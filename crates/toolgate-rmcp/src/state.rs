@@ -45,27 +45,13 @@ pub(crate) fn contract_parts(
     BTreeMap<String, Sha256Digest>,
     Arc<[toolgate_policy::ToolSignature]>,
 ) {
-    let tools = &live.contract().tools;
-    let digests = tools
+    let digests = live
+        .contract()
+        .tools
         .iter()
         .map(|(name, contract)| (name.clone(), contract.digest()))
         .collect();
-    let signatures = tools
-        .iter()
-        .map(|(name, contract)| {
-            let hints = contract.behavior.annotations();
-            toolgate_policy::ToolSignature {
-                read_only: hints.read_only_hint,
-                destructive: hints.destructive_hint,
-                idempotent: hints.idempotent_hint,
-                open_world: hints.open_world_hint,
-                ..toolgate_policy::ToolSignature::new(
-                    name.clone(),
-                    contract.surface.input_schema().clone(),
-                )
-            }
-        })
-        .collect();
+    let signatures = crate::contract::tool_signatures(live).into();
     (live.integrity_digest(), digests, signatures)
 }
 

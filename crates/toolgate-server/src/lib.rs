@@ -7,6 +7,8 @@
 
 #![forbid(unsafe_code)]
 
+#[cfg(feature = "cedar")]
+pub mod cedar;
 pub mod contract;
 #[cfg(feature = "demo")]
 pub mod demo;

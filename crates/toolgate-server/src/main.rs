@@ -98,6 +98,117 @@ enum PolicyCommand {
     /// Print the Cedar schema of this binary's tools (JSON), for editors: the entity model of
     /// docs/policy.md with one action per tool, its arguments typed from the tool's input schema.
     Schema,
+    /// Run a table of requests against the policy (JSON and Cedar) and their expected
+    /// decisions; exit 1 on a mismatch (docs/policy.md, "Testing policies").
+    Test {
+        /// The cases: `{"cases": [{"name", "request": {...}, "expect": "allow"|"deny"|"hidden",
+        /// "policies": [...]}]}`.
+        cases: std::path::PathBuf,
+    },
+    /// Print how the policy decides one request, with the rule and the Cedar policies that
+    /// decided it.
+    Explain {
+        /// The tool called.
+        tool: String,
+        /// Its arguments, as a JSON object.
+        #[arg(default_value = "{}")]
+        arguments: String,
+        /// The caller's identity key (`alice`, `acme/alice`).
+        #[arg(long = "as", value_name = "PRINCIPAL", default_value = "local")]
+        principal: String,
+        /// The caller's tenant.
+        #[arg(long = "as-tenant", value_name = "TENANT")]
+        tenant: Option<String>,
+        /// The channel: stdio or http.
+        #[arg(long, default_value = "stdio")]
+        channel: String,
+        /// A scope of the caller (repeat for several).
+        #[arg(long = "as-scope", value_name = "SCOPE")]
+        scopes: Vec<String>,
+        /// `role=NAME` or `KEY=VALUE`, as `token create --attr` gives them.
+        #[arg(long = "attr", value_name = "KEY=VALUE")]
+        attributes: Vec<String>,
+        /// The client's declared name.
+        #[arg(long)]
+        client: Option<String>,
+        /// The time of the call, seconds since the Unix epoch (default: now).
+        #[arg(long)]
+        now: Option<i64>,
+    },
+}
+
+#[cfg(feature = "cedar")]
+fn policy_command(paths: &ServerOptions, command: PolicyCommand) -> ExitCode {
+    match command {
+        PolicyCommand::Schema => {
+            let tools = toolgate_server::tools::NotesServer::tools();
+            let schema = toolgate::contract::cedar_schema_of(&tools);
+            say!("{:#}", schema);
+            ExitCode::SUCCESS
+        }
+        PolicyCommand::Test { cases } => {
+            match toolgate_server::cedar::test(&paths.gate.policy, &cases) {
+                Ok((report, passed)) => {
+                    say!("{report}");
+                    if passed {
+                        ExitCode::SUCCESS
+                    } else {
+                        ExitCode::from(1)
+                    }
+                }
+                Err(error) => fail(&error),
+            }
+        }
+        PolicyCommand::Explain {
+            tool,
+            arguments,
+            principal,
+            tenant,
+            channel,
+            scopes,
+            attributes,
+            client,
+            now,
+        } => {
+            let request = (|| -> anyhow::Result<toolgate::policy::cedar::Request> {
+                let arguments = serde_json::from_str(&arguments)
+                    .map_err(|e| anyhow::anyhow!("the arguments are not a JSON object: {e}"))?;
+                let mut who = toolgate::policy::cedar::Principal {
+                    id: principal,
+                    tenant,
+                    channel: Some(channel),
+                    scopes: scopes.into_iter().collect(),
+                    ..Default::default()
+                };
+                for pair in attributes {
+                    let (key, value) = pair
+                        .split_once('=')
+                        .ok_or_else(|| anyhow::anyhow!("--attr expects KEY=VALUE, got {pair:?}"))?;
+                    if key == "role" {
+                        who.roles.insert(value.to_owned());
+                    } else {
+                        who.attributes.insert(key.to_owned(), value.to_owned());
+                    }
+                }
+                Ok(toolgate::policy::cedar::Request {
+                    principal: who,
+                    tool,
+                    arguments,
+                    now,
+                    client,
+                })
+            })();
+            match request.and_then(|request| {
+                toolgate_server::cedar::explain_one(&paths.gate.policy, &request)
+            }) {
+                Ok(text) => {
+                    say!("{text}");
+                    ExitCode::SUCCESS
+                }
+                Err(error) => fail(&error),
+            }
+        }
+    }
 }
 
 /// `proxy [--lock F] [--on-drift hide|refuse-start] -- CMD ARGS…` and `proxy lock`.
@@ -585,14 +696,7 @@ fn run(paths: &ServerOptions, command: Command) -> ExitCode {
             Err(error) => fail(&error),
         },
         #[cfg(feature = "cedar")]
-        Command::Policy {
-            command: PolicyCommand::Schema,
-        } => {
-            let tools = toolgate_server::tools::NotesServer::tools();
-            let schema = toolgate::contract::cedar_schema_of(&tools);
-            say!("{:#}", schema);
-            ExitCode::SUCCESS
-        }
+        Command::Policy { command } => policy_command(paths, command),
         #[cfg(feature = "demo")]
         Command::Demo => {
             let runtime = match tokio::runtime::Runtime::new() {

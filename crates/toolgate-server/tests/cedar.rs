@@ -246,3 +246,93 @@ fn sighup_with_a_cedar_set_that_does_not_fit_keeps_the_old_one() {
     alice.close();
     assert_verifies(&env.ledger);
 }
+
+#[test]
+fn policy_test_runs_a_table_of_cases_and_fails_on_a_mismatch() {
+    let env = cedar_env(CEDAR);
+    let alice = json!({"id": "alice"});
+    let cases = json!({"cases": [
+        {"name": "alice writes an approved note", "expect": "allow",
+         "policies": ["alice-writes-approved"],
+         "request": {"principal": alice, "tool": "write_note",
+                     "arguments": {"request_id": "ok-1", "text": "hi"}}},
+        {"name": "no permit for other ids", "expect": "deny", "policies": [],
+         "request": {"principal": alice, "tool": "write_note",
+                     "arguments": {"request_id": "no-1", "text": "hi"}}},
+        {"name": "secrets are forbidden", "expect": "deny", "policies": ["no-secrets"],
+         "request": {"principal": alice, "tool": "write_note",
+                     "arguments": {"request_id": "ok-2", "text": "top secret"}}},
+        {"name": "bob sees nothing", "expect": "hidden",
+         "request": {"principal": {"id": "bob", "channel": "http", "roles": ["admin"]},
+                     "tool": "read_ledger"}},
+        {"name": "the JSON policy denies rm_rf", "expect": "hidden",
+         "request": {"principal": alice, "tool": "rm_rf", "arguments": {"path": "/"}}}
+    ]});
+    std::fs::write(env.path("cases.json"), cases.to_string()).unwrap();
+    let run = |file: &str| {
+        let mut command = env.command();
+        command.args(["policy", "test"]).arg(env.path(file));
+        run_to_end(command)
+    };
+    let output = run("cases.json");
+    let text = String::from_utf8(output.stdout.clone()).unwrap();
+    assert!(output.status.success(), "{}", output_text(&output));
+    assert_eq!(
+        text.lines().filter(|l| l.starts_with("ok ")).count(),
+        5,
+        "{text}"
+    );
+    assert!(text.contains("5 cases, 0 mismatches"), "{text}");
+    assert!(
+        text.contains("secrets are forbidden: deny (rule cedar); Cedar: no-secrets"),
+        "{text}"
+    );
+
+    // One wrong expectation: exit 1, the case named.
+    let mut wrong = cases.clone();
+    wrong["cases"][0]["policies"] = json!(["alice-reads"]);
+    std::fs::write(env.path("wrong.json"), wrong.to_string()).unwrap();
+    let output = run("wrong.json");
+    assert_eq!(output.status.code(), Some(1), "{}", output_text(&output));
+    let text = String::from_utf8(output.stdout).unwrap();
+    assert!(
+        text.contains("MISMATCH alice writes an approved note") && text.contains("1 mismatch"),
+        "{text}"
+    );
+    // A file that is not a table of cases: exit 2, nothing decided.
+    std::fs::write(env.path("bad.json"), r#"{"cases": [{"name": "x"}]}"#).unwrap();
+    let output = run("bad.json");
+    assert_eq!(output.status.code(), Some(2), "{}", output_text(&output));
+}
+
+#[test]
+fn policy_explain_prints_one_decision_with_its_policies() {
+    let env = cedar_env(CEDAR);
+    let explain = |args: &[&str]| {
+        let mut command = env.command();
+        command.args(["policy", "explain"]).args(args);
+        let output = run_to_end(command);
+        assert!(output.status.success(), "{}", output_text(&output));
+        String::from_utf8(output.stdout).unwrap()
+    };
+    let text = explain(&[
+        "write_note",
+        r#"{"request_id": "ok-7", "text": "secret"}"#,
+        "--as",
+        "alice",
+    ]);
+    assert_eq!(
+        text.trim(),
+        "write_note for alice: deny (rule cedar); Cedar: no-secrets\nlisted: yes"
+    );
+    let text = explain(&["read_ledger", "--as", "alice"]);
+    assert!(
+        text.starts_with("read_ledger for alice: allow (rule allow); Cedar: alice-reads"),
+        "{text}"
+    );
+    let text = explain(&["read_ledger", "--as", "bob", "--attr", "role=admin"]);
+    assert!(
+        text.contains("hidden (rule cedar.list)") && text.contains("listed: no"),
+        "{text}"
+    );
+}
