@@ -340,7 +340,11 @@ impl CedarPolicies {
             .map(|error| CedarProblem {
                 policy: policy_name(&policies, error.policy_id()),
                 line: first_line(text, error),
-                message: error.to_string(),
+                // Cedar names the policy by its positional id; the problem names it already.
+                message: error
+                    .to_string()
+                    .trim_start_matches(&format!("for policy `{}`, ", error.policy_id()))
+                    .to_owned(),
             })
             .collect();
         if !problems.is_empty() {

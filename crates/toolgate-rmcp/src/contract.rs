@@ -12,6 +12,10 @@ use crate::Gated;
 /// exactly-once), a new one SAFE, and changed parameters RISKY (`docs/lockfile.md`).
 pub fn gate_stages(policy: &Policy, tool: &str) -> Vec<String> {
     let mut stages: Vec<String> = vec!["list_filter".into(), "call_decide".into()];
+    if policy.cedar().is_some() {
+        // Cedar decides lists and calls too (checks::cedar).
+        stages.push("cedar".into());
+    }
     if !policy.halt_exempt(tool) {
         stages.push("kill_switch".into());
     }

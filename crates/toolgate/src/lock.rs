@@ -409,6 +409,47 @@ fn report_json(violations: &[Violation], status: &str, changes: &[Change]) -> se
     })
 }
 
+/// The Cedar policies the policy names, validated against the live contract's tools as a gate
+/// validates them: each problem is a violation (BREAKING: a server with this contract and this
+/// policy refuses to start), naming the policy and its line. A build without the feature
+/// `cedar` reports a policy that names Cedar policies as one violation.
+fn cedar_violations(policy: &Policy, live: &Lockfile) -> Vec<Violation> {
+    if policy.cedar().is_none() {
+        return Vec::new();
+    }
+    #[cfg(feature = "cedar")]
+    let error = match toolgate_rmcp::contract::cedar_policies(policy, live) {
+        Ok(_) => return Vec::new(),
+        Err(error) => error,
+    };
+    #[cfg(not(feature = "cedar"))]
+    let error: Box<dyn std::error::Error> = {
+        let _ = live;
+        "the policy names Cedar policies and this build has no Cedar support (feature `cedar`)"
+            .into()
+    };
+    #[cfg(feature = "cedar")]
+    if let Some(toolgate_policy::cedar::CedarError::Invalid {
+        source_name,
+        problems,
+    }) = error.downcast_ref::<toolgate_policy::cedar::CedarError>()
+    {
+        return problems
+            .iter()
+            .map(|problem| Violation {
+                tool: "cedar".to_owned(),
+                message: format!(
+                    "BREAKING: {source_name}: {problem}; the Cedar policies no longer fit the tools' contracts, fix the policy or the tool"
+                ),
+            })
+            .collect();
+    }
+    vec![Violation {
+        tool: "cedar".to_owned(),
+        message: format!("BREAKING: {error}"),
+    }]
+}
+
 /// Runs `check`: scans the handlers, computes the live contract, the scan's violations and the
 /// effect-class violations ([`effect_class_violations`]), then compares with the committed
 /// lockfile or, in update mode, writes it durably (through the storage floor's `replace_file`)
@@ -423,6 +464,7 @@ pub fn check_lock(check: &LockCheck) -> Result<LockReport, LockError> {
     violations.extend(effect_class_violations(&policy, &check.tools, &scans));
     let contract = server_contract(&check.server_name, &check.tools, &policy, &scans)?;
     let live = Lockfile::new(contract, TOOLGATE_VERSION);
+    violations.extend(cedar_violations(&policy, &live));
     let found = check_lockfile(&check.lockfile, &live)?;
     let outcome = match (check.mode, found) {
         (LockMode::Check, found) => LockOutcome::Checked(found),

@@ -507,3 +507,58 @@ fn a_new_unresolved_call_is_risky_drift_naming_it() {
         "absent when empty"
     );
 }
+
+/// A tool contract change that leaves a Cedar policy naming an argument the tool no longer has:
+/// the check fails with a BREAKING violation naming the policy and its line, and an update
+/// refuses to write the lockfile.
+#[cfg(feature = "cedar")]
+#[test]
+fn a_contract_change_that_breaks_a_cedar_policy_fails_the_check() {
+    let fx = Fixture::new();
+    let with_room = |property: &str| {
+        let schema = json!({"type": "object", "properties": {property: {"type": "string"}},
+                            "required": [property]});
+        let Value::Object(schema) = schema else {
+            unreachable!()
+        };
+        vec![
+            tool("list_rooms", "List the rooms.", true),
+            Tool::new("book_room", "Book a room.", schema)
+                .annotate(ToolAnnotations::new().read_only(false)),
+        ]
+    };
+    std::fs::write(
+        fx.dir.path().join("rooms.cedar"),
+        "@id(\"lists\")\npermit(principal, action == Toolgate::Action::\"tools/list\", resource);\n\
+         @id(\"suites-only\")\npermit(principal, action == Toolgate::Action::\"book_room\", resource)\n\
+         when { context.arguments.room like \"suite-*\" };\n",
+    )
+    .unwrap();
+    let policy_path = fx.dir.path().join("policy.json");
+    std::fs::write(
+        &policy_path,
+        r#"{"version":1,"allow":["list_rooms","book_room"],
+            "effects":{"list_rooms":"read","book_room":"write"},"cedar":"rooms.cedar"}"#,
+    )
+    .unwrap();
+    let check = |tools: Vec<Tool>, mode: LockMode| fx.check(tools, mode).policy_file(&policy_path);
+    assert!(
+        check_lock(&check(with_room("room"), LockMode::Update))
+            .unwrap()
+            .passed()
+    );
+    // The argument is renamed: the lock diff has the tool's own change, and the policy that
+    // read the old name is a violation.
+    let report = check_lock(&check(with_room("suite"), LockMode::Check)).unwrap();
+    assert!(!report.passed());
+    let text = report.to_string();
+    assert!(
+        text.contains("BREAKING")
+            && text.contains("policy suites-only (line 5)")
+            && text.contains("rooms.cedar"),
+        "{text}"
+    );
+    let update = check_lock(&check(with_room("suite"), LockMode::Update)).unwrap();
+    assert!(!update.passed(), "{update}");
+    assert!(matches!(update.outcome, LockOutcome::Refused { .. }));
+}
