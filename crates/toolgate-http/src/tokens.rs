@@ -422,13 +422,9 @@ impl ApiTokens {
     }
 }
 
-/// The longest attribute key and value of a token.
-const MAX_ATTRIBUTE_KEY: usize = 64;
-const MAX_ATTRIBUTE_VALUE: usize = 256;
-
 /// A token's roles and attributes from `--attr KEY=VALUE` pairs: `role` (repeatable) names a
-/// role (a principal name); any other key, once, an attribute. Keys are 1 to 64 of `a-z`, `0-9`,
-/// `_` starting with a letter; values 1 to 256 characters without control characters.
+/// role (a principal name); any other key, once, an attribute
+/// (`toolgate_canon::names::check_attribute`).
 fn token_attributes(
     pairs: &[(String, String)],
 ) -> Result<(Vec<String>, BTreeMap<String, String>), TokenError> {
@@ -439,22 +435,11 @@ fn token_attributes(
     let mut roles = Vec::new();
     let mut attributes = BTreeMap::new();
     for (key, value) in pairs {
-        let key_ok = key.len() <= MAX_ATTRIBUTE_KEY
-            && key.starts_with(|c: char| c.is_ascii_lowercase())
-            && key
-                .bytes()
-                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_');
-        if !key_ok {
-            return Err(invalid(
-                key,
-                "a key is 1 to 64 of a-z, 0-9 and '_', starting with a letter",
-            ));
-        }
         if key == "role" {
             if !toolgate_canon::names::is_principal_name(value) {
                 return Err(invalid(
                     key,
-                    "a role is 1 to 128 characters from A-Z, a-z, 0-9, '_', '.', '@', ':' and '-'",
+                    &format!("a role is {}", toolgate_canon::names::PRINCIPAL_GRAMMAR),
                 ));
             }
             if !roles.contains(value) {
@@ -462,15 +447,8 @@ fn token_attributes(
             }
             continue;
         }
-        if value.is_empty()
-            || value.chars().count() > MAX_ATTRIBUTE_VALUE
-            || value.chars().any(char::is_control)
-        {
-            return Err(invalid(
-                key,
-                "a value is 1 to 256 characters without control characters",
-            ));
-        }
+        toolgate_canon::names::check_attribute(key, value)
+            .map_err(|problem| invalid(key, problem))?;
         if attributes.insert(key.clone(), value.clone()).is_some() {
             return Err(invalid(key, "given twice; only `role` may repeat"));
         }

@@ -244,11 +244,17 @@ pub struct CedarPolicies {
     tools: HashMap<String, ToolAction>,
     list_action: cedar_policy::EntityUid,
     call_group: cedar_policy::EntityUid,
+    /// The policies whose action scope admits `tools/list`.
+    listing: cedar_policy::PolicySet,
 }
 
 #[derive(Debug, Clone)]
 struct ToolAction {
     uid: cedar_policy::EntityUid,
+    /// The policies whose action scope admits a call of this tool: Cedar's decision over them is
+    /// its decision over the whole set (every other policy's scope is false for the request), at
+    /// a fraction of the work when a set governs many tools.
+    policies: cedar_policy::PolicySet,
     /// The Cedar record type (JSON form) of the arguments.
     arguments: Value,
     /// The resource `Toolgate::Tool` with its attributes.
@@ -355,24 +361,29 @@ impl CedarPolicies {
             });
         }
         let action = |id: &str| action_uid(id).map_err(CedarError::Schema);
+        let list_action = action(LIST_ACTION)?;
+        let call_group = action(CALL_ACTION)?;
         let mut actions = HashMap::with_capacity(tools.len());
         for tool in tools {
+            let uid = action(&tool.name)?;
             actions.insert(
                 tool.name.clone(),
                 ToolAction {
-                    uid: action(&tool.name)?,
+                    policies: scoped(&policies, &uid, Some(&call_group))?,
+                    uid,
                     arguments: record(&tool.input_schema, &tool.input_schema, 0),
                     resource: resource(tool).map_err(CedarError::Schema)?,
                 },
             );
         }
         Ok(CedarPolicies {
+            listing: scoped(&policies, &list_action, None)?,
             policies,
             schema,
             digest: Sha256Digest::of(text.as_bytes()),
             tools: actions,
-            list_action: action(LIST_ACTION)?,
-            call_group: action(CALL_ACTION)?,
+            list_action,
+            call_group,
         })
     }
 
@@ -490,7 +501,7 @@ impl CedarPolicies {
         };
         let partial = cedar_policy::Authorizer::new().is_authorized_partial(
             &request,
-            &self.policies,
+            &action.policies,
             &entities,
         );
         if partial.decision() == Some(cedar_policy::Decision::Deny) {
@@ -600,8 +611,12 @@ impl CedarPolicies {
             Ok(request) => request,
             Err(error) => return CedarAnswer::denied(error.to_string()),
         };
-        let response =
-            cedar_policy::Authorizer::new().is_authorized(&request, &self.policies, &entities);
+        let policies = if *action == self.list_action {
+            &self.listing
+        } else {
+            &tool.policies
+        };
+        let response = cedar_policy::Authorizer::new().is_authorized(&request, policies, &entities);
         let errors: Vec<String> = response
             .diagnostics()
             .errors()
@@ -755,6 +770,27 @@ pub fn explain(
         rule: if answer.allowed { "allow" } else { "cedar" }.to_owned(),
         cedar: Some(answer),
     }
+}
+
+/// The policies of `set` whose action scope admits `action` (a member of `group`, when given):
+/// any action, `action` itself, or a list naming it or its group.
+fn scoped(
+    set: &cedar_policy::PolicySet,
+    action: &cedar_policy::EntityUid,
+    group: Option<&cedar_policy::EntityUid>,
+) -> Result<cedar_policy::PolicySet, CedarError> {
+    use cedar_policy::ActionConstraint;
+    let admits = |uid: &cedar_policy::EntityUid| uid == action || Some(uid) == group;
+    cedar_policy::PolicySet::from_policies(
+        set.policies()
+            .filter(|policy| match policy.action_constraint() {
+                ActionConstraint::Any => true,
+                ActionConstraint::Eq(uid) => uid == *action,
+                ActionConstraint::In(uids) => uids.iter().any(admits),
+            })
+            .cloned(),
+    )
+    .map_err(|error| CedarError::Schema(error.to_string()))
 }
 
 /// Parses a policy set, every syntax error with its line.

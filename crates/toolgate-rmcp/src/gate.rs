@@ -244,6 +244,7 @@ pub struct GatedBuilder<H> {
     probes: BTreeMap<String, EffectProbe>,
     kill_switch: Option<KillSwitch>,
     rights: Option<RightsFile>,
+    entities: Option<toolgate_state::EntitiesFile>,
     rates: Option<Arc<dyn RateStore>>,
     pending: Option<Arc<dyn PendingStore>>,
     preflight: Option<Arc<dyn Preflight>>,
@@ -389,6 +390,14 @@ impl<H: ServerHandler> GatedBuilder<H> {
     /// and refused like a denied one; an unreadable file refuses everything (fail closed).
     pub fn rights(mut self, rights: RightsFile) -> Self {
         self.rights = Some(rights);
+        self
+    }
+
+    /// Roles and attributes of principals for the policy's Cedar policies, from the entities
+    /// file (re-read when it changes; docs/policy.md, "Cedar"), joined with what each caller's
+    /// credential says. An entities file that cannot be read refuses what Cedar decides.
+    pub fn entities(mut self, entities: toolgate_state::EntitiesFile) -> Self {
+        self.entities = Some(entities);
         self
     }
 
@@ -606,6 +615,7 @@ impl<H: ServerHandler> GatedBuilder<H> {
         };
         let checks = Checks::new(crate::checks::Parts {
             rights: self.rights,
+            entities: self.entities,
             kill_switch,
             server_name: self.server_name,
             effects: self.effects.clone(),
@@ -647,6 +657,7 @@ impl<H: ServerHandler> Gated<H> {
             probes: BTreeMap::new(),
             kill_switch: None,
             rights: None,
+            entities: None,
             rates: None,
             pending: None,
             preflight: None,

@@ -304,6 +304,10 @@ fn finish_gate<H: rmcp::ServerHandler>(
         Some(path) => gated.rights(toolgate::checks::RightsFile::new(path)),
         None => gated,
     };
+    let gated = match &options.gate.entities {
+        Some(path) => gated.entities(toolgate::checks::EntitiesFile::new(path)),
+        None => gated,
+    };
     let gated = gated.build()?;
     Ok(BuiltServer {
         gated,

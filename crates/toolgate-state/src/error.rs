@@ -60,6 +60,32 @@ pub enum GuardError {
         source: std::io::Error,
     },
 
+    /// The Cedar entities file could not be opened or read. Calls that Cedar decides are
+    /// refused until it can.
+    #[error(
+        "the entities file {path} could not be read: {source}; create it or make it readable by \
+         this process (format: docs/policy.md, \"Cedar\"); until then calls Cedar decides are refused"
+    )]
+    EntitiesUnreadable {
+        /// The entities file.
+        path: PathBuf,
+        /// The operating system's error.
+        source: std::io::Error,
+    },
+
+    /// The Cedar entities file was read but is not valid. Calls that Cedar decides are refused
+    /// until it is fixed; the next call reads it again.
+    #[error(
+        "the entities file {path} is invalid: {problem}; fix the file (format: docs/policy.md, \
+         \"Cedar\"); until then calls Cedar decides are refused"
+    )]
+    EntitiesInvalid {
+        /// The entities file.
+        path: PathBuf,
+        /// What is wrong.
+        problem: String,
+    },
+
     /// The rights file could not be opened or read. The gate refuses every call until it can.
     #[error(
         "the rights file {path} could not be read: {source}; create it or make it readable by \

@@ -10,12 +10,15 @@
 
 #![forbid(unsafe_code)]
 
+pub mod entities;
 mod error;
 pub mod kill_switch;
 pub mod pending;
 pub mod rates;
 pub mod rights;
+pub(crate) mod watched;
 
+pub use entities::{EntitiesFile, EntityDocument, PrincipalEntity};
 pub use error::GuardError;
 pub use kill_switch::{FileHalts, Halt, HaltStore, KillSwitch, MemoryHalts, Status};
 pub use pending::{
@@ -26,3 +29,4 @@ pub use rates::{FileRates, Limit, Limited, RateLimiter, RateStore};
 pub use rights::{
     FileRights, InvalidRights, MemoryRights, Rights, RightsDocument, RightsFile, RightsStore,
 };
+pub use watched::FRESHNESS_WINDOW;

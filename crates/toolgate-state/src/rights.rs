@@ -15,19 +15,11 @@
 //!
 //! # Caching
 //!
-//! Each call opens the file and `fstat`s the open descriptor. The parsed file is reused only when
-//! the stamp (device, inode, size, mtime and, on Unix, ctime) equals the cached one **and** neither
-//! the mtime nor the ctime is less than [`FRESHNESS_WINDOW`] (2 s) old at the time of the call.
-//! While the file is that young it is read again on every call, because a filesystem with coarse
-//! timestamps (or a rewrite within one clock tick) can hide a same-size in-place rewrite behind an
-//! unchanged stamp; after 2 s any later write necessarily changes the mtime. A re-read whose bytes
-//! hash to the cached SHA-256 is not parsed again. The stamp is taken from the descriptor that is
-//! then read, so an atomic replacement (rename) is always seen as one consistent file, and a
-//! stamp can only ever be associated with content at least as new as itself.
-//!
-//! A missing, unreadable or invalid file is an error naming the path and the problem (the gate
-//! refuses the call); the cache is dropped, so no stale grant survives a broken file, and the next
-//! call tries again.
+//! The file is a [`crate::watched`] file: opened and `fstat`ed on every call, parsed again only
+//! when it changed (with the 2-second freshness rule that catches same-size rewrites on
+//! filesystems with coarse timestamps). A missing, unreadable or invalid file is an error naming
+//! the path and the problem (the gate refuses the call); the cache is dropped, so no stale grant
+//! survives a broken file, and the next call tries again.
 //!
 //! # Shared by replicas
 //!
@@ -43,12 +35,11 @@
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::fmt;
-use std::fs;
 use std::io::Read as _;
 use std::marker::PhantomData;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::{Duration, SystemTime};
+use std::time::SystemTime;
 
 use serde::Deserialize;
 use serde::de::{self, Deserializer, MapAccess, Visitor};
@@ -57,6 +48,9 @@ use toolgate_canon::Sha256Digest;
 use toolgate_storage::{FsStorage, Storage};
 
 use crate::GuardError;
+use crate::watched::{WatchError, WatchedFile};
+
+pub use crate::watched::FRESHNESS_WINDOW;
 
 /// The only rights file format version.
 pub const RIGHTS_VERSION: u64 = 1;
@@ -66,8 +60,6 @@ pub const MAX_NAME_CHARS: usize = toolgate_canon::names::MAX_NAME_BYTES;
 pub const ALL_TOOLS: &str = "*";
 /// A rights file larger than this is rejected as invalid.
 pub const MAX_RIGHTS_FILE_BYTES: u64 = 4 * 1024 * 1024;
-/// While the file's mtime or ctime is younger than this, it is re-read on every call.
-pub const FRESHNESS_WINDOW: Duration = Duration::from_secs(2);
 
 /// The tools one principal may call, as granted by one version of the rights file.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -132,7 +124,7 @@ pub struct RightsFile {
     /// The file's path, empty for a store without one.
     path: PathBuf,
     #[cfg(test)]
-    counters: Arc<test_counters::Counters>,
+    counters: Arc<crate::watched::test_counters::Counters>,
 }
 
 /// One parsed version of a rights document: who may call which tools.
@@ -187,70 +179,8 @@ impl RightsDocument {
 /// The rights file at a path, re-read as described in the [module documentation](self).
 #[derive(Debug)]
 pub struct FileRights {
-    path: PathBuf,
+    file: WatchedFile<RightsDocument>,
     storage: Arc<dyn Storage>,
-    cache: Mutex<Option<Cached>>,
-    #[cfg(test)]
-    counters: Arc<test_counters::Counters>,
-}
-
-#[derive(Debug)]
-struct Cached {
-    stamp: Stamp,
-    grants: Arc<RightsDocument>,
-}
-
-/// What identifies one version of the file without reading it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Stamp {
-    dev: u64,
-    ino: u64,
-    size: u64,
-    mtime: Option<SystemTime>,
-    ctime: Option<SystemTime>,
-}
-
-impl Stamp {
-    fn of(meta: &fs::Metadata) -> Self {
-        #[cfg(unix)]
-        {
-            use std::os::unix::fs::MetadataExt as _;
-            let ctime = u32::try_from(meta.ctime_nsec()).ok().and_then(|nanos| {
-                let secs = u64::try_from(meta.ctime()).ok()?;
-                SystemTime::UNIX_EPOCH.checked_add(Duration::new(secs, nanos))
-            });
-            Stamp {
-                dev: meta.dev(),
-                ino: meta.ino(),
-                size: meta.len(),
-                mtime: meta.modified().ok(),
-                ctime,
-            }
-        }
-        #[cfg(not(unix))]
-        {
-            Stamp {
-                dev: 0,
-                ino: 0,
-                size: meta.len(),
-                mtime: meta.modified().ok(),
-                ctime: None,
-            }
-        }
-    }
-
-    /// Whether the file may still be rewritten without changing this stamp: its mtime or ctime
-    /// is younger than [`FRESHNESS_WINDOW`], in the future, or unknown (before the epoch or not
-    /// provided by the platform: then always re-read).
-    fn is_fresh(&self, now: SystemTime) -> bool {
-        let young = |t: Option<SystemTime>| match t {
-            None => true,
-            Some(t) => now
-                .duration_since(t)
-                .map_or(true, |age| age < FRESHNESS_WINDOW),
-        };
-        young(self.mtime) || (cfg!(unix) && young(self.ctime))
-    }
 }
 
 impl RightsFile {
@@ -260,7 +190,7 @@ impl RightsFile {
         let file = FileRights::new(path.clone());
         RightsFile {
             #[cfg(test)]
-            counters: Arc::clone(&file.counters),
+            counters: Arc::clone(&file.file.counters),
             store: Arc::new(file),
             path,
         }
@@ -341,11 +271,8 @@ impl FileRights {
     /// The rights file at `path`. Touches nothing on disk; the first call reads it.
     pub fn new(path: impl Into<PathBuf>) -> Self {
         FileRights {
-            path: path.into(),
+            file: WatchedFile::new(path.into(), MAX_RIGHTS_FILE_BYTES, parse),
             storage: Arc::new(FsStorage),
-            cache: Mutex::new(None),
-            #[cfg(test)]
-            counters: Arc::default(),
         }
     }
 
@@ -355,73 +282,23 @@ impl FileRights {
         self
     }
 
-    fn load_locked(
-        &self,
-        cache: &mut Option<Cached>,
-        now: SystemTime,
-    ) -> Result<Arc<RightsDocument>, GuardError> {
-        let unreadable = |source| GuardError::RightsUnreadable {
-            path: self.path.clone(),
-            source,
-        };
-        let invalid = |problem: String| GuardError::RightsInvalid {
-            path: self.path.clone(),
-            problem,
-        };
-        // A regular file only, opened without blocking (a FIFO here must not freeze the caller);
-        // the operator chose the path, so a link to a regular file is followed.
-        let file =
-            toolgate_storage::open_regular_read(&self.path, toolgate_storage::Symlinks::Follow)
-                .map_err(|e| match toolgate_storage::FileProblem::of(&e) {
-                    Some(problem) => invalid(problem.to_string()),
-                    None => unreadable(e),
-                })?;
-        let meta = file.metadata().map_err(unreadable)?;
-        let stamp = Stamp::of(&meta);
-        if let Some(cached) = cache.as_ref()
-            && cached.stamp == stamp
-            && !stamp.is_fresh(now)
-        {
-            return Ok(Arc::clone(&cached.grants));
-        }
-        let mut bytes = Vec::new();
-        file.take(MAX_RIGHTS_FILE_BYTES + 1)
-            .read_to_end(&mut bytes)
-            .map_err(unreadable)?;
-        #[cfg(test)]
-        self.counters.read();
-        if bytes.len() as u64 > MAX_RIGHTS_FILE_BYTES {
-            return Err(invalid(format!(
-                "it is larger than {MAX_RIGHTS_FILE_BYTES} bytes"
-            )));
-        }
-        let digest = Sha256Digest::of(&bytes);
-        let grants = match cache.as_ref() {
-            Some(cached) if cached.grants.digest == digest => Arc::clone(&cached.grants),
-            _ => {
-                #[cfg(test)]
-                self.counters.parse();
-                Arc::new(parse(&bytes, digest).map_err(invalid)?)
-            }
-        };
-        *cache = Some(Cached {
-            stamp,
-            grants: Arc::clone(&grants),
-        });
-        Ok(grants)
+    fn path(&self) -> &Path {
+        self.file.path()
     }
 }
 
 impl RightsStore for FileRights {
     fn load(&self, now: SystemTime) -> Result<Arc<RightsDocument>, GuardError> {
-        // A poisoned lock only means another thread panicked while holding it. The cache is only
-        // ever replaced by whole assignments, so it is a valid (possibly empty) cache either way.
-        let mut cache = self.cache.lock().unwrap_or_else(PoisonError::into_inner);
-        let result = self.load_locked(&mut cache, now);
-        if result.is_err() {
-            *cache = None;
-        }
-        result
+        self.file.load(now).map_err(|error| match error {
+            WatchError::Unreadable(source) => GuardError::RightsUnreadable {
+                path: self.path().to_owned(),
+                source,
+            },
+            WatchError::Invalid(problem) => GuardError::RightsInvalid {
+                path: self.path().to_owned(),
+                problem,
+            },
+        })
     }
 
     /// Replaces the file atomically and durably (a temporary file, fsync, rename, fsync of the
@@ -429,27 +306,27 @@ impl RightsStore for FileRights {
     fn replace(&self, document: Option<Vec<u8>>) -> Result<(), GuardError> {
         let Some(bytes) = document else {
             return Err(GuardError::RightsInvalid {
-                path: self.path.clone(),
+                path: self.path().to_owned(),
                 problem: "a rights file cannot be cleared (a missing file refuses every call); \
                           to let the policy alone decide, run without a rights file"
                     .to_owned(),
             });
         };
         let name = self
-            .path
+            .path()
             .file_name()
             .and_then(|name| name.to_str())
             .ok_or_else(|| GuardError::RightsInvalid {
-                path: self.path.clone(),
+                path: self.path().to_owned(),
                 problem: "the path does not end in a file name".to_owned(),
             })?;
-        let dir = toolgate_storage::parent_of(&self.path);
+        let dir = toolgate_storage::parent_of(self.path());
         toolgate_storage::replace_file(&*self.storage, dir, name, &bytes)?;
         Ok(())
     }
 
     fn document(&self) -> Result<Option<Vec<u8>>, GuardError> {
-        read_document(&self.path).map(Some)
+        read_document(self.path()).map(Some)
     }
 }
 
@@ -505,7 +382,7 @@ struct RawPrincipal {
 }
 
 /// A JSON object whose duplicate keys are an error (serde's maps silently keep the last one).
-struct UniqueMap<T>(Vec<(String, T)>);
+pub(crate) struct UniqueMap<T>(pub(crate) Vec<(String, T)>);
 
 impl<'de, T: Deserialize<'de>> Deserialize<'de> for UniqueMap<T> {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
@@ -515,7 +392,7 @@ impl<'de, T: Deserialize<'de>> Deserialize<'de> for UniqueMap<T> {
             type Value = UniqueMap<T>;
 
             fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("an object mapping principal names to {\"tools\": [...]}")
+                f.write_str("an object without repeated keys")
             }
 
             fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
@@ -524,7 +401,7 @@ impl<'de, T: Deserialize<'de>> Deserialize<'de> for UniqueMap<T> {
                 while let Some(key) = map.next_key::<String>()? {
                     if !seen.insert(key.clone()) {
                         return Err(de::Error::custom(format!(
-                            "principal {} appears twice in \"principals\"; merge its entries into one",
+                            "{} appears twice in one object; merge its entries into one",
                             quote_short(&key)
                         )));
                     }
@@ -642,34 +519,10 @@ fn quote_short(s: &str) -> String {
 }
 
 #[cfg(test)]
-mod test_counters {
-    use std::sync::atomic::{AtomicUsize, Ordering};
-
-    /// How often the file was read and parsed (for the caching tests).
-    #[derive(Debug, Default)]
-    pub(super) struct Counters {
-        reads: AtomicUsize,
-        parses: AtomicUsize,
-    }
-
-    impl Counters {
-        pub(super) fn read(&self) {
-            self.reads.fetch_add(1, Ordering::SeqCst);
-        }
-        pub(super) fn parse(&self) {
-            self.parses.fetch_add(1, Ordering::SeqCst);
-        }
-        pub(super) fn get(&self) -> (usize, usize) {
-            (
-                self.reads.load(Ordering::SeqCst),
-                self.parses.load(Ordering::SeqCst),
-            )
-        }
-    }
-}
-
-#[cfg(test)]
 mod tests {
+    use std::fs;
+    use std::time::Duration;
+
     use super::*;
 
     const ALICE_BOB: &str = r#"{"version":1,"principals":{"alice":{"tools":["write_note","read_ledger"]},"bob":{"tools":["*"]}}}"#;
@@ -789,7 +642,7 @@ mod tests {
     #[test]
     fn freshness_window_rule() {
         let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1_000_000);
-        let stamp = |mtime: Option<u64>, ctime: Option<u64>| Stamp {
+        let stamp = |mtime: Option<u64>, ctime: Option<u64>| crate::watched::Stamp {
             dev: 1,
             ino: 2,
             size: 3,
@@ -897,10 +750,7 @@ mod tests {
         let problem = invalid_problem(
             r#"{"version":1,"principals":{"alice":{"tools":["a"]},"alice":{"tools":["*"]}}}"#,
         );
-        assert!(
-            problem.contains("principal \"alice\" appears twice"),
-            "{problem}"
-        );
+        assert!(problem.contains("\"alice\" appears twice"), "{problem}");
         let problem =
             invalid_problem(r#"{"version":1,"principals":{"alice":{"tools":[],"tools":[]}}}"#);
         assert!(problem.contains("duplicate field `tools`"), "{problem}");

@@ -63,6 +63,10 @@ impl<H: rmcp::ServerHandler> GatedBuilderExt for GatedBuilder<H> {
             Some(principal) => builder.principal(principal.clone()),
             None => builder,
         };
+        let builder = match &args.entities {
+            Some(path) => builder.entities(crate::checks::EntitiesFile::new(path)),
+            None => builder,
+        };
         Ok(match &args.rights {
             Some(path) => builder.rights(RightsFile::new(path)),
             None => builder,

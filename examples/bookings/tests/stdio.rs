@@ -27,6 +27,8 @@ type Client = RunningService<RoleClient, ()>;
 struct World {
     dir: tempfile::TempDir,
     policy: PathBuf,
+    /// More arguments for the server (`--principal`, `--entities`).
+    extra: Vec<String>,
 }
 
 impl World {
@@ -34,6 +36,7 @@ impl World {
         World {
             dir: tempfile::tempdir().unwrap(),
             policy: PathBuf::from(POLICY),
+            extra: Vec::new(),
         }
     }
 
@@ -142,6 +145,7 @@ impl World {
             .arg(&self.policy)
             .arg("--ledger")
             .arg(self.ledger())
+            .args(&self.extra)
             .env("BOOKINGS_DATA", self.data())
             .kill_on_drop(true);
         let (transport, _stderr) = TokioChildProcess::builder(command)
@@ -555,4 +559,77 @@ fn a_report_into_a_closed_pipe_exits_quietly() {
         String::from_utf8_lossy(&out.stdout).starts_with("verify: intact: 2 records"),
         "{out:?}"
     );
+}
+
+/// The shipped Cedar policies (`policy.cedar`) named from the shipped policy: roles from the
+/// entities file for stdio callers; the nights rule; an edit of the entities file applies to the
+/// next call; an unreadable one refuses what Cedar decides.
+#[test]
+fn the_shipped_cedar_policies_decide_by_role_and_nights() {
+    let mut world = World::with_policy(|policy| {
+        policy["cedar"] = json!(concat!(env!("CARGO_MANIFEST_DIR"), "/policy.cedar"));
+    });
+    let entities = world.dir.path().join("entities.json");
+    let write_entities = |roles: &str| {
+        let temporary = entities.with_extension("new");
+        std::fs::write(
+            &temporary,
+            format!(r#"{{"version": 1, "principals": {{"desk": {{"roles": {roles}}}}}}}"#),
+        )
+        .unwrap();
+        std::fs::rename(&temporary, &entities).unwrap();
+    };
+    write_entities(r#"["staff"]"#);
+    world.extra = vec![
+        "--principal".into(),
+        "desk".into(),
+        "--entities".into(),
+        entities.display().to_string(),
+    ];
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    runtime.block_on(async {
+        let client = world.connect(None).await;
+        let mut names = tool_names(&client).await;
+        names.sort();
+        assert_eq!(names, ["create_booking", "list_bookings"]);
+        let booking = |request_id: &str, nights: u32| {
+            json!({"request_id": request_id, "guest": request_id, "date": "2027-01-02", "nights": nights})
+        };
+        let created = call(&client, "create_booking", booking("req-cedar-01", 3)).await;
+        assert_ne!(created["isError"], json!(true), "{created}");
+        let long = call(&client, "create_booking", booking("req-cedar-02", 10)).await;
+        assert_eq!(long["isError"], json!(true), "{long}");
+        assert_eq!(
+            long["structuredContent"]["policies"],
+            json!(["long-stays-need-a-manager"]),
+            "{long}"
+        );
+        // Staff cannot cancel: hidden, and refused as unknown.
+        let error = json_error(try_call(&client, "cancel_booking", json!({"id": "bk-1"})).await);
+        assert_eq!(error.code, ErrorCode::INVALID_PARAMS);
+
+        // Promoted in the entities file: the next call sees it.
+        write_entities(r#"["staff", "manager"]"#);
+        let long = call(&client, "create_booking", booking("req-cedar-03", 10)).await;
+        assert_ne!(long["isError"], json!(true), "{long}");
+        assert!(tool_names(&client).await.contains(&"cancel_booking".to_owned()));
+
+        // An invalid entities file refuses what Cedar decides, until it is fixed.
+        std::fs::write(&entities, "{not json").unwrap();
+        let error = json_error(try_call(&client, "list_bookings", json!({})).await);
+        assert_eq!(error.code, ErrorCode::INVALID_PARAMS);
+        write_entities(r#"["staff"]"#);
+        let listed = call(&client, "list_bookings", json!({})).await;
+        assert_ne!(listed["isError"], json!(true), "{listed}");
+        client.cancel().await.unwrap();
+    });
+    let stored = world.stored();
+    let nights: Vec<u64> = stored["bookings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|b| b["nights"].as_u64().unwrap())
+        .collect();
+    assert_eq!(nights, [3, 10]);
+    assert_verified(&world);
 }

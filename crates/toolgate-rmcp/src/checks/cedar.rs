@@ -81,32 +81,19 @@ pub(crate) fn noted(state: &GateState, call: &Call<'_>, entry: AuditEntry) -> Au
     entry
 }
 
-/// Whether Cedar lets tools/list show `tool` to `caller` (always, without Cedar).
-pub(crate) fn lists(state: &GateState, caller: &Caller, tool: &str) -> bool {
-    #[cfg(feature = "cedar")]
-    if let Some(cedar) = &state.cedar {
-        with_caller(caller, |principal| {
-            cedar.authorize_listing(principal, tool).allowed
-        })
-    } else {
-        true
-    }
-    #[cfg(not(feature = "cedar"))]
-    {
-        let _ = (state, caller, tool);
-        true
-    }
-}
-
 /// Hides what Cedar does not list to the caller.
 #[derive(Debug, Default)]
-pub(crate) struct CedarListing;
+pub(crate) struct CedarListing {
+    /// Roles and attributes of principals, beside their credentials'.
+    #[cfg_attr(not(feature = "cedar"), allow(dead_code))]
+    pub(crate) entities: Option<toolgate_state::EntitiesFile>,
+}
 
 impl Check for CedarListing {
     fn admit<'a>(&'a self, call: &'a Call<'a>) -> Verdict<'a> {
         #[cfg(feature = "cedar")]
         if let Some(cedar) = &call.state.cedar {
-            let answer = with_caller(call.caller, |principal| {
+            let answer = with_caller(call.caller, self.entities.as_ref(), |principal| {
                 cedar.authorize_listing(principal, call.name)
             });
             if !answer.allowed {
@@ -120,13 +107,25 @@ impl Check for CedarListing {
     }
 
     fn lists(&self, state: &GateState, caller: &Caller, tool: &str) -> bool {
-        lists(state, caller, tool)
+        #[cfg(feature = "cedar")]
+        if let Some(cedar) = &state.cedar {
+            return with_caller(caller, self.entities.as_ref(), |principal| {
+                cedar.authorize_listing(principal, tool)
+            })
+            .allowed;
+        }
+        let _ = (state, caller, tool);
+        true
     }
 }
 
 /// Refuses a call Cedar does not permit with these arguments, now.
 #[derive(Debug, Default)]
-pub(crate) struct CedarCall;
+pub(crate) struct CedarCall {
+    /// Roles and attributes of principals, beside their credentials'.
+    #[cfg_attr(not(feature = "cedar"), allow(dead_code))]
+    pub(crate) entities: Option<toolgate_state::EntitiesFile>,
+}
 
 impl Check for CedarCall {
     fn admit<'a>(&'a self, call: &'a Call<'a>) -> Verdict<'a> {
@@ -138,7 +137,7 @@ impl Check for CedarCall {
                     i64::try_from(since.as_secs()).unwrap_or(i64::MAX)
                 });
             let client = call.caller.client.as_ref().map(|(name, _)| name.as_str());
-            let answer = with_caller(call.caller, |principal| {
+            let answer = with_caller(call.caller, self.entities.as_ref(), |principal| {
                 cedar.authorize_call(principal, call.name, call.arguments, now, client)
             });
             let _ = call.cedar_policies.set(answer.determining.clone());
@@ -168,24 +167,53 @@ fn empty_entry() -> AuditEntry {
 }
 
 /// Runs `decide` with the caller as Cedar's principal: its identity key, and what its credential
-/// says (none for a configured stdio principal: channel `stdio`, no scopes, tenant or roles).
+/// says (none for a configured stdio principal: channel `stdio`, no scopes or tenant), with the
+/// roles and attributes the entities file gives it (roles joined; a credential's attribute wins
+/// over the file's). An entities file that cannot be read denies: `decide` is not run.
 #[cfg(feature = "cedar")]
-fn with_caller<T>(
+fn with_caller(
     caller: &Caller,
-    decide: impl FnOnce(&toolgate_policy::cedar::CedarCaller<'_>) -> T,
-) -> T {
+    entities: Option<&toolgate_state::EntitiesFile>,
+    decide: impl FnOnce(&toolgate_policy::cedar::CedarCaller<'_>) -> toolgate_policy::cedar::CedarAnswer,
+) -> toolgate_policy::cedar::CedarAnswer {
     static NONE: std::collections::BTreeSet<String> = std::collections::BTreeSet::new();
     static NO_ATTRIBUTES: std::collections::BTreeMap<String, String> =
         std::collections::BTreeMap::new();
     let credential = caller.credential.as_ref();
+    let document = match entities.map(toolgate_state::EntitiesFile::load).transpose() {
+        Ok(document) => document,
+        Err(error) => {
+            tracing::error!(%error, "the entities file is unusable; refusing what Cedar decides");
+            return toolgate_policy::cedar::CedarAnswer {
+                allowed: false,
+                determining: Vec::new(),
+                errors: vec![error.to_string()],
+            };
+        }
+    };
+    let from_file = document
+        .as_deref()
+        .and_then(|document| document.of(&caller.principal));
+    let mut roles = std::borrow::Cow::Borrowed(credential.map_or(&NONE, |c| c.roles()));
+    let mut attributes =
+        std::borrow::Cow::Borrowed(credential.map_or(&NO_ATTRIBUTES, |c| c.attributes()));
+    if let Some(entity) = from_file {
+        roles.to_mut().extend(entity.roles.iter().cloned());
+        for (key, value) in &entity.attributes {
+            attributes
+                .to_mut()
+                .entry(key.clone())
+                .or_insert_with(|| value.clone());
+        }
+    }
     decide(&toolgate_policy::cedar::CedarCaller {
         id: &caller.principal,
         name: credential.map_or(&*caller.principal, |c| c.name()),
         channel: credential.and_then(|c| c.channel()).unwrap_or("stdio"),
         scopes: credential.and_then(|c| c.scopes()).unwrap_or(&NONE),
         tenant: credential.and_then(|c| c.tenant()),
-        roles: credential.map_or(&NONE, |c| c.roles()),
-        attributes: credential.map_or(&NO_ATTRIBUTES, |c| c.attributes()),
+        roles: &roles,
+        attributes: &attributes,
     })
 }
 

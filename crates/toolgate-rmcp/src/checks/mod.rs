@@ -77,10 +77,10 @@ pub(crate) mod visibility;
 pub use confirmation::confirmation_tool;
 pub use duplicates::{MAX_SEPARATE_REASON_CHARS, REASON_ARGUMENT, SEPARATE_ARGUMENT};
 pub use toolgate_state::{
-    ConfirmError, ConfirmToken, FileHalts, FileRights, GuardError, Halt, HaltStore, InvalidRights,
-    Issued, KillSwitch, Limit, Limited, MemoryHalts, MemoryPending, MemoryRights, PendingAction,
-    PendingActions, PendingStore, RateLimiter, RateStore, Rights, RightsDocument, RightsFile,
-    RightsStore, Status,
+    ConfirmError, ConfirmToken, EntitiesFile, EntityDocument, FileHalts, FileRights, GuardError,
+    Halt, HaltStore, InvalidRights, Issued, KillSwitch, Limit, Limited, MemoryHalts, MemoryPending,
+    MemoryRights, PendingAction, PendingActions, PendingStore, PrincipalEntity, RateLimiter,
+    RateStore, Rights, RightsDocument, RightsFile, RightsStore, Status,
 };
 pub use toolgate_storage::paths::{PathError, resolve_within};
 
@@ -218,6 +218,8 @@ pub(crate) trait Check: Send + Sync {
 /// [`Checks::new`].
 pub(crate) struct Parts {
     pub(crate) rights: Option<RightsFile>,
+    /// Roles and attributes of principals for Cedar policies (`checks::cedar`).
+    pub(crate) entities: Option<toolgate_state::EntitiesFile>,
     pub(crate) kill_switch: Option<KillSwitch>,
     pub(crate) server_name: Option<String>,
     pub(crate) effects: Option<Arc<dyn toolgate_commit::EffectBackend>>,
@@ -283,12 +285,16 @@ impl Checks {
         let arguments = Arc::new(arguments::Arguments::default());
         let list: Vec<Arc<dyn Check>> = vec![
             Arc::new(visibility::Visibility),
-            Arc::new(cedar::CedarListing),
+            Arc::new(cedar::CedarListing {
+                entities: parts.entities.clone(),
+            }),
             Arc::new(rights::RightsCheck { file: parts.rights }),
             kill_switch.clone(),
             arguments.clone(),
             Arc::new(paths::PathContainment),
-            Arc::new(cedar::CedarCall),
+            Arc::new(cedar::CedarCall {
+                entities: parts.entities,
+            }),
             exactly_once.clone(),
             Arc::new(batch::BatchGuard {
                 preflight: parts.preflight.clone(),
@@ -423,6 +429,7 @@ mod tests {
     fn parts() -> Parts {
         Parts {
             rights: None,
+            entities: None,
             kill_switch: None,
             server_name: None,
             effects: None,

@@ -38,7 +38,7 @@ pub const PROTOCOL_2026: &str = "2026-07-28";
 pub const INVALID_PARAMS: i64 = -32602;
 
 /// Environment variables a test process might inherit that would change the server's behaviour.
-const SCRUBBED_ENV: [&str; 29] = [
+const SCRUBBED_ENV: [&str; 30] = [
     "TOOLGATE_STORE",
     "RUST_LOG",
     "TOOLGATE_AUDIT_KEY_FILE",
@@ -54,6 +54,7 @@ const SCRUBBED_ENV: [&str; 29] = [
     "TOOLGATE_ATTESTATION_KEY_FILE",
     "TOOLGATE_PREVIOUS_LOCK",
     "TOOLGATE_RIGHTS_FILE",
+    "TOOLGATE_ENTITIES_FILE",
     "TOOLGATE_PRINCIPAL",
     "TOOLGATE_MAX_IN_FLIGHT",
     "TOOLGATE_MAX_LINE_BYTES",

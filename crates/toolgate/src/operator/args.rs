@@ -55,6 +55,11 @@ pub struct GateArgs {
     /// the database's (`rights set`).
     #[arg(long, env = "TOOLGATE_RIGHTS_FILE", global = true)]
     pub rights: Option<PathBuf>,
+    /// The entities file: roles and attributes of principals for the policy's Cedar policies
+    /// (`{"version":1,"principals":{"alice":{"roles":["admin"]}}}`), joined with what each
+    /// caller's credential says, re-read so that a change takes effect on the next call.
+    #[arg(long, env = "TOOLGATE_ENTITIES_FILE", global = true)]
+    pub entities: Option<PathBuf>,
     /// A PostgreSQL database for the exactly-once store, the audit chain, the kill switch, the
     /// rights, rate limits and pending confirmations, shared by every replica on it
     /// (`postgres://USER[:PASSWORD]@HOST[:PORT]/DATABASE`); the ledger keeps the rest. The
@@ -80,6 +85,7 @@ impl Default for GateArgs {
             segment_bytes: None,
             principal: None,
             rights: None,
+            entities: None,
             store: None,
             storage: None,
         }
