@@ -28,6 +28,7 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::str::FromStr as _;
+use std::sync::Arc;
 
 use cedar_policy::RestrictedExpression;
 use serde_json::{Map, Value, json};
@@ -246,6 +247,39 @@ pub struct CedarPolicies {
     call_group: cedar_policy::EntityUid,
     /// The policies whose action scope admits `tools/list`.
     listing: cedar_policy::PolicySet,
+    /// Each policy's name (its `@id`, else its positional id): Cedar parses the annotation key
+    /// on every lookup, which costs microseconds per determining policy.
+    names: HashMap<cedar_policy::PolicyId, String>,
+    /// The entities of recent requests ([`CedarPolicies::entities`]).
+    entity_cache: Arc<std::sync::Mutex<HashMap<EntityKey, Arc<CachedEntities>>>>,
+}
+
+/// The entities of one caller's requests about one tool, the policies that can apply to them,
+/// and the listing decided with them.
+#[derive(Debug)]
+struct CachedEntities {
+    entities: cedar_policy::Entities,
+    /// The tool's policies whose principal scope admits this caller.
+    call_policies: cedar_policy::PolicySet,
+    /// The `tools/list` policies whose principal scope admits this caller.
+    list_policies: cedar_policy::PolicySet,
+    listing: std::sync::OnceLock<CedarAnswer>,
+}
+
+/// How many callers' entities a policy set keeps; the cache starts over when it is full.
+const ENTITY_CACHE_ENTRIES: usize = 4096;
+
+/// Everything the entities of one request are made of.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+struct EntityKey {
+    tool: cedar_policy::EntityUid,
+    id: String,
+    name: String,
+    channel: String,
+    tenant: Option<String>,
+    scopes: BTreeSet<String>,
+    roles: BTreeSet<String>,
+    attributes: BTreeMap<String, String>,
 }
 
 #[derive(Debug, Clone)]
@@ -376,14 +410,20 @@ impl CedarPolicies {
                 },
             );
         }
+        let names = policies
+            .policies()
+            .map(|policy| (policy.id().clone(), policy_name(&policies, policy.id())))
+            .collect();
         Ok(CedarPolicies {
             listing: scoped(&policies, &list_action, None)?,
+            names,
             policies,
             schema,
             digest: Sha256Digest::of(text.as_bytes()),
             tools: actions,
             list_action,
             call_group,
+            entity_cache: Arc::default(),
         })
     }
 
@@ -404,13 +444,17 @@ impl CedarPolicies {
 
     /// The ids of the policies (their `@id` annotation, else Cedar's positional id), sorted.
     pub fn ids(&self) -> Vec<String> {
-        let mut ids: Vec<String> = self
-            .policies
-            .policies()
-            .map(|policy| policy_name(&self.policies, policy.id()))
-            .collect();
+        let mut ids: Vec<String> = self.names.values().cloned().collect();
         ids.sort();
         ids
+    }
+
+    /// The name of the policy `id`.
+    fn name(&self, id: &cedar_policy::PolicyId) -> String {
+        self.names
+            .get(id)
+            .cloned()
+            .unwrap_or_else(|| id.to_string())
     }
 
     /// The schema the policies were validated against.
@@ -462,7 +506,12 @@ impl CedarPolicies {
             Ok(context) => context,
             Err(error) => return CedarAnswer::denied(error.to_string()),
         };
-        self.decide(caller, action, &action.uid, context)
+        match self.entities(caller, action) {
+            Ok((cached, principal)) => {
+                self.decide(&cached, principal, action, &action.uid, context)
+            }
+            Err(error) => CedarAnswer::denied(error),
+        }
     }
 
     /// Whether tools/list shows `tool` to `caller`: Cedar permits the action `tools/list` on it,
@@ -476,8 +525,26 @@ impl CedarPolicies {
                 "the Cedar policies were not checked against a tool `{tool}`"
             ));
         };
+        let (cached, principal) = match self.entities(caller, action) {
+            Ok(parts) => parts,
+            Err(error) => return CedarAnswer::denied(error),
+        };
+        // It depends on nothing but the caller, the tool and this set: kept with the entities.
+        cached
+            .listing
+            .get_or_init(|| self.listing(&cached, principal, action))
+            .clone()
+    }
+
+    fn listing(
+        &self,
+        cached: &CachedEntities,
+        principal: cedar_policy::EntityUid,
+        action: &ToolAction,
+    ) -> CedarAnswer {
         let listed = self.decide(
-            caller,
+            cached,
+            principal.clone(),
             action,
             &self.list_action,
             cedar_policy::Context::empty(),
@@ -485,30 +552,21 @@ impl CedarPolicies {
         if !listed.allowed {
             return listed;
         }
-        let (entities, principal, resource) = match self.entities(caller, action, &action.uid) {
-            Ok(parts) => parts,
-            Err(error) => return CedarAnswer::denied(error),
-        };
-        let request = match cedar_policy::RequestBuilder::default()
+        let request = cedar_policy::RequestBuilder::default()
             .principal(principal)
             .action(action.uid.clone())
-            .resource(resource)
-            .schema(&self.schema)
-            .build()
-        {
-            Ok(request) => request,
-            Err(error) => return CedarAnswer::denied(error.to_string()),
-        };
+            .resource(action.resource.uid())
+            .build();
         let partial = cedar_policy::Authorizer::new().is_authorized_partial(
             &request,
-            &action.policies,
-            &entities,
+            &cached.call_policies,
+            &cached.entities,
         );
         if partial.decision() == Some(cedar_policy::Decision::Deny) {
             let mut determining: Vec<String> = partial
                 .definitely_satisfied()
                 .filter(|policy| policy.effect() == cedar_policy::Effect::Forbid)
-                .map(|policy| policy_name(&self.policies, policy.id()))
+                .map(|policy| self.name(policy.id()))
                 .collect();
             determining.sort();
             return CedarAnswer {
@@ -516,30 +574,39 @@ impl CedarPolicies {
                 determining,
                 errors: partial
                     .definitely_errored()
-                    .map(|id| format!("policy {} failed", policy_name(&self.policies, id)))
+                    .map(|id| format!("policy {} failed", self.name(id)))
                     .collect(),
             };
         }
         listed
     }
 
-    /// The entities of one request: the caller (with its roles and attributes), the tool, the
-    /// action and its group. Returns them with the caller's and the tool's uids.
+    /// The entities of a request of `caller` about `tool`: the caller (with its roles and
+    /// attributes), the tool, its call action with the `tools/call` group, and `tools/list`
+    /// (one set serves the listing and the call). Returns them with the caller's and the tool's
+    /// uids. Building them costs Cedar several microseconds (attribute values, the transitive
+    /// closure), and a caller asks about the same tools over and over, so they are kept, keyed
+    /// by everything they are made of, in a bounded cache that lives as long as this policy set.
     fn entities(
         &self,
         caller: &CedarCaller<'_>,
         tool: &ToolAction,
-        action: &cedar_policy::EntityUid,
-    ) -> Result<
-        (
-            cedar_policy::Entities,
-            cedar_policy::EntityUid,
-            cedar_policy::EntityUid,
-        ),
-        String,
-    > {
+    ) -> Result<(Arc<CachedEntities>, cedar_policy::EntityUid), String> {
         use cedar_policy::Entity;
         let principal = entity_uid("Caller", caller.id)?;
+        let key = EntityKey {
+            tool: tool.uid.clone(),
+            id: caller.id.to_owned(),
+            name: caller.name.to_owned(),
+            channel: caller.channel.to_owned(),
+            tenant: caller.tenant.map(str::to_owned),
+            scopes: caller.scopes.clone(),
+            roles: caller.roles.clone(),
+            attributes: caller.attributes.clone(),
+        };
+        if let Some(entities) = self.cache().get(&key) {
+            return Ok((Arc::clone(entities), principal));
+        }
         let mut roles = HashSet::with_capacity(caller.roles.len());
         for role in caller.roles {
             roles.insert(entity_uid("Role", role)?);
@@ -560,7 +627,8 @@ impl CedarPolicies {
             .attributes
             .iter()
             .map(|(key, value)| (key.clone(), string(value)));
-        let mut entities = Vec::with_capacity(4 + roles.len());
+        let role_uids = roles.clone();
+        let mut entities = Vec::with_capacity(5 + roles.len());
         entities.extend(
             roles
                 .iter()
@@ -571,52 +639,72 @@ impl CedarPolicies {
                 .map_err(|e| e.to_string())?,
         );
         entities.push(tool.resource.clone());
-        if *action == self.list_action {
-            entities.push(Entity::new_no_attrs(action.clone(), HashSet::new()));
-        } else {
-            entities.push(Entity::new_no_attrs(
-                action.clone(),
-                HashSet::from([self.call_group.clone()]),
-            ));
-            entities.push(Entity::new_no_attrs(
-                self.call_group.clone(),
-                HashSet::new(),
-            ));
+        entities.push(Entity::new_no_attrs(
+            self.list_action.clone(),
+            HashSet::new(),
+        ));
+        entities.push(Entity::new_no_attrs(
+            tool.uid.clone(),
+            HashSet::from([self.call_group.clone()]),
+        ));
+        entities.push(Entity::new_no_attrs(
+            self.call_group.clone(),
+            HashSet::new(),
+        ));
+        let entities = Arc::new(CachedEntities {
+            entities: cedar_policy::Entities::from_entities(entities, None)
+                .map_err(|e| e.to_string())?,
+            call_policies: for_caller(&tool.policies, &principal, &role_uids)
+                .map_err(|e| e.to_string())?,
+            list_policies: for_caller(&self.listing, &principal, &role_uids)
+                .map_err(|e| e.to_string())?,
+            listing: std::sync::OnceLock::new(),
+        });
+        let mut cache = self.cache();
+        if cache.len() >= ENTITY_CACHE_ENTRIES {
+            cache.clear();
         }
-        let entities =
-            cedar_policy::Entities::from_entities(entities, None).map_err(|e| e.to_string())?;
-        Ok((entities, principal, tool.resource.uid()))
+        cache.insert(key, Arc::clone(&entities));
+        Ok((entities, principal))
+    }
+
+    fn cache(&self) -> std::sync::MutexGuard<'_, HashMap<EntityKey, Arc<CachedEntities>>> {
+        // A map of immutable values stays consistent even if a holder panicked.
+        self.entity_cache
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     /// Cedar's decision for `action` on `tool` by `caller` in `context`, checked against the
     /// schema; an error anywhere denies.
     fn decide(
         &self,
-        caller: &CedarCaller<'_>,
+        cached: &CachedEntities,
+        principal: cedar_policy::EntityUid,
         tool: &ToolAction,
         action: &cedar_policy::EntityUid,
         context: cedar_policy::Context,
     ) -> CedarAnswer {
-        let (entities, principal, resource) = match self.entities(caller, tool, action) {
-            Ok(parts) => parts,
-            Err(error) => return CedarAnswer::denied(error),
-        };
+        // Not validated against the schema again: the caller, tool and action are this set's
+        // own, and the context is built from the schema's types (`project_record`); a request
+        // that did not fit would make a policy err, and any error denies.
         let request = match cedar_policy::Request::new(
             principal,
             action.clone(),
-            resource,
+            tool.resource.uid(),
             context,
-            Some(&self.schema),
+            None,
         ) {
             Ok(request) => request,
             Err(error) => return CedarAnswer::denied(error.to_string()),
         };
         let policies = if *action == self.list_action {
-            &self.listing
+            &cached.list_policies
         } else {
-            &tool.policies
+            &cached.call_policies
         };
-        let response = cedar_policy::Authorizer::new().is_authorized(&request, policies, &entities);
+        let response =
+            cedar_policy::Authorizer::new().is_authorized(&request, policies, &cached.entities);
         let errors: Vec<String> = response
             .diagnostics()
             .errors()
@@ -625,7 +713,7 @@ impl CedarPolicies {
         let mut determining: Vec<String> = response
             .diagnostics()
             .reason()
-            .map(|id| policy_name(&self.policies, id))
+            .map(|id| self.name(id))
             .collect();
         determining.sort();
         CedarAnswer {
@@ -791,6 +879,29 @@ fn scoped(
             .cloned(),
     )
     .map_err(|error| CedarError::Schema(error.to_string()))
+}
+
+/// The policies of `set` whose principal scope can admit `caller`, a member of `roles` and of
+/// nothing else: any principal, a type test, the caller itself, or `in` the caller or one of its
+/// roles. A policy left out has a false scope for every request of this caller, so it is neither
+/// satisfied nor in error: Cedar's decision and diagnostics over the rest are the same.
+fn for_caller(
+    set: &cedar_policy::PolicySet,
+    caller: &cedar_policy::EntityUid,
+    roles: &HashSet<cedar_policy::EntityUid>,
+) -> Result<cedar_policy::PolicySet, cedar_policy::PolicySetError> {
+    use cedar_policy::PrincipalConstraint;
+    cedar_policy::PolicySet::from_policies(
+        set.policies()
+            .filter(|policy| match policy.principal_constraint() {
+                PrincipalConstraint::Any
+                | PrincipalConstraint::Is(_)
+                | PrincipalConstraint::IsIn(..) => true,
+                PrincipalConstraint::Eq(uid) => uid == *caller,
+                PrincipalConstraint::In(uid) => uid == *caller || roles.contains(&uid),
+            })
+            .cloned(),
+    )
 }
 
 /// Parses a policy set, every syntax error with its line.
