@@ -654,10 +654,8 @@ impl CedarPolicies {
         let entities = Arc::new(CachedEntities {
             entities: cedar_policy::Entities::from_entities(entities, None)
                 .map_err(|e| e.to_string())?,
-            call_policies: for_caller(&tool.policies, &principal, &role_uids)
-                .map_err(|e| e.to_string())?,
-            list_policies: for_caller(&self.listing, &principal, &role_uids)
-                .map_err(|e| e.to_string())?,
+            call_policies: for_caller(&tool.policies, &principal, &role_uids)?,
+            list_policies: for_caller(&self.listing, &principal, &role_uids)?,
             listing: std::sync::OnceLock::new(),
         });
         let mut cache = self.cache();
@@ -889,7 +887,7 @@ fn for_caller(
     set: &cedar_policy::PolicySet,
     caller: &cedar_policy::EntityUid,
     roles: &HashSet<cedar_policy::EntityUid>,
-) -> Result<cedar_policy::PolicySet, cedar_policy::PolicySetError> {
+) -> Result<cedar_policy::PolicySet, String> {
     use cedar_policy::PrincipalConstraint;
     cedar_policy::PolicySet::from_policies(
         set.policies()
@@ -902,6 +900,7 @@ fn for_caller(
             })
             .cloned(),
     )
+    .map_err(|error| error.to_string())
 }
 
 /// Parses a policy set, every syntax error with its line.
