@@ -16,7 +16,7 @@ pub mod kill_switch;
 pub mod pending;
 pub mod rates;
 pub mod rights;
-pub(crate) mod watched;
+pub mod watched;
 
 pub use entities::{EntitiesFile, EntityDocument, PrincipalEntity};
 pub use error::GuardError;
