@@ -32,7 +32,13 @@ is a `notify` effect, so it needs two-step confirmation):
      confirm_action with both executes it: "committed", the note file appears; the same
      confirm_action again is an isError result `token_used`, nothing written twice; the audit
      log records the preview, the confirmed call and the refused reuse;
-  6. `toolgate-server audit verify` accepts the whole chain (exit 0).
+  6. with POLICY_JSON naming Cedar policies (roles.cedar, written beside it; skipped when the
+     binary has no Cedar support): carol's token carries `--attr role=writer`, dave's
+     `--attr role=reader`; carol lists only write_note, writes an approved note ("committed") and
+     gets an isError refusal (rule `cedar`) for an unapproved one, which writes nothing; dave
+     lists only read_ledger and his write_note is the SDK's MCPError -32602 (as unknown); the
+     audit records name the determining Cedar policies and the set's digest;
+  7. `toolgate-server audit verify` accepts the whole chain (exit 0).
 
 Exits 0 when every check passes, 1 with a message naming the failed check.
 """
@@ -43,6 +49,7 @@ import hashlib
 import json
 import re
 import shutil
+import subprocess
 import tempfile
 from importlib.metadata import version as dist_version
 from pathlib import Path
@@ -106,6 +113,7 @@ class Ids:
         self.shared = f"interop-py-http-{mode}-0001"  # alice's, then bob's too
         self.bobs = f"interop-py-http-{mode}-bob-0002"
         self.confirmed = f"interop-py-http-{mode}-confirm-0003"
+        self.cedar = f"interop-py-http-{mode}-cedar-0004"
         self.text = f"written over Streamable HTTP by the official Python SDK {EXPECTED_SDK_VERSION} ({mode})"
 
 
@@ -283,6 +291,81 @@ def check_confirmation_audit(ledger: Path, ids: Ids) -> None:
     check(flow == expected, f"audit of the confirmation: expected {expected}, got {flow}")
 
 
+CEDAR_POLICIES = """
+@id("everyone-lists")
+permit(principal, action == Toolgate::Action::"tools/list", resource);
+
+@id("readers-read")
+permit(principal in Toolgate::Role::"reader", action == Toolgate::Action::"read_ledger", resource);
+
+@id("writers-write-approved")
+permit(principal in Toolgate::Role::"writer", action == Toolgate::Action::"write_note", resource)
+when { context.arguments.text like "approved*" };
+"""
+
+
+async def cedar_writer(session: ClientSession, responses: Responses, mode: str, ids: Ids, workdir: Path) -> None:
+    await handshake(session, mode)
+    names = sorted(await list_tool_names(session))
+    check(names == ["write_note"], f"the writer's tools/list under Cedar: {names}")
+    written, _ = await write_note(session, ids.cedar, "approved by the Python SDK")
+    check(written == {"request_id": ids.cedar, "status": "committed"}, f"the writer's approved note: {written!r}")
+    refused = await session.call_tool("write_note", {"request_id": ids.cedar + "-x", "text": "unapproved"})
+    check(refused.is_error, f"an unapproved note was written: {refused!r}")
+    details = refused.structured_content or {}
+    check(details.get("rule") == "cedar" and details.get("policies") == [], f"the refusal's details: {details!r}")
+    check(note_file(ids.cedar + "-x") not in note_files(workdir / "ledger"), "the refused note was written")
+    print("  writer (role from token create --attr): lists write_note only; approved: committed; "
+          "unapproved: isError rule cedar")
+
+
+async def cedar_reader(session: ClientSession, responses: Responses, mode: str, ids: Ids, workdir: Path) -> None:
+    await handshake(session, mode)
+    names = sorted(await list_tool_names(session))
+    check(names == ["read_ledger"], f"the reader's tools/list under Cedar: {names}")
+    try:
+        result = await session.call_tool("write_note", {"request_id": ids.cedar + "-r", "text": "approved"})
+    except MCPError as err:
+        check(err.code == INVALID_PARAMS, f"the reader's write_note: expected {INVALID_PARAMS}, got {err.code}")
+    else:
+        raise CheckFailed(f"the reader's write_note was not refused as unknown: {result!r}")
+    print("  reader: lists read_ledger only; write_note refused as an unknown tool")
+
+
+async def cedar_phase(server: str, policy: Path, workdir: Path, mode: str, ids: Ids) -> None:
+    """Cedar policies over HTTP: roles from `token create --attr role=...`."""
+    probe = subprocess.run([server, "policy", "schema"], capture_output=True, stdin=subprocess.DEVNULL)
+    if probe.returncode != 0:
+        print("  this build has no Cedar support: the Cedar phase is skipped")
+        return
+    ledger = workdir / "ledger"
+    cedar_policy = json.loads(policy.read_text())
+    cedar_policy["cedar"] = "roles.cedar"
+    (workdir / "roles.cedar").write_text(CEDAR_POLICIES)
+    (workdir / "policy-cedar.json").write_text(json.dumps(cedar_policy))
+
+    def token(principal: str, role: str) -> str:
+        lines = operator(server, ledger, "token", "create", "--principal", principal, "--attr", f"role={role}").splitlines()
+        check(len(lines) == 1 and lines[0].startswith("tgt_"), f"token create --attr for {principal}")
+        return lines[0]
+
+    writer, reader = token("carol", "writer"), token("dave", "reader")
+    async with http_server(server, workdir / "policy-cedar.json", ledger, workdir / "server-cedar.stderr") as url:
+        await with_http_session(url, writer, lambda s, r: cedar_writer(s, r, mode, ids, workdir))
+        await with_http_session(url, reader, lambda s, r: cedar_reader(s, r, mode, ids, workdir))
+    records = [r for r in audit_records(ledger) if r.get("principal") in ("carol", "dave") and r.get("method") == "tools/call"]
+    seen = [(r.get("principal"), r.get("reason"), r.get("cedar_policies")) for r in records]
+    expected = [
+        ("carol", "allow", ["writers-write-approved"]),
+        ("carol", "cedar", []),
+        ("dave", "cedar.list", []),
+    ]
+    check(seen == expected, f"audit under Cedar (principal, reason, cedar_policies): expected {expected}, got {seen}")
+    digest = hashlib.sha256(CEDAR_POLICIES.encode()).hexdigest()
+    check(all(r.get("cedar_digest") == digest for r in records), "a record under Cedar lacks the set's digest")
+    print("  audit: the determining Cedar policies and the set's digest on every call record")
+
+
 async def run_mode(server: str, policy: Path, confirm_policy: Path, mode: str) -> None:
     workdir = Path(tempfile.mkdtemp(prefix=f"toolgate-interop-py-http-{mode}-"))
     ledger = workdir / "ledger"
@@ -310,6 +393,7 @@ async def run_mode(server: str, policy: Path, confirm_policy: Path, mode: str) -
         async with http_server(server, workdir / "policy-confirm.json", ledger, workdir / "server-confirm.stderr") as url:
             await with_http_session(url, alice_token, lambda s, r: confirmation(s, r, mode, ids, workdir))
         check_confirmation_audit(ledger, ids)
+        await cedar_phase(server, policy, workdir, mode, ids)
         verified = operator(server, ledger, "audit", "verify").strip()
         print(f"  {verified}")
     finally:
