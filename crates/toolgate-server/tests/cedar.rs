@@ -182,14 +182,6 @@ fn sighup_with_a_cedar_set_that_does_not_fit_keeps_the_old_one() {
     let env = cedar_env(CEDAR);
     let mut alice = spawn_as(&env, "alice");
     alice.discover();
-    let hup = |pid: u32| {
-        let status = Command::new("kill")
-            .arg("-HUP")
-            .arg(pid.to_string())
-            .status()
-            .unwrap();
-        assert!(status.success());
-    };
     let wait_for = |server: &mut Server, outcome: &str, after: usize| -> Value {
         let deadline = Instant::now() + TIMEOUT;
         loop {
@@ -217,7 +209,7 @@ fn sighup_with_a_cedar_set_that_does_not_fit_keeps_the_old_one() {
     .unwrap();
     std::fs::rename(env.path("notes.cedar.new"), env.path("notes.cedar")).unwrap();
     let before = audit_records(&env.audit_path()).len();
-    hup(alice.pid());
+    sighup(alice.pid());
     let rejected = wait_for(&mut alice, "rejected", before);
     let reason = rejected["reason"].as_str().unwrap();
     assert!(reason.contains("no-secrets"), "{reason}");
@@ -235,7 +227,7 @@ fn sighup_with_a_cedar_set_that_does_not_fit_keeps_the_old_one() {
     );
     std::fs::write(env.path("notes.cedar"), &open).unwrap();
     let before = audit_records(&env.audit_path()).len();
-    hup(alice.pid());
+    sighup(alice.pid());
     wait_for(&mut alice, "reloaded", before);
     let written = alice.write_note("any-000004", "a secret");
     assert_eq!(note_status(&written), "committed", "{written}");

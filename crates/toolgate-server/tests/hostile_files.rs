@@ -209,15 +209,7 @@ fn sighup_with_a_fifo_policy_is_refused_and_later_reloads_still_work() {
     let mut server = env.start();
     std::fs::remove_file(&env.policy).unwrap();
     mkfifo(&env.policy);
-    let hup = |pid: u32| {
-        let status = Command::new("kill")
-            .arg("-HUP")
-            .arg(pid.to_string())
-            .status()
-            .unwrap();
-        assert!(status.success());
-    };
-    hup(server.pid());
+    sighup(server.pid());
     let deadline = Instant::now() + TIMEOUT;
     let rejected = |env: &TestEnv| {
         audit_records(&env.audit_path())
@@ -239,7 +231,7 @@ fn sighup_with_a_fifo_policy_is_refused_and_later_reloads_still_work() {
     // The next reload is not stuck behind the first.
     std::fs::remove_file(&env.policy).unwrap();
     std::fs::copy(POLICY, &env.policy).unwrap();
-    hup(server.pid());
+    sighup(server.pid());
     let reloaded = |env: &TestEnv| {
         audit_records(&env.audit_path())
             .iter()

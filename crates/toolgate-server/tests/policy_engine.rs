@@ -7,7 +7,6 @@
 mod common;
 
 use std::path::Path;
-use std::process::Command;
 use std::time::Instant;
 
 use common::*;
@@ -143,15 +142,7 @@ fn sighup_with_a_broken_file_keeps_the_old_policy_and_a_valid_file_replaces_it()
     assert!(server.list_tool_names().contains(&"read_ledger".to_owned()));
 
     std::fs::write(&env.policy, "{\"version\":1,\"allow\":[").unwrap();
-    let hup = |pid: u32| {
-        let status = Command::new("kill")
-            .arg("-HUP")
-            .arg(pid.to_string())
-            .status()
-            .unwrap();
-        assert!(status.success());
-    };
-    hup(server.pid());
+    sighup(server.pid());
     let rejected = wait_for_record(&env, &mut server, |r| {
         r["method"] == "policy/reload" && r["outcome"] == "rejected"
     });
@@ -169,7 +160,7 @@ fn sighup_with_a_broken_file_keeps_the_old_policy_and_a_valid_file_replaces_it()
             r#"{{"version":1,"allow":["write_note"],"deny":["rm_rf"],{IDEMPOTENT_WRITE_NOTE}}}"#
         ),
     );
-    hup(server.pid());
+    sighup(server.pid());
     let reloaded = wait_for_record(&env, &mut server, |r| {
         r["method"] == "policy/reload" && r["outcome"] == "reloaded"
     });

@@ -776,3 +776,13 @@ pub fn assert_verifies(ledger: &Path) {
         output_text(&output)
     );
 }
+
+/// Sends SIGHUP to `pid` (a policy reload), asserting that it was delivered.
+pub fn sighup(pid: u32) {
+    let status = Command::new("kill")
+        .arg("-HUP")
+        .arg(pid.to_string())
+        .status()
+        .expect("runs kill");
+    assert!(status.success(), "kill -HUP {pid}: {status}");
+}
