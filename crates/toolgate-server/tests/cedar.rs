@@ -328,3 +328,47 @@ fn policy_explain_prints_one_decision_with_its_policies() {
         "{text}"
     );
 }
+
+/// Nothing but the call's arguments reaches Cedar's context: a `_meta` that carries arguments,
+/// an idempotency key or a principal of its own choosing changes no decision, and a replay key
+/// cannot carry a refused call through.
+#[test]
+fn meta_cannot_steer_a_cedar_decision() {
+    let env = cedar_env(CEDAR);
+    let mut alice = spawn_as(&env, "alice");
+    alice.discover();
+    let refused_arguments = json!({"request_id": "no-000009", "text": "hello"});
+    for meta in [
+        json!({"arguments": {"request_id": "ok-000009"}}),
+        json!({"io.toolgate/idempotencyKey": "ok-000009", "principal": "bob"}),
+        json!({"context": {"arguments": {"request_id": "ok-1"}}, "now": 0, "client": "x"}),
+    ] {
+        let reply = alice.request(
+            "tools/call",
+            json!({"name": "write_note", "arguments": refused_arguments, "_meta": meta}),
+        );
+        assert!(is_error(&reply), "{meta}: {reply}");
+        assert_eq!(
+            result_of(&reply)["structuredContent"]["rule"],
+            "cedar",
+            "{reply}"
+        );
+    }
+    assert!(!env.note_path("no-000009").exists());
+    // A permitted call under a key, then a refused call with the same key: refused, not replayed.
+    let ok = alice.call_with_key(
+        "write_note",
+        json!({"request_id": "ok-000010", "text": "hello"}),
+        "shared-key-0001",
+    );
+    assert_eq!(note_status(&ok), "committed", "{ok}");
+    let refused = alice.call_with_key(
+        "write_note",
+        json!({"request_id": "no-000010", "text": "hello"}),
+        "shared-key-0001",
+    );
+    assert!(is_error(&refused), "{refused}");
+    assert!(!env.note_path("no-000010").exists());
+    alice.close();
+    assert_verifies(&env.ledger);
+}
