@@ -204,6 +204,31 @@ impl<'de> Deserialize<'de> for Sha256Digest {
     }
 }
 
+/// Puts every JSON object inside `value` in `str` key order, the order a value parsed from
+/// canonical text comes back in, so that what was stored and what is replayed serialize to the
+/// same bytes. serde_json's default map keeps that order anyway (nothing is done); a build in
+/// which a dependency turns on serde_json's `preserve_order` (Cedar does) keeps insertion order,
+/// and `value` then takes a round trip through a JSON value with its objects sorted.
+pub fn in_key_order<T: Serialize + serde::de::DeserializeOwned>(value: &mut T) {
+    static SORTED_MAPS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    let sorted = SORTED_MAPS.get_or_init(|| {
+        let mut map = serde_json::Map::new();
+        map.insert("b".to_owned(), serde_json::Value::Null);
+        map.insert("a".to_owned(), serde_json::Value::Null);
+        map.keys().next().is_some_and(|key| key == "a")
+    });
+    if *sorted {
+        return;
+    }
+    let Ok(mut json) = serde_json::to_value(&*value) else {
+        return;
+    };
+    json.sort_all_objects();
+    if let Ok(in_order) = serde_json::from_value(json) {
+        *value = in_order;
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

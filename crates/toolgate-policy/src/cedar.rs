@@ -343,17 +343,11 @@ impl CedarPolicies {
     /// Reads the Cedar policies at `path` (at most [`MAX_CEDAR_FILE_BYTES`]) and validates them
     /// against `tools` ([`CedarPolicies::from_text`]); errors name the file.
     pub fn load(path: &Path, tools: &[ToolSignature]) -> Result<Self, CedarError> {
-        let read_error = |cause| CedarError::Read {
-            path: path.to_owned(),
-            cause,
-        };
-        let text = toolgate_storage::read_regular_text(
-            path,
-            MAX_CEDAR_FILE_BYTES,
-            toolgate_storage::Symlinks::Follow,
-        )
-        .map_err(read_error)?
-        .ok_or_else(|| read_error(std::io::ErrorKind::NotFound.into()))?;
+        let text =
+            crate::read_text(path, MAX_CEDAR_FILE_BYTES).map_err(|cause| CedarError::Read {
+                path: path.to_owned(),
+                cause,
+            })?;
         Self::from_text(&text, &path.display().to_string(), tools)
     }
 

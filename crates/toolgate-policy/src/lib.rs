@@ -246,6 +246,13 @@ pub struct Policy {
     pub(crate) digest: Sha256Digest,
 }
 
+/// The text of the operator's file at `path`: a regular file (a link to one is followed) of at
+/// most `max_bytes`, read without blocking on a FIFO or a device; a missing file is `NotFound`.
+pub(crate) fn read_text(path: &Path, max_bytes: u64) -> std::io::Result<String> {
+    toolgate_storage::read_regular_text(path, max_bytes, toolgate_storage::Symlinks::Follow)?
+        .ok_or_else(|| std::io::ErrorKind::NotFound.into())
+}
+
 /// The largest Cedar policy file read, in bytes.
 pub const MAX_CEDAR_FILE_BYTES: u64 = 4 << 20;
 
@@ -264,17 +271,10 @@ impl CedarSource {
     /// link to one). A build without the feature `cedar` refuses it: a policy whose Cedar step
     /// could not run must not load as if it had none.
     pub(crate) fn read(path: &Path) -> Result<Self, PolicyError> {
-        let io_error = |source| PolicyError::Io {
+        let text = read_text(path, MAX_CEDAR_FILE_BYTES).map_err(|source| PolicyError::Io {
             path: path.to_owned(),
             source,
-        };
-        let text = toolgate_storage::read_regular_text(
-            path,
-            MAX_CEDAR_FILE_BYTES,
-            toolgate_storage::Symlinks::Follow,
-        )
-        .map_err(io_error)?
-        .ok_or_else(|| io_error(std::io::ErrorKind::NotFound.into()))?;
+        })?;
         #[cfg(not(feature = "cedar"))]
         {
             let _ = text;
@@ -450,17 +450,10 @@ impl Policy {
     /// [`MAX_POLICY_FILE_BYTES`]: a FIFO, a device or a larger file is refused without blocking
     /// or reading it whole.
     pub fn load(path: &Path) -> Result<Self, PolicyError> {
-        let io_error = |source| PolicyError::Io {
+        let text = read_text(path, MAX_POLICY_FILE_BYTES).map_err(|source| PolicyError::Io {
             path: path.to_owned(),
             source,
-        };
-        let text = toolgate_storage::read_regular_text(
-            path,
-            MAX_POLICY_FILE_BYTES,
-            toolgate_storage::Symlinks::Follow,
-        )
-        .map_err(io_error)?
-        .ok_or_else(|| io_error(std::io::ErrorKind::NotFound.into()))?;
+        })?;
         Self::from_json_in(&text, path.parent()).map_err(|error| PolicyError::File {
             path: path.to_owned(),
             error: Box::new(error),

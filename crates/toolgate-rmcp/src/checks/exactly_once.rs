@@ -250,31 +250,6 @@ pub(crate) fn stored(state: &GateState, tool: &str, result: &CallToolResult) -> 
     }
 }
 
-/// Puts every object of a first result that the store keeps in `str` key order, the order its
-/// replays come back in, so that a replay is byte-identical to it. serde_json's default map keeps
-/// that order anyway (nothing is done); a build in which a dependency turns on serde_json's
-/// `preserve_order` (Cedar does) keeps insertion order, and the result then takes the round trip
-/// through a value that every replay takes.
-pub(crate) fn in_key_order(result: &mut CallToolResult) {
-    static SORTED_MAPS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    let sorted = SORTED_MAPS.get_or_init(|| {
-        let mut map = serde_json::Map::new();
-        map.insert("b".to_owned(), Value::Null);
-        map.insert("a".to_owned(), Value::Null);
-        map.keys().next().is_some_and(|key| key == "a")
-    });
-    if *sorted {
-        return;
-    }
-    let Ok(mut value) = serde_json::to_value(&*result) else {
-        return;
-    };
-    value.sort_all_objects();
-    if let Ok(in_order) = serde_json::from_value(value) {
-        *result = in_order;
-    }
-}
-
 /// The `_meta` key every replayed result carries (`true`), so a client can tell a replay from a
 /// first execution whatever the tool's output looks like.
 pub const REPLAYED_META: &str = "io.toolgate/replayed";
@@ -288,7 +263,7 @@ pub(crate) fn restored(stored: Value) -> Option<CallToolResult> {
 /// call got apart from the replay markers: `_meta["io.toolgate/replayed"] = true` always, and the
 /// policy's `replay_marker` (if any) set in `structuredContent` (inserted when absent, as a member
 /// of an existing object) and in a text block that carried the same JSON. An inserted member takes
-/// its place in key order, in any build (see [`in_key_order`]).
+/// its place in key order, in any build (see `toolgate_canon::in_key_order`).
 pub(crate) fn mark_replay(result: &mut CallToolResult, marker: Option<&ReplayMarker>) {
     let meta = result.meta.get_or_insert_with(rmcp::model::MetaObject::new);
     meta.0.insert(REPLAYED_META.to_owned(), Value::Bool(true));

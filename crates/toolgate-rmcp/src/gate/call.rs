@@ -540,7 +540,7 @@ impl<H: ServerHandler> Gated<H> {
         if let (Some((_, Ok(_))), Ok(CallToolResponse::Complete(result))) = (&settle, &mut response)
         {
             // As its replays will be: byte-identical in any build.
-            exactly_once::in_key_order(result);
+            toolgate_canon::in_key_order(result);
         }
         if !invalid_arguments && let Ok(CallToolResponse::Complete(result)) = &mut response {
             self.checks.present(state, &name, result, &mut entry);
