@@ -105,16 +105,21 @@ pub const MAX_ATTRIBUTE_KEY_BYTES: usize = 64;
 /// The longest attribute value, in characters.
 pub const MAX_ATTRIBUTE_VALUE_CHARS: usize = 256;
 
+/// Whether `key` is 1 to 64 of `a-z`, `0-9` and `_`, starting with a letter: the key of an
+/// attribute given to Cedar policies, and a tool's tag in a policy.
+pub fn is_attribute_key(key: &str) -> bool {
+    key.len() <= MAX_ATTRIBUTE_KEY_BYTES
+        && key.starts_with(|c: char| c.is_ascii_lowercase())
+        && key
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
+}
+
 /// Checks an attribute given to Cedar policies as a tag of the principal: the key is 1 to 64 of
 /// `a-z`, `0-9` and `_`, starting with a letter; the value 1 to 256 characters without control
 /// characters. `Err` says which rule is broken.
 pub fn check_attribute(key: &str, value: &str) -> Result<(), &'static str> {
-    let key_ok = key.len() <= MAX_ATTRIBUTE_KEY_BYTES
-        && key.starts_with(|c: char| c.is_ascii_lowercase())
-        && key
-            .bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_');
-    if !key_ok {
+    if !is_attribute_key(key) {
         return Err("a key is 1 to 64 of a-z, 0-9 and '_', starting with a letter");
     }
     if value.is_empty()

@@ -9,8 +9,10 @@
 //! - principal `Toolgate::Caller`: the verified caller, with `channel` (`stdio`, `http`),
 //!   `scopes` (a set of strings) and, when its credential names one, `tenant`; a member of
 //!   `Toolgate::Role` entities (`principal in Toolgate::Role::"admin"`);
-//! - resource `Toolgate::Tool`: the tool, with `read_only` and `destructive` (its annotations, the
-//!   spec's defaults when absent) and, when the policy declares one, `effect` (its effect class);
+//! - resource `Toolgate::Tool`: the tool, with `read_only`, `destructive`, `idempotent` and
+//!   `open_world` (its annotations, the spec's defaults when absent), `tags` (the set the JSON
+//!   policy's `tags` gives it, empty when none) and, when the policy declares one, `effect` (its
+//!   effect class);
 //! - actions: `Toolgate::Action::"tools/list"` (listing a tool: no arguments are known) and one
 //!   action per tool, named by the tool (`Toolgate::Action::"delete_booking"`), each a member of
 //!   `Toolgate::Action::"tools/call"`; a call's context is `{arguments, now}`: the arguments typed
@@ -67,6 +69,7 @@ pub fn cedar_schema(tools: &[ToolSignature]) -> Value {
             "idempotent": {"type": "Boolean"},
             "open_world": {"type": "Boolean"},
             "effect": {"type": "String", "required": false},
+            "tags": {"type": "Set", "element": {"type": "String"}},
         }},
     });
     let applies = |context: Value| json!({"principalTypes": ["Caller"], "resourceTypes": ["Tool"], "context": context});
@@ -261,6 +264,8 @@ struct CachedEntities {
     entities: cedar_policy::Entities,
     /// The tool's policies whose principal scope admits this caller.
     call_policies: cedar_policy::PolicySet,
+    /// The same, split into those satisfied outright and those Cedar evaluates per call.
+    call: SplitPolicies,
     /// The `tools/list` policies whose principal scope admits this caller.
     list_policies: cedar_policy::PolicySet,
     listing: std::sync::OnceLock<CedarAnswer>,
@@ -394,22 +399,22 @@ impl CedarPolicies {
         let mut actions = HashMap::with_capacity(tools.len());
         for tool in tools {
             let uid = action(&tool.name)?;
-            actions.insert(
-                tool.name.clone(),
+            actions.insert(tool.name.clone(), {
+                let resource = resource(tool).map_err(CedarError::Schema)?;
                 ToolAction {
-                    policies: scoped(&policies, &uid, Some(&call_group))?,
+                    policies: scoped(&policies, &uid, Some(&call_group), Some(&resource.uid()))?,
                     uid,
                     arguments: record(&tool.input_schema, &tool.input_schema, 0),
-                    resource: resource(tool).map_err(CedarError::Schema)?,
-                },
-            );
+                    resource,
+                }
+            });
         }
         let names = policies
             .policies()
             .map(|policy| (policy.id().clone(), policy_name(&policies, policy.id())))
             .collect();
         Ok(CedarPolicies {
-            listing: scoped(&policies, &list_action, None)?,
+            listing: scoped(&policies, &list_action, None, None)?,
             names,
             policies,
             schema,
@@ -486,6 +491,15 @@ impl CedarPolicies {
                 ));
             }
         };
+        let (cached, principal) = match self.entities(caller, action) {
+            Ok(parts) => parts,
+            Err(error) => return CedarAnswer::denied(error),
+        };
+        if cached.call.open.is_empty() {
+            // Every policy that can apply is satisfied outright or not at all: the context
+            // (arguments, time, client) cannot change the answer.
+            return cached.call.answer(None, false);
+        }
         let mut context = vec![
             ("arguments".to_owned(), arguments),
             ("now".to_owned(), RestrictedExpression::new_long(now)),
@@ -500,12 +514,15 @@ impl CedarPolicies {
             Ok(context) => context,
             Err(error) => return CedarAnswer::denied(error.to_string()),
         };
-        match self.entities(caller, action) {
-            Ok((cached, principal)) => {
-                self.decide(&cached, principal, action, &action.uid, context)
-            }
-            Err(error) => CedarAnswer::denied(error),
-        }
+        let (open, allowed) = self.evaluate(
+            principal,
+            action,
+            &action.uid,
+            context,
+            &cached.call.open,
+            &cached,
+        );
+        cached.call.answer(Some(open), allowed)
     }
 
     /// Whether tools/list shows `tool` to `caller`: Cedar permits the action `tools/list` on it,
@@ -536,13 +553,7 @@ impl CedarPolicies {
         principal: cedar_policy::EntityUid,
         action: &ToolAction,
     ) -> CedarAnswer {
-        let listed = self.decide(
-            cached,
-            principal.clone(),
-            action,
-            &self.list_action,
-            cedar_policy::Context::empty(),
-        );
+        let listed = self.decide_listing(cached, principal.clone(), action);
         if !listed.allowed {
             return listed;
         }
@@ -645,10 +656,12 @@ impl CedarPolicies {
             self.call_group.clone(),
             HashSet::new(),
         ));
+        let call_policies = for_caller(&tool.policies, &principal, &role_uids)?;
         let entities = Arc::new(CachedEntities {
             entities: cedar_policy::Entities::from_entities(entities, None)
                 .map_err(|e| e.to_string())?,
-            call_policies: for_caller(&tool.policies, &principal, &role_uids)?,
+            call: SplitPolicies::new(&call_policies, &tool.resource.uid(), |id| self.name(id))?,
+            call_policies,
             list_policies: for_caller(&self.listing, &principal, &role_uids)?,
             listing: std::sync::OnceLock::new(),
         });
@@ -667,16 +680,37 @@ impl CedarPolicies {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    /// Cedar's decision for `action` on `tool` by `caller` in `context`, checked against the
-    /// schema; an error anywhere denies.
-    fn decide(
+    /// Cedar's decision for listing `tool` to `caller`; an error anywhere denies.
+    fn decide_listing(
         &self,
         cached: &CachedEntities,
         principal: cedar_policy::EntityUid,
         tool: &ToolAction,
+    ) -> CedarAnswer {
+        let (mut answer, allowed) = self.evaluate(
+            principal,
+            tool,
+            &self.list_action,
+            cedar_policy::Context::empty(),
+            &cached.list_policies,
+            cached,
+        );
+        answer.allowed = allowed && answer.errors.is_empty();
+        answer
+    }
+
+    /// Cedar's answer over `policies`, and whether Cedar's decision was Allow (which
+    /// [`CedarAnswer::allowed`] is not yet: it is left false for the caller to set, since an
+    /// error denies).
+    fn evaluate(
+        &self,
+        principal: cedar_policy::EntityUid,
+        tool: &ToolAction,
         action: &cedar_policy::EntityUid,
         context: cedar_policy::Context,
-    ) -> CedarAnswer {
+        policies: &cedar_policy::PolicySet,
+        cached: &CachedEntities,
+    ) -> (CedarAnswer, bool) {
         // Not validated against the schema again: the caller, tool and action are this set's
         // own, and the context is built from the schema's types (`project_record`); a request
         // that did not fit would make a policy err, and any error denies.
@@ -688,12 +722,7 @@ impl CedarPolicies {
             None,
         ) {
             Ok(request) => request,
-            Err(error) => return CedarAnswer::denied(error.to_string()),
-        };
-        let policies = if *action == self.list_action {
-            &cached.list_policies
-        } else {
-            &cached.call_policies
+            Err(error) => return (CedarAnswer::denied(error.to_string()), false),
         };
         let response =
             cedar_policy::Authorizer::new().is_authorized(&request, policies, &cached.entities);
@@ -708,11 +737,15 @@ impl CedarPolicies {
             .map(|id| self.name(id))
             .collect();
         determining.sort();
-        CedarAnswer {
-            allowed: response.decision() == cedar_policy::Decision::Allow && errors.is_empty(),
-            determining,
-            errors,
-        }
+        let allowed = response.decision() == cedar_policy::Decision::Allow;
+        (
+            CedarAnswer {
+                allowed: false,
+                determining,
+                errors,
+            },
+            allowed,
+        )
     }
 }
 
@@ -853,13 +886,17 @@ pub fn explain(
 }
 
 /// The policies of `set` whose action scope admits `action` (a member of `group`, when given):
-/// any action, `action` itself, or a list naming it or its group.
+/// any action, `action` itself, or a list naming it or its group; and, when `resource` is given,
+/// whose resource scope can admit it (a tool is in nothing but itself). A policy left out has a
+/// false scope for every such request: Cedar's decision and diagnostics over the rest are the
+/// same.
 fn scoped(
     set: &cedar_policy::PolicySet,
     action: &cedar_policy::EntityUid,
     group: Option<&cedar_policy::EntityUid>,
+    resource: Option<&cedar_policy::EntityUid>,
 ) -> Result<cedar_policy::PolicySet, CedarError> {
-    use cedar_policy::ActionConstraint;
+    use cedar_policy::{ActionConstraint, ResourceConstraint};
     let admits = |uid: &cedar_policy::EntityUid| uid == action || Some(uid) == group;
     cedar_policy::PolicySet::from_policies(
         set.policies()
@@ -868,9 +905,104 @@ fn scoped(
                 ActionConstraint::Eq(uid) => uid == *action,
                 ActionConstraint::In(uids) => uids.iter().any(admits),
             })
+            .filter(|policy| match (resource, policy.resource_constraint()) {
+                (
+                    Some(resource),
+                    ResourceConstraint::Eq(uid)
+                    | ResourceConstraint::In(uid)
+                    | ResourceConstraint::IsIn(_, uid),
+                ) => uid == *resource,
+                _ => true,
+            })
             .cloned(),
     )
     .map_err(|error| CedarError::Schema(error.to_string()))
+}
+
+/// The policies of a caller's requests about a tool (already narrowed by action, resource and
+/// principal scope, [`scoped`] and [`for_caller`]), split by what their scopes say: those
+/// without a condition whose scope admits the request outright (they are satisfied by every
+/// request of this caller about this tool, and cannot err), and the rest, which Cedar evaluates.
+#[derive(Debug)]
+struct SplitPolicies {
+    /// The names of the `forbid`s satisfied outright, sorted.
+    forbids: Vec<String>,
+    /// The names of the `permit`s satisfied outright, sorted.
+    permits: Vec<String>,
+    /// The policies Cedar has to evaluate.
+    open: cedar_policy::PolicySet,
+}
+
+impl SplitPolicies {
+    fn new(
+        set: &cedar_policy::PolicySet,
+        resource: &cedar_policy::EntityUid,
+        name: impl Fn(&cedar_policy::PolicyId) -> String,
+    ) -> Result<Self, String> {
+        use cedar_policy::{PrincipalConstraint, ResourceConstraint};
+        let mut split = SplitPolicies {
+            forbids: Vec::new(),
+            permits: Vec::new(),
+            open: cedar_policy::PolicySet::new(),
+        };
+        for policy in set.policies() {
+            // `for_caller` kept only principal scopes that admit the caller, except type tests;
+            // `scoped` kept only resource scopes that admit the tool, except type tests.
+            let outright = !policy.has_non_scope_constraint()
+                && matches!(
+                    policy.principal_constraint(),
+                    PrincipalConstraint::Any
+                        | PrincipalConstraint::Eq(_)
+                        | PrincipalConstraint::In(_)
+                )
+                && match policy.resource_constraint() {
+                    ResourceConstraint::Any => true,
+                    ResourceConstraint::Eq(uid) | ResourceConstraint::In(uid) => uid == *resource,
+                    ResourceConstraint::Is(_) | ResourceConstraint::IsIn(..) => false,
+                };
+            if !outright {
+                split.open.add(policy.clone()).map_err(|e| e.to_string())?;
+            } else if policy.effect() == cedar_policy::Effect::Forbid {
+                split.forbids.push(name(policy.id()));
+            } else {
+                split.permits.push(name(policy.id()));
+            }
+        }
+        split.forbids.sort();
+        split.permits.sort();
+        Ok(split)
+    }
+
+    /// Cedar's answer over the whole subset, from its answer over the open part (`None` when
+    /// that part is empty and was not evaluated): a satisfied `forbid` denies, naming every
+    /// satisfied `forbid`; else a satisfied `permit` allows, naming every satisfied `permit`;
+    /// else it is denied with no policy named. Any error denies.
+    fn answer(&self, open: Option<CedarAnswer>, open_allowed: bool) -> CedarAnswer {
+        let (mut open_forbids, mut open_permits, errors) = match open {
+            None => (Vec::new(), Vec::new(), Vec::new()),
+            Some(answer) if open_allowed => (Vec::new(), answer.determining, answer.errors),
+            Some(answer) => (answer.determining, Vec::new(), answer.errors),
+        };
+        let merged = |known: &[String], open: &mut Vec<String>| {
+            let mut all = known.to_vec();
+            all.append(open);
+            all.sort();
+            all
+        };
+        if !self.forbids.is_empty() || !open_forbids.is_empty() {
+            return CedarAnswer {
+                allowed: false,
+                determining: merged(&self.forbids, &mut open_forbids),
+                errors,
+            };
+        }
+        let determining = merged(&self.permits, &mut open_permits);
+        CedarAnswer {
+            allowed: !determining.is_empty() && errors.is_empty(),
+            determining,
+            errors,
+        }
+    }
 }
 
 /// The policies of `set` whose principal scope can admit `caller`, a member of `roles` and of
@@ -933,6 +1065,15 @@ fn resource(tool: &ToolSignature) -> Result<cedar_policy::Entity, String> {
             RestrictedExpression::new_string(effect.clone()),
         );
     }
+    attributes.insert(
+        "tags".to_owned(),
+        RestrictedExpression::new_set(
+            tool.tags
+                .iter()
+                .cloned()
+                .map(RestrictedExpression::new_string),
+        ),
+    );
     cedar_policy::Entity::new(entity_uid("Tool", &tool.name)?, attributes, HashSet::new())
         .map_err(|e| e.to_string())
 }

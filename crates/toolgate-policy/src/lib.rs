@@ -243,6 +243,8 @@ pub struct Policy {
     pub(crate) trusted_output: BTreeSet<String>,
     /// The Cedar policies the file names (`cedar`), read with it.
     pub(crate) cedar: Option<CedarSource>,
+    /// Each tool's tags (`tags`), which Cedar policies read as `resource.tags`.
+    pub(crate) tags: BTreeMap<String, BTreeSet<String>>,
     pub(crate) digest: Sha256Digest,
 }
 
@@ -332,6 +334,8 @@ pub struct ToolSignature {
     pub open_world: bool,
     /// Its effect class in the JSON policy's `effects`, if any.
     pub effect: Option<String>,
+    /// Its tags in the JSON policy's `tags`.
+    pub tags: BTreeSet<String>,
 }
 
 impl ToolSignature {
@@ -346,6 +350,7 @@ impl ToolSignature {
             idempotent: false,
             open_world: true,
             effect: None,
+            tags: BTreeSet::new(),
         }
     }
 }
@@ -721,6 +726,22 @@ impl Policy {
     /// The effect class of `tool` (policy key `effects`).
     pub fn effect_class(&self, tool: &str) -> Option<EffectClass> {
         self.effects.get(tool).copied()
+    }
+
+    /// The tags of `tool` (policy key `tags`; empty when it has none), which Cedar policies read
+    /// as `resource.tags`.
+    pub fn tags(&self, tool: &str) -> Option<&BTreeSet<String>> {
+        self.tags.get(tool)
+    }
+
+    /// `tool` as the policy describes it to Cedar: its effect class and tags added to what the
+    /// tool's contract says.
+    pub fn signature(&self, tool: &ToolSignature) -> ToolSignature {
+        ToolSignature {
+            effect: self.effect_class(&tool.name).map(|class| class.to_string()),
+            tags: self.tags(&tool.name).cloned().unwrap_or_default(),
+            ..tool.clone()
+        }
     }
 
     /// How long a confirmation stays valid (`confirmation.ttl_secs`, default 300 s).

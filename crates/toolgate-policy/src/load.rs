@@ -384,6 +384,32 @@ impl Policy {
             }
         }
 
+        if raw.cedar.is_none() && !raw.tags.0.is_empty() {
+            return Err(invalid(
+                "tags are read only by Cedar policies, and this policy names none: name the Cedar file with `cedar`, or remove `tags`"
+                    .to_owned(),
+            ));
+        }
+        let mut tags = BTreeMap::new();
+        for (tool, list) in raw.tags.0 {
+            let tool = tool_name(&tool, "tags")?;
+            reach.require("tags", &tool)?;
+            let mut set = BTreeSet::new();
+            for tag in list {
+                if !toolgate_canon::names::is_attribute_key(&tag) {
+                    return Err(invalid(format!(
+                        "tags.{tool} has the tag {tag:?}; a tag is 1 to 64 of a-z, 0-9 and '_', starting with a letter"
+                    )));
+                }
+                if !set.insert(tag.clone()) {
+                    return Err(invalid(format!(
+                        "tags.{tool} lists `{tag}` twice; list each tag once"
+                    )));
+                }
+            }
+            tags.insert(tool, set);
+        }
+
         for (name, rules) in compiled_principal_rules {
             if let Some(section) = principals.get_mut(&name) {
                 section.arg_rules = rules;
@@ -423,6 +449,7 @@ impl Policy {
             host_requests,
             trusted_output,
             cedar,
+            tags,
             digest,
         })
     }

@@ -156,6 +156,10 @@ pub(crate) struct RawPolicy {
     #[serde(default, deserialize_with = "present")]
     #[schemars(with = "String")]
     pub(crate) cedar: Option<String>,
+    /// Tags of tools, for the Cedar policies (`resource.tags`): `{tool: [tag, ...]}`, each tag
+    /// 1 to 64 of `a-z`, `0-9` and `_`, starting with a letter. Needs `cedar`.
+    #[serde(default)]
+    pub(crate) tags: UniqueMap<Vec<String>>,
 }
 
 /// `proxy` as written: what a proxied upstream may ask of the host, and whose text is trusted.

@@ -525,3 +525,76 @@ fn a_json_policy_names_its_cedar_file_relative_to_itself() {
     let null = Policy::from_json(r#"{"version": 1, "cedar": null}"#).unwrap_err();
     assert!(matches!(null, PolicyError::Syntax { .. }), "{null}");
 }
+
+#[test]
+fn tags_from_the_json_policy_are_the_tools_tags_in_cedar() {
+    use toolgate_policy::Policy;
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("tags.cedar"),
+        "@id(\"lists\") permit(principal, action == Toolgate::Action::\"tools/list\", resource);\n\
+         @id(\"calls\") permit(principal, action in Toolgate::Action::\"tools/call\", resource);\n\
+         @id(\"pii-staff-only\") forbid(principal, action, resource)\n\
+           when { resource.tags.contains(\"pii\") } unless { principal in Toolgate::Role::\"staff\" };\n",
+    )
+    .unwrap();
+    let json = r#"{"version": 1, "allow": ["list_bookings", "delete_booking"],
+        "cedar": "tags.cedar", "tags": {"delete_booking": ["pii", "billing"]}}"#;
+    std::fs::write(dir.path().join("policy.json"), json).unwrap();
+    let policy = Policy::load(&dir.path().join("policy.json")).unwrap();
+    let tags: Vec<&str> = policy
+        .tags("delete_booking")
+        .unwrap()
+        .iter()
+        .map(String::as_str)
+        .collect();
+    assert_eq!(tags, ["billing", "pii"]);
+    assert!(policy.tags("list_bookings").is_none());
+    let signatures: Vec<ToolSignature> = tools().iter().map(|t| policy.signature(t)).collect();
+    let set = CedarPolicies::from_source(policy.cedar().unwrap(), &signatures).unwrap();
+    let arguments = json!({"id": "b-1", "amount": 5});
+    let guest = who(&[], &[], None);
+    let staff = who(&["staff"], &[], None);
+    for (caller, tool, allowed, determining) in [
+        (&guest, "delete_booking", false, vec!["pii-staff-only"]),
+        (&staff, "delete_booking", true, vec!["calls"]),
+        (&guest, "list_bookings", true, vec!["calls"]),
+    ] {
+        let answer = call(&set, caller, tool, arguments.clone());
+        assert_eq!(
+            decided(&answer),
+            (allowed, determining),
+            "{tool}: {answer:?}"
+        );
+    }
+    // Without the policy's tags the same Cedar text sees none.
+    let untagged = CedarPolicies::from_source(policy.cedar().unwrap(), &tools()).unwrap();
+    assert!(call(&untagged, &guest, "delete_booking", arguments).allowed);
+
+    // Refused: tags without Cedar, a tag that is not a name, a tag twice, an unknown tool.
+    for (json, says) in [
+        (
+            r#"{"version": 1, "allow": ["a"], "tags": {"a": ["pii"]}}"#,
+            "names none",
+        ),
+        (
+            r#"{"version": 1, "allow": ["a"], "cedar": "tags.cedar", "tags": {"a": ["PII"]}}"#,
+            "\"PII\"",
+        ),
+        (
+            r#"{"version": 1, "allow": ["a"], "cedar": "tags.cedar", "tags": {"a": ["pii", "pii"]}}"#,
+            "twice",
+        ),
+        (
+            r#"{"version": 1, "allow": ["a"], "cedar": "tags.cedar", "tags": {"b": ["pii"]}}"#,
+            "does not allow",
+        ),
+    ] {
+        std::fs::write(dir.path().join("refused.json"), json).unwrap();
+        let error = Policy::load(&dir.path().join("refused.json")).unwrap_err();
+        assert!(
+            error.to_string().contains("invalid policy") && error.to_string().contains(says),
+            "{json}: {error}"
+        );
+    }
+}

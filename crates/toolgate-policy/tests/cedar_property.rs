@@ -32,6 +32,11 @@ fn tools() -> Vec<ToolSignature> {
         .map(|(i, name)| ToolSignature {
             destructive: i == 2,
             read_only: i == 0,
+            tags: if i == 1 {
+                ["billing".to_owned()].into()
+            } else {
+                Default::default()
+            },
             ..ToolSignature::new(
                 *name,
                 json!({"type": "object", "properties": {
@@ -50,6 +55,22 @@ fn policy() -> impl Strategy<Value = String> {
         Just("principal".to_owned()),
         (0..3usize).prop_map(|r| format!("principal in Toolgate::Role::\"{}\"", ROLES[r])),
         (0..3usize).prop_map(|i| format!("principal == Toolgate::Caller::\"{}\"", IDS[i])),
+        Just("principal is Toolgate::Caller".to_owned()),
+        (0..3usize).prop_map(|r| format!(
+            "principal is Toolgate::Caller in Toolgate::Role::\"{}\"",
+            ROLES[r]
+        )),
+    ];
+    let resource = prop_oneof![
+        Just("resource".to_owned()),
+        Just("resource".to_owned()),
+        (0..3usize).prop_map(|t| format!("resource == Toolgate::Tool::\"{}\"", TOOLS[t])),
+        (0..3usize).prop_map(|t| format!("resource in Toolgate::Tool::\"{}\"", TOOLS[t])),
+        Just("resource is Toolgate::Tool".to_owned()),
+        (0..3usize).prop_map(|t| format!(
+            "resource is Toolgate::Tool in Toolgate::Tool::\"{}\"",
+            TOOLS[t]
+        )),
     ];
     let action = prop_oneof![
         Just("action".to_owned()),
@@ -62,17 +83,19 @@ fn policy() -> impl Strategy<Value = String> {
         )),
     ];
     let condition = prop_oneof![
-        Just(String::new()),
-        (0..200i64).prop_map(|k| format!(
+        // Policies without a condition are decided from their scopes alone (the gate's shortcut).
+        3 => Just(String::new()),
+        1 => Just(" when { resource.tags.contains(\"billing\") }".to_owned()),
+        1 => (0..200i64).prop_map(|k| format!(
             " when {{ context has arguments && context.arguments.amount < {k} }}"
         )),
-        Just(" when { principal has tenant && principal.tenant == \"acme\" }".to_owned()),
-        Just(" unless { resource.destructive }".to_owned()),
-        Just(" when { principal.hasTag(\"dept\") && principal.getTag(\"dept\") == \"sales\" }".to_owned()),
-        Just(" when { context has arguments && context.arguments has region && context.arguments.region == \"eu\" }".to_owned()),
+        1 => Just(" when { principal has tenant && principal.tenant == \"acme\" }".to_owned()),
+        1 => Just(" unless { resource.destructive }".to_owned()),
+        1 => Just(" when { principal.hasTag(\"dept\") && principal.getTag(\"dept\") == \"sales\" }".to_owned()),
+        1 => Just(" when { context has arguments && context.arguments has region && context.arguments.region == \"eu\" }".to_owned()),
     ];
-    (effect, principal, action, condition)
-        .prop_map(|(e, p, a, c)| format!("{e}({p}, {a}, resource){c};"))
+    (effect, principal, action, resource, condition)
+        .prop_map(|(e, p, a, r, c)| format!("{e}({p}, {a}, {r}){c};"))
 }
 
 /// A caller: which identity, its roles, tenant and dept tag.
@@ -169,6 +192,14 @@ fn reference(
                 (
                     "open_world".to_owned(),
                     RestrictedExpression::new_bool(tool.open_world),
+                ),
+                (
+                    "tags".to_owned(),
+                    RestrictedExpression::new_set(
+                        tool.tags
+                            .iter()
+                            .map(|t| RestrictedExpression::new_string(t.clone())),
+                    ),
                 ),
             ]),
             HashSet::new(),

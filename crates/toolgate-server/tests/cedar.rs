@@ -177,29 +177,78 @@ when { context.arguments.txt == "x" };
     assert!(!env.audit_path().exists() || audit_records(&env.audit_path()).is_empty());
 }
 
+/// The first `policy/reload` record with `outcome` after the first `after` records.
+fn wait_for_reload(env: &TestEnv, server: &mut Server, outcome: &str, after: usize) -> Value {
+    let deadline = Instant::now() + TIMEOUT;
+    loop {
+        let records = audit_records(&env.audit_path());
+        if let Some(record) = records
+            .iter()
+            .skip(after)
+            .find(|r| r["method"] == "policy/reload" && r["outcome"] == outcome)
+        {
+            return record.clone();
+        }
+        assert!(
+            Instant::now() < deadline && server.is_running(),
+            "no {outcome} reload; stderr:\n{}",
+            server.stderr()
+        );
+        poll_pause();
+    }
+}
+
+#[test]
+fn tags_in_the_policy_are_the_tools_tags_in_cedar_and_reload_with_it() {
+    let env = TestEnv::new();
+    let tagged = POLICY.replace(
+        r#""cedar": "notes.cedar""#,
+        r#""cedar": "notes.cedar", "tags": {"read_ledger": ["finance"]}"#,
+    );
+    std::fs::write(&env.policy, &tagged).unwrap();
+    std::fs::write(
+        env.path("notes.cedar"),
+        r#"@id("lists") permit(principal, action == Toolgate::Action::"tools/list", resource);
+@id("calls") permit(principal, action in Toolgate::Action::"tools/call", resource);
+@id("no-finance") forbid(principal, action, resource) when { resource.tags.contains("finance") };
+"#,
+    )
+    .unwrap();
+    let mut alice = spawn_as(&env, "alice");
+    alice.discover();
+    // Forbidden outright by its tag: not listed, and called it is as unknown as a missing tool.
+    assert_eq!(alice.list_tool_names(), ["write_note"]);
+    let hidden = alice.call("read_ledger", json!({}));
+    assert_eq!(error_code(&hidden), Some(INVALID_PARAMS), "{hidden}");
+    assert_eq!(last_call(&env, "read_ledger")["reason"], "cedar.list");
+    let written = alice.write_note("ok-000001", "hello");
+    assert_eq!(note_status(&written), "committed", "{written}");
+
+    // The tags are the policy's: a reload without them lists and runs the tool.
+    std::fs::write(&env.policy, POLICY).unwrap();
+    let before = audit_records(&env.audit_path()).len();
+    sighup(alice.pid());
+    wait_for_reload(&env, &mut alice, "reloaded", before);
+    let mut listed = alice.list_tool_names();
+    listed.sort();
+    assert_eq!(listed, ["read_ledger", "write_note"]);
+    let read = alice.call("read_ledger", json!({}));
+    assert!(read.get("error").is_none() && !is_error(&read), "{read}");
+    assert_eq!(
+        last_call(&env, "read_ledger")["cedar_policies"],
+        json!(["calls"])
+    );
+    alice.close();
+    assert_verifies(&env.ledger);
+}
+
 #[test]
 fn sighup_with_a_cedar_set_that_does_not_fit_keeps_the_old_one() {
     let env = cedar_env(CEDAR);
     let mut alice = spawn_as(&env, "alice");
     alice.discover();
-    let wait_for = |server: &mut Server, outcome: &str, after: usize| -> Value {
-        let deadline = Instant::now() + TIMEOUT;
-        loop {
-            let records = audit_records(&env.audit_path());
-            if let Some(record) = records
-                .iter()
-                .skip(after)
-                .find(|r| r["method"] == "policy/reload" && r["outcome"] == outcome)
-            {
-                return record.clone();
-            }
-            assert!(
-                Instant::now() < deadline && server.is_running(),
-                "no {outcome} reload; stderr:\n{}",
-                server.stderr()
-            );
-            poll_pause();
-        }
+    let wait_for = |server: &mut Server, outcome: &str, after: usize| {
+        wait_for_reload(&env, server, outcome, after)
     };
     // An argument the tool does not have: refused, the old set stays.
     std::fs::write(

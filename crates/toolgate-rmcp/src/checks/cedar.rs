@@ -57,15 +57,8 @@ pub(crate) fn compile(
             )
             .into());
         };
-        let tools: Vec<toolgate_policy::ToolSignature> = tools
-            .iter()
-            .map(|tool| toolgate_policy::ToolSignature {
-                effect: policy
-                    .effect_class(&tool.name)
-                    .map(|class| class.to_string()),
-                ..tool.clone()
-            })
-            .collect();
+        let tools: Vec<toolgate_policy::ToolSignature> =
+            tools.iter().map(|tool| policy.signature(tool)).collect();
         Ok(Some(Arc::new(CedarSet::from_source(source, &tools)?)))
     }
 }
