@@ -75,28 +75,33 @@ impl CheckOutcome {
     }
 }
 
-/// Compares `live` with the lockfile at `path`.
-pub fn check_lockfile(path: &Path, live: &Lockfile) -> Result<CheckOutcome, CheckError> {
-    let read = toolgate_storage::read_regular_text(
+/// The text of the lockfile at `path`, `None` when there is none.
+fn read_committed(path: &Path) -> Result<Option<String>, CheckError> {
+    toolgate_storage::read_regular_text(
         path,
         crate::MAX_LOCKFILE_BYTES,
         toolgate_storage::Symlinks::Follow,
-    );
-    let committed = match read {
-        Ok(Some(text)) => text,
-        Ok(None) => {
-            return Ok(CheckOutcome::Drift {
-                reason: DriftReason::Missing,
-                changes: Vec::new(),
-            });
-        }
-        Err(source) => {
-            return Err(CheckError::Io {
-                action: "read",
-                path: path.to_owned(),
-                source,
-            });
-        }
+    )
+    .map_err(|source| CheckError::Io {
+        action: "read",
+        path: path.to_owned(),
+        source,
+    })
+}
+
+/// The lockfile at `path`, when there is one and it parses (what [`check_lockfile`] compared
+/// `live` with).
+pub fn committed_lockfile(path: &Path) -> Option<Lockfile> {
+    Lockfile::parse(&read_committed(path).ok()??).ok()
+}
+
+/// Compares `live` with the lockfile at `path`.
+pub fn check_lockfile(path: &Path, live: &Lockfile) -> Result<CheckOutcome, CheckError> {
+    let Some(committed) = read_committed(path)? else {
+        return Ok(CheckOutcome::Drift {
+            reason: DriftReason::Missing,
+            changes: Vec::new(),
+        });
     };
     let rendered = live.render();
     if committed == rendered {

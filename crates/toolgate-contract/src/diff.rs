@@ -171,6 +171,25 @@ rules! {
 }
 }
 
+rules! {
+    /// The rules the lock check adds from the policy that governs the tools (beside [`RULES`],
+    /// which compare contracts alone), in documentation order.
+    POLICY_RULES {
+    CEDAR_POLICY_BROKEN = "cedar.policy_broken", Breaking, "the tool's contract change leaves a Cedar policy naming what the tool no longer has, or misusing a type (a server with it refuses to start)";
+    }
+}
+
+/// The change of `tool` that leaves a Cedar policy unfit (rule `cedar.policy_broken`): `detail`
+/// names the policy, its file and line.
+pub fn cedar_policy_broken(tool: &str, detail: String) -> Change {
+    Change {
+        tool: tool.to_owned(),
+        verdict: CEDAR_POLICY_BROKEN.verdict,
+        rule: CEDAR_POLICY_BROKEN.id,
+        detail,
+    }
+}
+
 /// Every classified difference from `old` to `new`, ordered by verdict (most severe first), tool,
 /// rule and detail, so the output is deterministic.
 pub fn diff(old: &ServerContract, new: &ServerContract) -> Vec<Change> {
@@ -213,8 +232,9 @@ pub fn diff(old: &ServerContract, new: &ServerContract) -> Vec<Change> {
     out
 }
 
-/// Orders `changes` by verdict (most severe first), tool, rule and detail.
-pub(crate) fn sort(changes: &mut [Change]) {
+/// Orders `changes` by verdict (most severe first), tool, rule and detail (the order of every
+/// list of changes).
+pub fn sort(changes: &mut [Change]) {
     changes.sort_by(|a, b| {
         b.verdict
             .cmp(&a.verdict)

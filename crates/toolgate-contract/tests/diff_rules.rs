@@ -9,7 +9,7 @@ use std::collections::BTreeSet;
 use contract_support::{fixtures_dir, merge_patch, sample_server, tool_from_spec};
 use serde_json::Value;
 use toolgate_contract::contract::{ServerContract, ToolContract};
-use toolgate_contract::diff::{Change, RULES, Verdict, diff, worst};
+use toolgate_contract::diff::{Change, POLICY_RULES, RULES, Verdict, diff, worst};
 
 struct Cases {
     base: Value,
@@ -149,10 +149,11 @@ fn the_table_covers_every_rule() {
 
 #[test]
 fn rule_ids_are_unique_and_documented() {
-    let ids: BTreeSet<&str> = RULES.iter().map(|r| r.id).collect();
-    assert_eq!(ids.len(), RULES.len());
+    let all: Vec<_> = RULES.iter().chain(POLICY_RULES).collect();
+    let ids: BTreeSet<&str> = all.iter().map(|r| r.id).collect();
+    assert_eq!(ids.len(), all.len());
     let doc = std::fs::read_to_string(fixtures_dir().join("../../docs/lockfile.md")).unwrap();
-    for rule in RULES {
+    for rule in all {
         let row = doc
             .lines()
             .find(|l| l.contains(&format!("`{}`", rule.id)))

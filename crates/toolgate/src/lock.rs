@@ -450,6 +450,71 @@ fn cedar_violations(policy: &Policy, live: &Lockfile) -> Vec<Violation> {
     }]
 }
 
+/// `found` with a `cedar.policy_broken` (BREAKING) change for each changed tool whose new
+/// contract leaves a Cedar policy unfit that fitted the committed contract: the committed tools
+/// with that one tool as it is now are validated as a gate validates them. (Every problem of
+/// the live contract is a violation besides, [`cedar_violations`].)
+fn cedar_breakage(
+    policy: &Policy,
+    lockfile: &Path,
+    live: &Lockfile,
+    found: CheckOutcome,
+) -> CheckOutcome {
+    #[cfg(feature = "cedar")]
+    if let (
+        Some(source),
+        CheckOutcome::Drift {
+            reason: toolgate_contract::check::DriftReason::Changed,
+            changes,
+        },
+    ) = (policy.cedar(), &found)
+    {
+        use toolgate_policy::cedar::{CedarError, CedarPolicies};
+        let Some(committed) = toolgate_contract::check::committed_lockfile(lockfile) else {
+            return found;
+        };
+        let signatures = |lock: &Lockfile| -> Vec<toolgate_policy::ToolSignature> {
+            toolgate_rmcp::contract::tool_signatures(lock)
+                .iter()
+                .map(|tool| policy.signature(tool))
+                .collect()
+        };
+        let (old, new) = (signatures(&committed), signatures(live));
+        if CedarPolicies::from_source(source, &old).is_err() {
+            return found; // unfit before this change: not its doing
+        }
+        let mut changes = changes.clone();
+        let tools: std::collections::BTreeSet<String> = changes
+            .iter()
+            .filter(|change| !change.tool.is_empty())
+            .map(|change| change.tool.clone())
+            .collect();
+        for tool in tools {
+            let mut with_it: Vec<_> = old.iter().filter(|t| t.name != tool).cloned().collect();
+            with_it.extend(new.iter().find(|t| t.name == tool).cloned());
+            if let Err(CedarError::Invalid {
+                source_name,
+                problems,
+            }) = CedarPolicies::from_source(source, &with_it)
+            {
+                changes.extend(problems.iter().map(|problem| {
+                    toolgate_contract::diff::cedar_policy_broken(
+                        &tool,
+                        format!("{source_name}: {problem}"),
+                    )
+                }));
+            }
+        }
+        toolgate_contract::diff::sort(&mut changes);
+        return CheckOutcome::Drift {
+            reason: toolgate_contract::check::DriftReason::Changed,
+            changes,
+        };
+    }
+    let _ = (policy, lockfile, live);
+    found
+}
+
 /// Runs `check`: scans the handlers, computes the live contract, the scan's violations and the
 /// effect-class violations ([`effect_class_violations`]), then compares with the committed
 /// lockfile or, in update mode, writes it durably (through the storage floor's `replace_file`)
@@ -465,7 +530,12 @@ pub fn check_lock(check: &LockCheck) -> Result<LockReport, LockError> {
     let contract = server_contract(&check.server_name, &check.tools, &policy, &scans)?;
     let live = Lockfile::new(contract, TOOLGATE_VERSION);
     violations.extend(cedar_violations(&policy, &live));
-    let found = check_lockfile(&check.lockfile, &live)?;
+    let found = cedar_breakage(
+        &policy,
+        &check.lockfile,
+        &live,
+        check_lockfile(&check.lockfile, &live)?,
+    );
     let outcome = match (check.mode, found) {
         (LockMode::Check, found) => LockOutcome::Checked(found),
         (LockMode::Update, CheckOutcome::UpToDate) if violations.is_empty() => {

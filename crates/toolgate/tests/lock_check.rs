@@ -558,7 +558,54 @@ fn a_contract_change_that_breaks_a_cedar_policy_fails_the_check() {
             && text.contains("rooms.cedar"),
         "{text}"
     );
+    // In the lock diff, the renamed argument's change is BREAKING through the policy too: a
+    // `cedar.policy_broken` change of the tool whose change broke it, naming policy and line.
+    let LockOutcome::Checked(CheckOutcome::Drift { changes, .. }) = &report.outcome else {
+        panic!("drift expected: {text}");
+    };
+    let broken: Vec<_> = changes
+        .iter()
+        .filter(|change| change.rule == "cedar.policy_broken")
+        .collect();
+    assert_eq!(broken.len(), 1, "{changes:?}");
+    assert_eq!(
+        (broken[0].tool.as_str(), broken[0].verdict),
+        ("book_room", Verdict::Breaking)
+    );
+    assert!(
+        broken[0].detail.contains("rooms.cedar")
+            && broken[0].detail.contains("policy suites-only (line 5)"),
+        "{}",
+        broken[0].detail
+    );
+    let json: Value = serde_json::from_str(&report.render(ReportFormat::Json)).unwrap();
+    assert!(
+        json["changes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|c| c["rule"] == "cedar.policy_broken" && c["verdict"] == "BREAKING"),
+        "{json}"
+    );
     let update = check_lock(&check(with_room("suite"), LockMode::Update)).unwrap();
     assert!(!update.passed(), "{update}");
     assert!(matches!(update.outcome, LockOutcome::Refused { .. }));
+
+    // A change that leaves the policies fitting adds no such change: a new optional argument.
+    let mut wider = with_room("room");
+    let Value::Object(schema) = json!({"type": "object", "properties": {
+        "room": {"type": "string"}, "note": {"type": "string"}}, "required": ["room"]})
+    else {
+        unreachable!()
+    };
+    wider[1] = Tool::new("book_room", "Book a room.", schema)
+        .annotate(ToolAnnotations::new().read_only(false));
+    let report = check_lock(&check(wider, LockMode::Check)).unwrap();
+    let LockOutcome::Checked(CheckOutcome::Drift { changes, .. }) = &report.outcome else {
+        panic!("drift expected: {report}");
+    };
+    assert!(
+        !changes.is_empty() && changes.iter().all(|c| c.rule != "cedar.policy_broken"),
+        "{changes:?}"
+    );
 }
