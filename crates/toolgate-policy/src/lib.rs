@@ -22,6 +22,7 @@
 
 #[cfg(feature = "cedar")]
 pub mod cedar;
+pub mod credential;
 mod load;
 mod principal;
 mod raw;
