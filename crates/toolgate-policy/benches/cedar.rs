@@ -1,7 +1,8 @@
 //! The Cedar step's cost next to the JSON policy's decision, measured in the same run: the JSON
 //! policy's `decide_for` alone, then `CedarPolicies::authorize_call` and `authorize_listing` with
 //! 1, 100 and 1,000 Cedar policies over 20 tools (roles, tenants, argument bounds, time windows,
-//! annotations), for one caller with two roles calling a tool with three typed arguments.
+//! annotations), and 1,000 written per tenant (50 tenants, one rule per tenant and tool), for one
+//! caller in a tenant with two roles calling a tool with three typed arguments.
 //!
 //! Goal (docs/BENCHMARKS.md, "Cedar"): the Cedar step adds at most 10 us p50 at 1,000 policies.
 //! Criterion's report, then a summary of medians measured interleaved.
@@ -82,6 +83,35 @@ fn policies(n: usize) -> String {
     text
 }
 
+/// `n` policies as a multi-tenant deployment writes them: each of 50 tenants has its own rule on
+/// each tool (a permit under an argument bound, or a forbid on a region), plus one listing
+/// permit; a caller in a tenant meets one policy per tool.
+fn tenant_policies(n: usize) -> String {
+    let mut text = String::from(
+        "@id(\"lists\")\npermit(principal, action == Toolgate::Action::\"tools/list\", resource);\n",
+    );
+    for i in 0..n.saturating_sub(1) {
+        let tenant = match i % 50 {
+            0 => "acme".to_owned(),
+            t => format!("tenant-{t}"),
+        };
+        let tool = tool_name((i / 50) % TOOLS);
+        let when = format!("principal has tenant && principal.tenant == \"{tenant}\"");
+        let rule = if i % 2 == 0 {
+            format!(
+                "permit(principal, action == Toolgate::Action::\"{tool}\", resource) when {{ {when} && context.arguments.amount < {} }};",
+                100 + i % 900
+            )
+        } else {
+            format!(
+                "forbid(principal, action == Toolgate::Action::\"{tool}\", resource) when {{ {when} && context.arguments.region == \"us\" }};"
+            )
+        };
+        text.push_str(&format!("@id(\"t{i}\")\n{rule}\n"));
+    }
+    text
+}
+
 struct Caller {
     roles: BTreeSet<String>,
     scopes: BTreeSet<String>,
@@ -116,19 +146,23 @@ fn main() {
     let allow: Vec<String> = (0..TOOLS).map(tool_name).collect();
     let json_policy =
         Policy::from_json(&json!({"version": 1, "allow": allow}).to_string()).unwrap();
-    let sets: Vec<(usize, CedarPolicies)> = [1, 100, 1000]
-        .into_iter()
-        .map(|n| {
-            let set = CedarPolicies::from_text(&policies(n), "bench.cedar", &tools()).unwrap();
-            assert_eq!(set.len(), n);
-            (n, set)
-        })
-        .collect();
-    // The request is decided as intended: permitted by role-0's permit on tool_05 (policy p5 in
-    // the larger sets; none in the set of one, which only lists).
-    for (n, set) in &sets {
+    let sets: Vec<(String, CedarPolicies)> = [
+        ("1".to_owned(), policies(1)),
+        ("100".to_owned(), policies(100)),
+        ("1000".to_owned(), policies(1000)),
+        ("1000_tenants".to_owned(), tenant_policies(1000)),
+    ]
+    .into_iter()
+    .map(|(label, text)| {
+        let set = CedarPolicies::from_text(&text, "bench.cedar", &tools()).unwrap();
+        (label, set)
+    })
+    .collect();
+    // The request is decided as intended: permitted (by role-0's permit on tool_05 in the mixed
+    // sets, by acme's own permit in the per-tenant one; the set of one only lists).
+    for (label, set) in &sets {
         let answer = set.authorize_call(&caller.cedar(), &tool, Some(&arguments), NOW, None);
-        assert_eq!(answer.allowed, *n > 1, "{n}: {answer:?}");
+        assert_eq!(answer.allowed, label != "1", "{label}: {answer:?}");
         assert!(answer.errors.is_empty());
     }
 
@@ -185,7 +219,7 @@ fn main() {
         let call = median(call_ns[i].clone());
         let list = median(list_ns[i].clone());
         println!(
-            "{n:>4} Cedar policies: call {:.2} us (x{:.0} the JSON decision; {:.2}x the 10 us goal), listing {:.2} us",
+            "{n:>12} Cedar policies: call {:.2} us (x{:.0} the JSON decision; {:.2}x the 10 us goal), listing {:.2} us",
             call / 1000.0,
             call / json,
             call / 10_000.0,

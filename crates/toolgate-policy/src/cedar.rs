@@ -262,9 +262,8 @@ pub struct CedarPolicies {
 #[derive(Debug)]
 struct CachedEntities {
     entities: cedar_policy::Entities,
-    /// The tool's policies whose principal scope admits this caller.
-    call_policies: cedar_policy::PolicySet,
-    /// The same, split into those satisfied outright and those Cedar evaluates per call.
+    /// The tool's policies whose principal scope admits this caller, split by what the call's
+    /// context can change.
     call: SplitPolicies,
     /// The `tools/list` policies whose principal scope admits this caller.
     list_policies: cedar_policy::PolicySet,
@@ -553,35 +552,12 @@ impl CedarPolicies {
         principal: cedar_policy::EntityUid,
         action: &ToolAction,
     ) -> CedarAnswer {
-        let listed = self.decide_listing(cached, principal.clone(), action);
+        let listed = self.decide_listing(cached, principal, action);
         if !listed.allowed {
             return listed;
         }
-        let request = cedar_policy::RequestBuilder::default()
-            .principal(principal)
-            .action(action.uid.clone())
-            .resource(action.resource.uid())
-            .build();
-        let partial = cedar_policy::Authorizer::new().is_authorized_partial(
-            &request,
-            &cached.call_policies,
-            &cached.entities,
-        );
-        if partial.decision() == Some(cedar_policy::Decision::Deny) {
-            let mut determining: Vec<String> = partial
-                .definitely_satisfied()
-                .filter(|policy| policy.effect() == cedar_policy::Effect::Forbid)
-                .map(|policy| self.name(policy.id()))
-                .collect();
-            determining.sort();
-            return CedarAnswer {
-                allowed: false,
-                determining,
-                errors: partial
-                    .definitely_errored()
-                    .map(|id| format!("policy {} failed", self.name(id)))
-                    .collect(),
-            };
+        if let Some(denied) = &cached.call.denied {
+            return denied.clone();
         }
         listed
     }
@@ -656,12 +632,22 @@ impl CedarPolicies {
             self.call_group.clone(),
             HashSet::new(),
         ));
-        let call_policies = for_caller(&tool.policies, &principal, &role_uids)?;
+        let entities =
+            cedar_policy::Entities::from_entities(entities, None).map_err(|e| e.to_string())?;
+        // The call with its context unknown.
+        let call = cedar_policy::RequestBuilder::default()
+            .principal(principal.clone())
+            .action(tool.uid.clone())
+            .resource(tool.resource.uid())
+            .build();
         let entities = Arc::new(CachedEntities {
-            entities: cedar_policy::Entities::from_entities(entities, None)
-                .map_err(|e| e.to_string())?,
-            call: SplitPolicies::new(&call_policies, &tool.resource.uid(), |id| self.name(id))?,
-            call_policies,
+            call: SplitPolicies::new(
+                &for_caller(&tool.policies, &principal, &role_uids)?,
+                &call,
+                &entities,
+                |id| self.name(id),
+            )?,
+            entities,
             list_policies: for_caller(&self.listing, &principal, &role_uids)?,
             listing: std::sync::OnceLock::new(),
         });
@@ -920,56 +906,63 @@ fn scoped(
 }
 
 /// The policies of a caller's requests about a tool (already narrowed by action, resource and
-/// principal scope, [`scoped`] and [`for_caller`]), split by what their scopes say: those
-/// without a condition whose scope admits the request outright (they are satisfied by every
-/// request of this caller about this tool, and cannot err), and the rest, which Cedar evaluates.
+/// principal scope, [`scoped`] and [`for_caller`]), split by Cedar's partial evaluation with the
+/// call's context unknown: those satisfied whatever the context (they cannot err either), those
+/// false whatever it (left out), and the rest (their conditions read the context, or they err),
+/// which Cedar evaluates on each call. Partial evaluation is sound: a policy it decides without
+/// the context is decided the same way with any context.
 #[derive(Debug)]
 struct SplitPolicies {
-    /// The names of the `forbid`s satisfied outright, sorted.
+    /// The names of the `forbid`s satisfied whatever the context, sorted.
     forbids: Vec<String>,
-    /// The names of the `permit`s satisfied outright, sorted.
+    /// The names of the `permit`s satisfied whatever the context, sorted.
     permits: Vec<String>,
-    /// The policies Cedar has to evaluate.
+    /// The policies Cedar has to evaluate with the context.
     open: cedar_policy::PolicySet,
+    /// The answer when the call is denied whatever the context: then the tool is not listed.
+    denied: Option<CedarAnswer>,
 }
 
 impl SplitPolicies {
     fn new(
         set: &cedar_policy::PolicySet,
-        resource: &cedar_policy::EntityUid,
+        request: &cedar_policy::Request,
+        entities: &cedar_policy::Entities,
         name: impl Fn(&cedar_policy::PolicyId) -> String,
     ) -> Result<Self, String> {
-        use cedar_policy::{PrincipalConstraint, ResourceConstraint};
+        let partial = cedar_policy::Authorizer::new().is_authorized_partial(request, set, entities);
         let mut split = SplitPolicies {
             forbids: Vec::new(),
             permits: Vec::new(),
             open: cedar_policy::PolicySet::new(),
+            denied: None,
         };
-        for policy in set.policies() {
-            // `for_caller` kept only principal scopes that admit the caller, except type tests;
-            // `scoped` kept only resource scopes that admit the tool, except type tests.
-            let outright = !policy.has_non_scope_constraint()
-                && matches!(
-                    policy.principal_constraint(),
-                    PrincipalConstraint::Any
-                        | PrincipalConstraint::Eq(_)
-                        | PrincipalConstraint::In(_)
-                )
-                && match policy.resource_constraint() {
-                    ResourceConstraint::Any => true,
-                    ResourceConstraint::Eq(uid) | ResourceConstraint::In(uid) => uid == *resource,
-                    ResourceConstraint::Is(_) | ResourceConstraint::IsIn(..) => false,
-                };
-            if !outright {
-                split.open.add(policy.clone()).map_err(|e| e.to_string())?;
-            } else if policy.effect() == cedar_policy::Effect::Forbid {
-                split.forbids.push(name(policy.id()));
-            } else {
-                split.permits.push(name(policy.id()));
+        for policy in partial.definitely_satisfied() {
+            match policy.effect() {
+                cedar_policy::Effect::Forbid => split.forbids.push(name(policy.id())),
+                cedar_policy::Effect::Permit => split.permits.push(name(policy.id())),
             }
         }
         split.forbids.sort();
         split.permits.sort();
+        let open: HashSet<cedar_policy::PolicyId> = partial
+            .nontrivial_residuals()
+            .map(|policy| policy.id().clone())
+            .chain(partial.definitely_errored().cloned())
+            .collect();
+        for policy in set.policies().filter(|policy| open.contains(policy.id())) {
+            split.open.add(policy.clone()).map_err(|e| e.to_string())?;
+        }
+        if partial.decision() == Some(cedar_policy::Decision::Deny) {
+            split.denied = Some(CedarAnswer {
+                allowed: false,
+                determining: split.forbids.clone(),
+                errors: partial
+                    .definitely_errored()
+                    .map(|id| format!("policy {} failed", name(id)))
+                    .collect(),
+            });
+        }
         Ok(split)
     }
 

@@ -2128,6 +2128,24 @@ unless { principal has tenant && principal.tenant == "acme" };
         });
         assert!(!output.status.success(), "{bad:?}");
     }
+    // `token list` shows what Cedar sees of each token.
+    let listed = operator(&env, &["token", "list"]);
+    let line = |who: &str| {
+        listed
+            .lines()
+            .find(|l| l.contains(&format!(" {who} ")))
+            .unwrap_or_else(|| panic!("no {who} in {listed}"))
+            .to_owned()
+    };
+    assert!(
+        line("alice").ends_with(" tenant=acme role=reader role=writer"),
+        "{listed}"
+    );
+    assert!(
+        line("carol").ends_with(" tenant=globex role=writer dept=sales"),
+        "{listed}"
+    );
+    assert!(!listed.contains("dave"), "{listed}");
     let k1 = Key::ed25519("k1");
     let jwks = Jwks::serve(&[&k1]);
     let server = start_oauth(

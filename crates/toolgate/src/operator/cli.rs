@@ -739,7 +739,28 @@ fn token(
                     (None, Some(at)) => format!("expires at {at}"),
                     (None, None) => "no expiry".to_owned(),
                 };
-                writeln!(out, "{} {} {state}", token.id, token.principal)?;
+                // Then what Cedar policies see of it: tenant, scopes, roles, attributes.
+                let mut line = format!("{} {} {state}", token.id, token.principal);
+                let shown = |value: &str| {
+                    if value.contains(|c: char| c.is_whitespace() || c == '"') {
+                        format!("{value:?}")
+                    } else {
+                        value.to_owned()
+                    }
+                };
+                if let Some(tenant) = &token.tenant {
+                    line.push_str(&format!(" tenant={tenant}"));
+                }
+                if let Some(scopes) = &token.scopes {
+                    line.push_str(&format!(" scopes={}", scopes.join(",")));
+                }
+                for role in &token.roles {
+                    line.push_str(&format!(" role={role}"));
+                }
+                for (key, value) in &token.attributes {
+                    line.push_str(&format!(" {key}={}", shown(value)));
+                }
+                writeln!(out, "{line}")?;
             }
         }
         TokenCommand::Revoke { id } => {
