@@ -1,8 +1,8 @@
 //! Every PostgreSQL store of toolgate, shared by the replicas on one database: the audit chain
 //! ([`PgAuditLog`], an `AuditSink`), the exactly-once store ([`PgEffects`], an `EffectBackend`),
-//! the kill switch ([`PgHalts`]), the rights ([`PgRights`]), the rate buckets ([`PgRates`]) and
-//! the pending confirmations ([`PgPending`]), each implementing its trait with the guarantees
-//! written there, and what they share ([`store`]: the connection pool, its runtime, TLS and the
+//! the kill switch ([`PgHalts`]), the rights ([`PgRights`]), the Cedar entities ([`PgEntities`]),
+//! the rate buckets ([`PgRates`]) and the pending confirmations ([`PgPending`]), each
+//! implementing its trait with the guarantees written there, and what they share ([`store`]: the connection pool, its runtime, TLS and the
 //! versioned migrations). Every store creates or migrates its own tables (`toolgate_schema`, one
 //! component each) when opened on a [`PgStore`].
 //!
@@ -13,7 +13,9 @@
 #![forbid(unsafe_code)]
 
 mod audit;
+mod document;
 mod effects;
+mod entities;
 mod kill_switch;
 mod pending;
 mod rates;
@@ -22,6 +24,7 @@ pub mod store;
 
 pub use audit::PgAuditLog;
 pub use effects::PgEffects;
+pub use entities::PgEntities;
 pub use kill_switch::PgHalts;
 pub use pending::PgPending;
 pub use rates::PgRates;

@@ -14,8 +14,19 @@
 //! 1 to 256 characters without control characters. Unknown and duplicate keys are refused. A
 //! principal absent from the file gets nothing from it. A missing, unreadable or invalid file is
 //! an error (the gate then refuses the calls Cedar decides).
+//!
+//! # Shared by replicas
+//!
+//! `toolgate_postgres::PgEntities` keeps the same document in the database every replica uses,
+//! as `PgRights` keeps the rights: one row, its version read on every load (the document only
+//! when the version changed), so a change through any replica's operator command (`entities
+//! set`) applies to the next call of all of them. While none is set no principal gets anything
+//! from it (as without an entities file). A row that is missing or invalid, or a database that
+//! cannot be read, refuses the calls Cedar decides. [`MemoryEntities`] keeps a document in the
+//! process (tests, servers that set entities themselves).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::fmt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::SystemTime;
@@ -24,8 +35,8 @@ use serde::Deserialize;
 use toolgate_canon::Sha256Digest;
 
 use crate::GuardError;
+use crate::document::{Document, FileDocument, MemoryDocument, read_valid_file};
 use crate::rights::UniqueMap;
-use crate::watched::{WatchError, WatchedFile};
 
 /// The only entities file format version.
 pub const ENTITIES_VERSION: u64 = 1;
@@ -62,6 +73,98 @@ impl EntityDocument {
     /// Parses an entities document (the bytes of a file).
     pub fn parse(bytes: &[u8]) -> Result<Self, String> {
         parse(bytes, Sha256Digest::of(bytes))
+    }
+
+    /// No document set: no principal gets anything from it (the digest is that of no bytes).
+    pub fn unset() -> Self {
+        EntityDocument {
+            principals: HashMap::new(),
+            digest: Sha256Digest::of(b""),
+        }
+    }
+}
+
+impl Document for EntityDocument {
+    const NAME: &'static str = "entities";
+    const MAX_BYTES: u64 = MAX_ENTITIES_FILE_BYTES;
+    const CANNOT_CLEAR: &'static str = "an entities file cannot be cleared (a missing file \
+         refuses what Cedar decides); to give principals no roles or attributes of their own, \
+         run without an entities file";
+
+    fn parse_with_digest(bytes: &[u8], digest: Sha256Digest) -> Result<Self, String> {
+        parse(bytes, digest)
+    }
+
+    fn unset() -> Self {
+        EntityDocument::unset()
+    }
+
+    fn unreadable(path: PathBuf, source: std::io::Error) -> GuardError {
+        GuardError::EntitiesUnreadable { path, source }
+    }
+
+    fn invalid_file(path: PathBuf, problem: String) -> GuardError {
+        GuardError::EntitiesInvalid { path, problem }
+    }
+
+    fn invalid(problem: String) -> GuardError {
+        GuardError::EntitiesDocumentInvalid { problem }
+    }
+}
+
+/// Where the entities document lives: a file ([`FileEntities`]), the process's memory
+/// ([`MemoryEntities`]) or a database every replica shares (`toolgate_postgres::PgEntities`).
+/// `crates/toolgate-postgres/tests/entities_conformance.rs` runs the same cases against each.
+///
+/// What every store guarantees (as a [`crate::RightsStore`] does):
+/// - `load` reads afresh enough that a change through another handle of the same store (another
+///   process on the same file, another replica on the same database) applies to the next call;
+/// - `load` fails closed: a document that cannot be read or is invalid is an error (the gate then
+///   refuses what Cedar decides), and no role of an older document survives it;
+/// - `replace` is durable when it returns; its document was validated by the caller
+///   ([`EntitiesFile::set`]), and `None` clears the document where the store can hold "none set"
+///   (no principal then gets anything from it).
+pub trait EntitiesStore: Send + Sync + fmt::Debug {
+    /// The document in force, as of `now` (the clock of the file's freshness rule).
+    fn load(&self, now: SystemTime) -> Result<Arc<EntityDocument>, GuardError>;
+    /// Replaces the document with `document` (valid) or clears it (`None`).
+    fn replace(&self, document: Option<Vec<u8>>) -> Result<(), GuardError>;
+    /// The bytes of the document in force, `None` while none is set.
+    fn document(&self) -> Result<Option<Vec<u8>>, GuardError>;
+}
+
+/// The entities file at a path, re-read as described in the [module documentation](self).
+pub type FileEntities = FileDocument<EntityDocument>;
+
+/// Entities in this process's memory: none set until one is; clones of the [`EntitiesFile`]
+/// holding it share it.
+pub type MemoryEntities = MemoryDocument<EntityDocument>;
+
+impl EntitiesStore for FileEntities {
+    fn load(&self, now: SystemTime) -> Result<Arc<EntityDocument>, GuardError> {
+        self.load_file(now)
+    }
+
+    fn replace(&self, document: Option<Vec<u8>>) -> Result<(), GuardError> {
+        self.replace_file(document)
+    }
+
+    fn document(&self) -> Result<Option<Vec<u8>>, GuardError> {
+        self.file_bytes()
+    }
+}
+
+impl EntitiesStore for MemoryEntities {
+    fn load(&self, _now: SystemTime) -> Result<Arc<EntityDocument>, GuardError> {
+        Ok(self.load_memory())
+    }
+
+    fn replace(&self, document: Option<Vec<u8>>) -> Result<(), GuardError> {
+        self.replace_memory(document)
+    }
+
+    fn document(&self) -> Result<Option<Vec<u8>>, GuardError> {
+        Ok(self.memory_bytes())
     }
 }
 
@@ -132,46 +235,89 @@ fn parse(bytes: &[u8], digest: Sha256Digest) -> Result<EntityDocument, String> {
     Ok(EntityDocument { principals, digest })
 }
 
-/// The entities file at a path, re-read as described in the [module documentation](self).
+/// The entities the gate's Cedar checks consult on every call, from an [`EntitiesStore`]: a file
+/// ([`EntitiesFile::new`]), memory ([`EntitiesFile::in_memory`]) or any other store
+/// ([`EntitiesFile::with_store`], e.g. a database's). Clones share the store. Thread-safe.
 #[derive(Debug, Clone)]
 pub struct EntitiesFile {
-    file: Arc<WatchedFile<EntityDocument>>,
+    store: Arc<dyn EntitiesStore>,
+    /// The file's path, empty for a store without one.
+    path: PathBuf,
+}
+
+impl<S: EntitiesStore + 'static> From<Arc<S>> for EntitiesFile {
+    fn from(store: Arc<S>) -> Self {
+        EntitiesFile::with_store(store)
+    }
+}
+
+impl From<Arc<dyn EntitiesStore>> for EntitiesFile {
+    fn from(store: Arc<dyn EntitiesStore>) -> Self {
+        EntitiesFile::with_store(store)
+    }
 }
 
 impl EntitiesFile {
     /// The entities file at `path`. Touches nothing on disk; the first call reads it.
     pub fn new(path: impl Into<PathBuf>) -> Self {
+        let path = path.into();
         EntitiesFile {
-            file: Arc::new(WatchedFile::new(
-                path.into(),
-                MAX_ENTITIES_FILE_BYTES,
-                parse,
-            )),
+            store: Arc::new(FileEntities::new(path.clone())),
+            path,
         }
     }
 
-    /// The file's path.
-    pub fn path(&self) -> &Path {
-        self.file.path()
+    /// Entities in this process's memory, none set until [`EntitiesFile::set`] sets some.
+    pub fn in_memory() -> Self {
+        EntitiesFile::with_store(Arc::new(MemoryEntities::default()))
     }
 
-    /// The file as it is now.
+    /// The entities of `store`.
+    pub fn with_store(store: Arc<dyn EntitiesStore>) -> Self {
+        EntitiesFile {
+            store,
+            path: PathBuf::new(),
+        }
+    }
+
+    /// The file's path (empty for a store without one).
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The document as it is now.
     pub fn load(&self) -> Result<Arc<EntityDocument>, GuardError> {
         self.load_at(SystemTime::now())
     }
 
-    /// The file as of `now` (the clock of the freshness rule).
+    /// The document as of `now` (the clock of the file's freshness rule). An error means the
+    /// gate must refuse what Cedar decides.
     pub fn load_at(&self, now: SystemTime) -> Result<Arc<EntityDocument>, GuardError> {
-        self.file.load(now).map_err(|error| match error {
-            WatchError::Unreadable(source) => GuardError::EntitiesUnreadable {
-                path: self.path().to_owned(),
-                source,
-            },
-            WatchError::Invalid(problem) => GuardError::EntitiesInvalid {
-                path: self.path().to_owned(),
-                problem,
-            },
-        })
+        self.store.load(now)
+    }
+
+    /// Sets the entities to `document` after validating it (an invalid document changes
+    /// nothing: [`GuardError::EntitiesDocumentInvalid`]), or clears them (`None`; a file cannot
+    /// be cleared). Returns the digest of the document now in force.
+    pub fn set(&self, document: Option<&[u8]>) -> Result<Option<Sha256Digest>, GuardError> {
+        let digest = match document {
+            Some(bytes) => Some(EntityDocument::validate(bytes)?.digest()),
+            None => None,
+        };
+        self.store.replace(document.map(<[u8]>::to_vec))?;
+        Ok(digest)
+    }
+
+    /// Sets the entities to the entities file at `file` (read and validated first, errors
+    /// naming it), or clears them (`None`). Returns the digest of the document now in force.
+    pub fn set_from_file(&self, file: Option<&Path>) -> Result<Option<Sha256Digest>, GuardError> {
+        let bytes = file.map(read_valid_file::<EntityDocument>).transpose()?;
+        self.set(bytes.as_deref())
+    }
+
+    /// The bytes of the document in force, `None` while none is set.
+    pub fn document(&self) -> Result<Option<Vec<u8>>, GuardError> {
+        self.store.document()
     }
 }
 

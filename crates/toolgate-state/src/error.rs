@@ -86,6 +86,17 @@ pub enum GuardError {
         problem: String,
     },
 
+    /// An entities document given to `EntitiesFile::set` is not a valid entities document;
+    /// nothing was changed.
+    #[error(
+        "the entities document is invalid: {problem}; fix it (format: docs/policy.md, \
+         \"Cedar\"); nothing was changed"
+    )]
+    EntitiesDocumentInvalid {
+        /// What is wrong with it.
+        problem: String,
+    },
+
     /// The rights file could not be opened or read. The gate refuses every call until it can.
     #[error(
         "the rights file {path} could not be read: {source}; create it or make it readable by \

@@ -1,5 +1,5 @@
 //! The governance state the gate consults on every call, one store trait each: the kill switch
-//! ([`HaltStore`]), the rights ([`RightsStore`]), the rate buckets ([`RateStore`]) and the
+//! ([`HaltStore`]), the rights ([`RightsStore`]), the Cedar entities ([`EntitiesStore`]), the rate buckets ([`RateStore`]) and the
 //! pending confirmations ([`PendingStore`]). File and memory stores live here; the PostgreSQL
 //! ones, shared by every replica on a database, are in `toolgate-postgres`. What every store of
 //! a trait guarantees is written on the trait, and one conformance suite per trait
@@ -10,6 +10,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod document;
 pub mod entities;
 mod error;
 pub mod kill_switch;
@@ -18,7 +19,10 @@ pub mod rates;
 pub mod rights;
 pub mod watched;
 
-pub use entities::{EntitiesFile, EntityDocument, PrincipalEntity};
+pub use document::Document;
+pub use entities::{
+    EntitiesFile, EntitiesStore, EntityDocument, FileEntities, MemoryEntities, PrincipalEntity,
+};
 pub use error::GuardError;
 pub use kill_switch::{FileHalts, Halt, HaltStore, KillSwitch, MemoryHalts, Status};
 pub use pending::{

@@ -35,20 +35,17 @@
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::fmt;
-use std::io::Read as _;
 use std::marker::PhantomData;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
 use std::time::SystemTime;
 
 use serde::Deserialize;
 use serde::de::{self, Deserializer, MapAccess, Visitor};
 use toolgate_canon::Sha256Digest;
 
-use toolgate_storage::{FsStorage, Storage};
-
 use crate::GuardError;
-use crate::watched::{WatchError, WatchedFile};
+use crate::document::{Document, FileDocument, MemoryDocument, read_valid_file};
 
 pub use crate::watched::FRESHNESS_WINDOW;
 
@@ -177,10 +174,37 @@ impl RightsDocument {
 }
 
 /// The rights file at a path, re-read as described in the [module documentation](self).
-#[derive(Debug)]
-pub struct FileRights {
-    file: WatchedFile<RightsDocument>,
-    storage: Arc<dyn Storage>,
+pub type FileRights = FileDocument<RightsDocument>;
+
+/// Rights in this process's memory: none set until one is; clones of the [`RightsFile`] holding
+/// it share it.
+pub type MemoryRights = MemoryDocument<RightsDocument>;
+
+impl Document for RightsDocument {
+    const NAME: &'static str = "rights";
+    const MAX_BYTES: u64 = MAX_RIGHTS_FILE_BYTES;
+    const CANNOT_CLEAR: &'static str = "a rights file cannot be cleared (a missing file refuses \
+         every call); to let the policy alone decide, run without a rights file";
+
+    fn parse_with_digest(bytes: &[u8], digest: Sha256Digest) -> Result<Self, String> {
+        parse(bytes, digest)
+    }
+
+    fn unset() -> Self {
+        RightsDocument::unset()
+    }
+
+    fn unreadable(path: PathBuf, source: std::io::Error) -> GuardError {
+        GuardError::RightsUnreadable { path, source }
+    }
+
+    fn invalid_file(path: PathBuf, problem: String) -> GuardError {
+        GuardError::RightsInvalid { path, problem }
+    }
+
+    fn invalid(problem: String) -> GuardError {
+        GuardError::RightsDocumentInvalid { problem }
+    }
 }
 
 impl RightsFile {
@@ -239,9 +263,7 @@ impl RightsFile {
     /// be cleared). Returns the digest of the document now in force.
     pub fn set(&self, document: Option<&[u8]>) -> Result<Option<Sha256Digest>, GuardError> {
         if let Some(bytes) = document {
-            RightsDocument::parse(bytes).map_err(|e| GuardError::RightsDocumentInvalid {
-                problem: e.to_string(),
-            })?;
+            RightsDocument::validate(bytes)?;
         }
         self.store.replace(document.map(<[u8]>::to_vec))?;
         Ok(document.map(Sha256Digest::of))
@@ -250,15 +272,10 @@ impl RightsFile {
     /// Sets the rights to the rights file at `file` (read and validated first, errors naming
     /// it), or clears them (`None`). Returns the digest of the document now in force.
     pub fn set_from_file(&self, file: Option<&Path>) -> Result<Option<Sha256Digest>, GuardError> {
-        let Some(path) = file else {
-            return self.set(None);
-        };
-        let bytes = read_document(path)?;
-        parse(&bytes, Sha256Digest::of(&bytes)).map_err(|problem| GuardError::RightsInvalid {
-            path: path.to_owned(),
-            problem,
-        })?;
-        self.set(Some(&bytes))
+        match file {
+            Some(path) => self.set(Some(&read_valid_file::<RightsDocument>(path)?)),
+            None => self.set(None),
+        }
     }
 
     /// The bytes of the document in force, `None` while none is set.
@@ -267,104 +284,33 @@ impl RightsFile {
     }
 }
 
-impl FileRights {
-    /// The rights file at `path`. Touches nothing on disk; the first call reads it.
-    pub fn new(path: impl Into<PathBuf>) -> Self {
-        FileRights {
-            file: WatchedFile::new(path.into(), MAX_RIGHTS_FILE_BYTES, parse),
-            storage: Arc::new(FsStorage),
-        }
-    }
-
-    /// Writes through `storage` (fault injection in tests) instead of the filesystem.
-    pub fn with_storage(mut self, storage: Arc<dyn Storage>) -> Self {
-        self.storage = storage;
-        self
-    }
-
-    fn path(&self) -> &Path {
-        self.file.path()
-    }
-}
-
 impl RightsStore for FileRights {
     fn load(&self, now: SystemTime) -> Result<Arc<RightsDocument>, GuardError> {
-        self.file.load(now).map_err(|error| match error {
-            WatchError::Unreadable(source) => GuardError::RightsUnreadable {
-                path: self.path().to_owned(),
-                source,
-            },
-            WatchError::Invalid(problem) => GuardError::RightsInvalid {
-                path: self.path().to_owned(),
-                problem,
-            },
-        })
+        self.load_file(now)
     }
 
-    /// Replaces the file atomically and durably (a temporary file, fsync, rename, fsync of the
-    /// directory). A file cannot hold "none set": clearing is refused, naming the fix.
+    /// Replaces the file atomically and durably. A file cannot hold "none set": clearing is
+    /// refused, naming the fix.
     fn replace(&self, document: Option<Vec<u8>>) -> Result<(), GuardError> {
-        let Some(bytes) = document else {
-            return Err(GuardError::RightsInvalid {
-                path: self.path().to_owned(),
-                problem: "a rights file cannot be cleared (a missing file refuses every call); \
-                          to let the policy alone decide, run without a rights file"
-                    .to_owned(),
-            });
-        };
-        let name = self
-            .path()
-            .file_name()
-            .and_then(|name| name.to_str())
-            .ok_or_else(|| GuardError::RightsInvalid {
-                path: self.path().to_owned(),
-                problem: "the path does not end in a file name".to_owned(),
-            })?;
-        let dir = toolgate_storage::parent_of(self.path());
-        toolgate_storage::replace_file(&*self.storage, dir, name, &bytes)?;
-        Ok(())
+        self.replace_file(document)
     }
 
     fn document(&self) -> Result<Option<Vec<u8>>, GuardError> {
-        read_document(self.path()).map(Some)
+        self.file_bytes()
     }
-}
-
-/// Rights in this process's memory: none set until one is; clones of the [`RightsFile`] holding
-/// it share it.
-#[derive(Debug, Default)]
-pub struct MemoryRights {
-    current: Mutex<Option<(Vec<u8>, Arc<RightsDocument>)>>,
 }
 
 impl RightsStore for MemoryRights {
     fn load(&self, _now: SystemTime) -> Result<Arc<RightsDocument>, GuardError> {
-        let current = self.current.lock().unwrap_or_else(PoisonError::into_inner);
-        Ok(match &*current {
-            Some((_, document)) => Arc::clone(document),
-            None => Arc::new(RightsDocument::unset()),
-        })
+        Ok(self.load_memory())
     }
 
     fn replace(&self, document: Option<Vec<u8>>) -> Result<(), GuardError> {
-        let parsed = match document {
-            Some(bytes) => {
-                let parsed = RightsDocument::parse(&bytes).map_err(|e| {
-                    GuardError::RightsDocumentInvalid {
-                        problem: e.to_string(),
-                    }
-                })?;
-                Some((bytes, Arc::new(parsed)))
-            }
-            None => None,
-        };
-        *self.current.lock().unwrap_or_else(PoisonError::into_inner) = parsed;
-        Ok(())
+        self.replace_memory(document)
     }
 
     fn document(&self) -> Result<Option<Vec<u8>>, GuardError> {
-        let current = self.current.lock().unwrap_or_else(PoisonError::into_inner);
-        Ok(current.as_ref().map(|(bytes, _)| bytes.clone()))
+        Ok(self.memory_bytes())
     }
 }
 
@@ -474,35 +420,6 @@ fn parse(bytes: &[u8], digest: Sha256Digest) -> Result<RightsDocument, String> {
         principals,
         everyone: false,
     })
-}
-
-/// The bytes of the rights file at `path` (a regular file, capped), for setting them elsewhere.
-fn read_document(path: &Path) -> Result<Vec<u8>, GuardError> {
-    let invalid = |problem: String| GuardError::RightsInvalid {
-        path: path.to_owned(),
-        problem,
-    };
-    let file = toolgate_storage::open_regular_read(path, toolgate_storage::Symlinks::Follow)
-        .map_err(|e| match toolgate_storage::FileProblem::of(&e) {
-            Some(problem) => invalid(problem.to_string()),
-            None => GuardError::RightsUnreadable {
-                path: path.to_owned(),
-                source: e,
-            },
-        })?;
-    let mut bytes = Vec::new();
-    file.take(MAX_RIGHTS_FILE_BYTES + 1)
-        .read_to_end(&mut bytes)
-        .map_err(|source| GuardError::RightsUnreadable {
-            path: path.to_owned(),
-            source,
-        })?;
-    if bytes.len() as u64 > MAX_RIGHTS_FILE_BYTES {
-        return Err(invalid(format!(
-            "it is larger than {MAX_RIGHTS_FILE_BYTES} bytes"
-        )));
-    }
-    Ok(bytes)
 }
 
 use toolgate_canon::names::{is_identity_key, is_tool_name};
