@@ -393,11 +393,13 @@ impl<H: ServerHandler> GatedBuilder<H> {
         self
     }
 
-    /// Roles and attributes of principals for the policy's Cedar policies, from the entities
-    /// file (re-read when it changes; docs/policy.md, "Cedar"), joined with what each caller's
-    /// credential says. An entities file that cannot be read refuses what Cedar decides.
-    pub fn entities(mut self, entities: toolgate_state::EntitiesFile) -> Self {
-        self.entities = Some(entities);
+    /// Roles and attributes of principals for the policy's Cedar policies, from an entities
+    /// store (docs/policy.md, "Cedar"): a file re-read when it changes
+    /// (`EntitiesFile::new(path)`), or any `EntitiesStore` such as a database's every replica
+    /// shares (`Arc::new(toolgate_postgres::PgEntities::open(store)?)`), joined with what each
+    /// caller's credential says. Entities that cannot be read refuse what Cedar decides.
+    pub fn entities(mut self, entities: impl Into<toolgate_state::EntitiesFile>) -> Self {
+        self.entities = Some(entities.into());
         self
     }
 

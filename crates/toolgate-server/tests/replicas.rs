@@ -747,3 +747,177 @@ fn replicas_sign_checkpoints_of_the_shared_chain_and_verify_catches_a_cut() {
     let output = verify(&["--checkpoint-mirror", mirror.to_str().unwrap()]);
     assert_eq!(output.status.code(), Some(2), "{}", output_text(&output));
 }
+
+/// Whether `reply` refused the call (hidden by Cedar's listing or refused by its decision).
+fn refused(reply: &Value) -> bool {
+    refusal(reply).is_some()
+}
+
+#[test]
+fn cedar_entities_set_through_the_store_decide_every_replicas_next_call() {
+    let cluster = PgCluster::shared().unwrap();
+    let url = database("entities");
+    let db = url.rsplit('/').next().unwrap().to_owned();
+    let envs: Vec<TestEnv> = (0..3).map(|_| TestEnv::new()).collect();
+    // Only roles let anyone read or write; the stdio principal `local` has none of its own.
+    let cedar = r#"
+@id("everyone-lists")
+permit(principal, action == Toolgate::Action::"tools/list", resource);
+
+@id("readers-read")
+permit(principal in Toolgate::Role::"reader", action == Toolgate::Action::"read_ledger", resource);
+
+@id("writers-write")
+permit(principal in Toolgate::Role::"writer", action == Toolgate::Action::"write_note", resource);
+"#;
+    with_policy(&envs, &policy_with(json!({"cedar": "roles.cedar"})));
+    for env in &envs {
+        std::fs::write(env.path("roles.cedar"), cedar).unwrap();
+    }
+    let mut a = replica(&envs[0], &url);
+    let mut b = replica(&envs[1], &url);
+    // No entities set: `local` has no role, Cedar permits nothing.
+    assert!(refused(&a.write_note("req-roles-0001", "one")));
+    assert!(refused(&b.call("read_ledger", json!({}))));
+
+    // The operator gives `local` both roles from a third machine.
+    let file = envs[2].path("entities.json");
+    let set = |env: &TestEnv, text: &str| {
+        std::fs::write(&file, text).unwrap();
+        operator(env, &url, &["entities", "set", file.to_str().unwrap()])
+    };
+    let output = set(
+        &envs[2],
+        r#"{"version":1,"principals":{"local":{"roles":["reader","writer"]}}}"#,
+    );
+    assert!(output.status.success(), "{}", output_text(&output));
+    assert!(
+        output_text(&output).contains("applies to every replica's next call"),
+        "{}",
+        output_text(&output)
+    );
+    assert_eq!(
+        note_status(&a.write_note("req-roles-0001", "one")),
+        "committed"
+    );
+    assert!(b.call("read_ledger", json!({})).get("result").is_some());
+    let record = exported_records(&envs[2], &url)
+        .into_iter()
+        .rev()
+        .find(|r| r["method"] == "tools/call" && r["name"] == "write_note")
+        .unwrap();
+    assert_eq!(
+        record["cedar_policies"],
+        json!(["writers-write"]),
+        "{record}"
+    );
+
+    // Writing taken away through the database as replica a's machine sees it: b's next call
+    // is refused, reading still works on both.
+    let output = set(
+        &envs[0],
+        r#"{"version":1,"principals":{"local":{"roles":["reader"]}}}"#,
+    );
+    assert!(output.status.success(), "{}", output_text(&output));
+    assert!(refused(&b.write_note("req-roles-0002", "two")));
+    assert!(!envs[1].note_path("req-roles-0002").exists());
+    for server in [&mut a, &mut b] {
+        assert!(
+            server
+                .call("read_ledger", json!({}))
+                .get("result")
+                .is_some()
+        );
+    }
+    let shown = operator(&envs[2], &url, &["entities", "show"]);
+    assert!(
+        output_text(&shown).contains(r#""roles":["reader"]"#),
+        "{}",
+        output_text(&shown)
+    );
+
+    // An invalid file is refused, naming the file and the problem; nothing changes.
+    let output = set(
+        &envs[2],
+        r#"{"version":1,"principals":{"local":{"groups":["writer"]}}}"#,
+    );
+    assert_eq!(output.status.code(), Some(2), "{}", output_text(&output));
+    let text = output_text(&output);
+    assert!(
+        text.contains("entities.json") && text.contains("unknown field `groups`"),
+        "{text}"
+    );
+    assert!(refused(&a.write_note("req-roles-0002", "two")));
+    assert!(a.call("read_ledger", json!({})).get("result").is_some());
+
+    // The row gone (deleted by hand): every call Cedar decides is refused, fail closed, and the
+    // log names the fix; setting the entities again restores them.
+    cluster.psql(&db, "DELETE FROM toolgate_entities").unwrap();
+    assert!(refused(&a.call("read_ledger", json!({}))));
+    assert!(refused(&b.call("read_ledger", json!({}))));
+    assert!(a.stderr().contains("entities set"), "{}", a.stderr());
+    let output = set(
+        &envs[2],
+        r#"{"version":1,"principals":{"local":{"roles":["reader","writer"]}}}"#,
+    );
+    assert!(output.status.success(), "{}", output_text(&output));
+    assert_eq!(
+        note_status(&b.write_note("req-roles-0003", "three")),
+        "committed"
+    );
+
+    // Cleared: `local` has only what its credential carries (nothing), on every replica.
+    let output = operator(&envs[2], &url, &["entities", "clear"]);
+    assert!(output.status.success(), "{}", output_text(&output));
+    assert!(refused(&a.call("read_ledger", json!({}))));
+    let shown = operator(&envs[2], &url, &["entities", "show"]);
+    assert!(
+        output_text(&shown).contains("no entities are set"),
+        "{}",
+        output_text(&shown)
+    );
+    assert!(a.close().success());
+    assert!(b.close().success());
+
+    // An entities file beside a store would be a second truth: refused at start, nothing
+    // written.
+    let env = TestEnv::new();
+    let mut start = command(&env, &url);
+    start.arg("--entities").arg(&file);
+    let output = common::run_to_end(start);
+    assert_eq!(output.status.code(), Some(2), "{}", output_text(&output));
+    assert!(
+        output_text(&output).contains("entities set"),
+        "{}",
+        output_text(&output)
+    );
+    assert!(!env.ledger.exists(), "a refused start writes nothing");
+    // Without a store the entities are a file: the commands say so.
+    let output = common::run_to_end({
+        let mut command = envs[2].command();
+        command.args(["entities", "show"]);
+        command
+    });
+    assert_eq!(output.status.code(), Some(2), "{}", output_text(&output));
+    assert!(
+        output_text(&output).contains("--entities"),
+        "{}",
+        output_text(&output)
+    );
+
+    let changes: Vec<String> = exported_records(&envs[2], &url)
+        .iter()
+        .filter(|r| r["method"] == "admin/entities")
+        .map(|r| r["reason"].as_str().unwrap_or_default().to_owned())
+        .collect();
+    assert_eq!(
+        changes.len(),
+        4,
+        "three sets and a clear, not the refused file: {changes:?}"
+    );
+    assert!(
+        changes[0].starts_with("entities set: sha256:"),
+        "{changes:?}"
+    );
+    assert_store_verifies(&envs[2], &url);
+}

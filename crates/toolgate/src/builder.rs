@@ -13,9 +13,10 @@ use crate::stores::Stores;
 /// The facade's methods of [`GatedBuilder`] (`use toolgate::prelude::*` brings them in).
 pub trait GatedBuilderExt: Sized {
     /// Every store of `stores`: the audit chain, the exactly-once store, the kill switch, and
-    /// what the store shares between replicas (rights, rate buckets, pending confirmations).
-    /// A later [`GatedBuilder::rights`] replaces the store's rights (the reference server refuses
-    /// a rights file together with a database: two sources of rights would disagree).
+    /// what the store shares between replicas (rights, Cedar entities, rate buckets, pending
+    /// confirmations). A later [`GatedBuilder::rights`] or [`GatedBuilder::entities`] replaces
+    /// the store's (the reference server refuses a rights or entities file together with a
+    /// database: two sources would disagree).
     fn stores(self, stores: Stores) -> Self;
 
     /// Everything `args` names, as the operator commands see it: the policy file, the stores
@@ -43,6 +44,10 @@ impl<H: rmcp::ServerHandler> GatedBuilderExt for GatedBuilder<H> {
             .kill_switch(stores.kill_switch);
         let builder = match stores.rights {
             Some(rights) => builder.rights(rights),
+            None => builder,
+        };
+        let builder = match stores.entities {
+            Some(entities) => builder.entities(entities),
             None => builder,
         };
         let builder = match stores.rates {

@@ -1,6 +1,6 @@
 //! The operator's actions as library calls, each recorded in the audit chain (halting and
 //! resuming every server on a ledger or one tenant, pruning and settling the exactly-once store,
-//! setting the rights, API tokens), and the command line that runs them ([`Cli`], [`Command`],
+//! setting the rights and the Cedar entities, API tokens), and the command line that runs them ([`Cli`], [`Command`],
 //! on the stores of a [`GateArgs`]): the reference server's and any embedding server's.
 //!
 //! Each action happens first and is then recorded, so a record never claims an action that did
@@ -18,15 +18,16 @@ mod args;
 mod cli;
 pub use args::{DEFAULT_LEDGER, DEFAULT_POLICY, GateArgs};
 pub use cli::{
-    AuditCommand, Cli, Command, EffectsCommand, Format, FormatArgs, NoArgs, RightsCommand,
-    TokenCommand, VerifyArgs,
+    AuditCommand, Cli, Command, EffectsCommand, EntitiesCommand, Format, FormatArgs, NoArgs,
+    RightsCommand, TokenCommand, VerifyArgs,
 };
 
 /// Why an operator action failed.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum OperatorError {
-    /// The kill switch could not be set or lifted, or the rights could not be set.
+    /// The kill switch could not be set or lifted, or the rights or the entities could not be
+    /// set.
     #[error(transparent)]
     KillSwitch(#[from] GuardError),
     /// The exactly-once store could not be pruned.
@@ -274,6 +275,30 @@ pub fn set_rights(
         Outcome::Reloaded,
         reason,
         &json!({"rights": digest.map(|d| d.to_hex())}),
+    ))?;
+    Ok(digest)
+}
+
+/// Sets `entities` (every replica's, in a database: `toolgate::stores::Database::entities`) to
+/// the entities file at `file` (validated first: an invalid file changes nothing), or clears
+/// them (`None`: principals have only what their credentials carry), and records
+/// `admin/entities` (`reloaded`, the new document's digest in the reason). Returns that digest.
+pub fn set_entities(
+    entities: &toolgate_state::EntitiesFile,
+    audit: &dyn AuditSink,
+    file: Option<&std::path::Path>,
+) -> Result<Option<Sha256Digest>, OperatorError> {
+    let digest = entities.set_from_file(file)?;
+    let reason = match &digest {
+        Some(digest) => format!("entities set: sha256:{digest}"),
+        None => "entities cleared: principals have only what their credentials carry".to_owned(),
+    };
+    audit.append(&entry(
+        "admin/entities",
+        "entities",
+        Outcome::Reloaded,
+        reason,
+        &json!({"entities": digest.map(|d| d.to_hex())}),
     ))?;
     Ok(digest)
 }

@@ -2,9 +2,10 @@
 //! builder's callers and the reference server alike.
 //!
 //! A gate needs an audit chain, an exactly-once store and a kill switch; with a database, the
-//! rights, the rate-limit buckets and the pending confirmations are shared by every replica too.
+//! rights, the Cedar entities, the rate-limit buckets and the pending confirmations are shared by
+//! every replica too.
 //! [`Stores::ledger`] opens the ledger's files (the documented layout: `audit.jsonl`,
-//! `effects/`, `halt.json`); [`Stores::database`] (feature `postgres`) opens all six in one
+//! `effects/`, `halt.json`); [`Stores::database`] (feature `postgres`) opens all seven in one
 //! PostgreSQL database. [`GatedBuilderExt::stores`](crate::GatedBuilderExt::stores) hands them to a [`GatedBuilder`](toolgate_rmcp::GatedBuilder), which
 //! takes open stores and never names a backend.
 //!
@@ -27,7 +28,7 @@ use std::sync::Arc;
 use toolgate_audit::{AuditConfig, AuditError, AuditSink, FileAuditLog};
 use toolgate_commit::{EffectBackend, EffectError, EffectStore};
 use toolgate_policy::Policy;
-use toolgate_state::{KillSwitch, PendingStore, RateStore, RightsFile};
+use toolgate_state::{EntitiesFile, KillSwitch, PendingStore, RateStore, RightsFile};
 use toolgate_storage::{FsStorage, Storage};
 
 /// Why the stores could not be opened. Nothing was served; the message names the store and
@@ -45,7 +46,7 @@ pub enum StoresError {
     #[cfg(feature = "postgres")]
     #[error("cannot open the PostgreSQL store: {0}")]
     Database(#[from] toolgate_postgres::PgError),
-    /// A governance store in the database (kill switch, rights) could not be opened.
+    /// A governance store in the database (kill switch, rights, entities) could not be opened.
     #[cfg(feature = "postgres")]
     #[error("cannot open the governance state in the database: {0}")]
     State(#[from] toolgate_state::GuardError),
@@ -70,6 +71,9 @@ pub struct Stores {
     /// The rights, when the store keeps them (a database); a rights file is the caller's choice
     /// ([`GatedBuilder::rights`](toolgate_rmcp::GatedBuilder::rights)).
     pub rights: Option<RightsFile>,
+    /// The Cedar entities, when the store keeps them (a database); an entities file is the
+    /// caller's choice ([`GatedBuilder::entities`](toolgate_rmcp::GatedBuilder::entities)).
+    pub entities: Option<EntitiesFile>,
     /// The rate-limit buckets shared by replicas; `None`: the gate's own, in memory.
     pub rates: Option<Arc<dyn RateStore>>,
     /// The pending confirmations shared by replicas; `None`: the gate's own, in memory.
@@ -112,6 +116,7 @@ impl Stores {
             effects: Arc::new(effects),
             kill_switch: KillSwitch::on_storage(dir, storage),
             rights: None,
+            entities: None,
             rates: None,
             pending: None,
         })
@@ -121,7 +126,7 @@ impl Stores {
     /// (`postgres://USER[:PASSWORD]@HOST[:PORT]/DATABASE`), shared by every replica on it: the
     /// audit chain (signing a checkpoint every `checkpoints.1` records with `checkpoints.0` when
     /// given), the exactly-once store (the policy's windows), the kill switch, the rights, the
-    /// rate-limit buckets and the pending confirmations. Each creates or migrates its tables; a
+    /// Cedar entities, the rate-limit buckets and the pending confirmations. Each creates or migrates its tables; a
     /// database that cannot be reached, refuses the credentials or has a newer schema is an error
     /// naming it (see `docs/postgres.md`); without the feature `postgres` it is [`StoresError::NoDatabaseSupport`].
     pub fn database(
@@ -139,7 +144,7 @@ impl Stores {
         policy: &Policy,
         checkpoints: Option<(toolgate_canon::HmacKey, u64)>,
     ) -> Result<Stores, StoresError> {
-        use toolgate_postgres::{PgHalts, PgPending, PgRates, PgRights};
+        use toolgate_postgres::{PgEntities, PgHalts, PgPending, PgRates, PgRights};
         let audit = toolgate_postgres::PgAuditLog::open(store.clone())?;
         let audit = match checkpoints {
             Some((key, every)) => audit.with_checkpoints(key, every),
@@ -156,6 +161,9 @@ impl Stores {
             rights: Some(RightsFile::with_store(Arc::new(PgRights::open(
                 store.clone(),
             )?))),
+            entities: Some(EntitiesFile::with_store(Arc::new(PgEntities::open(
+                store.clone(),
+            )?))),
             rates: Some(Arc::new(PgRates::open(store.clone())?)),
             pending: Some(Arc::new(PgPending::open(store)?)),
         })
@@ -163,8 +171,8 @@ impl Stores {
 }
 
 /// A PostgreSQL database to keep stores in, connected once and opened store by store: all of them
-/// for a server ([`Database::stores`]), one for an operator command (its audit chain, kill switch
-/// or rights). Without the feature `postgres`, [`Database::connect`] refuses
+/// for a server ([`Database::stores`]), one for an operator command (its audit chain, kill switch,
+/// rights or Cedar entities). Without the feature `postgres`, [`Database::connect`] refuses
 /// ([`StoresError::NoDatabaseSupport`]) and there is no value of this type.
 #[derive(Debug, Clone)]
 pub struct Database {
@@ -221,6 +229,12 @@ impl Database {
         let rights = toolgate_postgres::PgRights::open(self.store.clone())?;
         Ok(RightsFile::with_store(Arc::new(rights)))
     }
+
+    /// The Cedar entities alone (to set or show them).
+    pub fn entities(&self) -> Result<EntitiesFile, StoresError> {
+        let entities = toolgate_postgres::PgEntities::open(self.store.clone())?;
+        Ok(EntitiesFile::with_store(Arc::new(entities)))
+    }
 }
 
 #[cfg(not(feature = "postgres"))]
@@ -259,6 +273,11 @@ impl Database {
 
     /// Unreachable: there is no database without the feature `postgres`.
     pub fn rights(&self) -> Result<RightsFile, StoresError> {
+        match self.never {}
+    }
+
+    /// Unreachable: there is no database without the feature `postgres`.
+    pub fn entities(&self) -> Result<EntitiesFile, StoresError> {
         match self.never {}
     }
 }

@@ -161,8 +161,9 @@ fn empty_entry() -> AuditEntry {
 
 /// Runs `decide` with the caller as Cedar's principal: its identity key, and what its credential
 /// says (none for a configured stdio principal: channel `stdio`, no scopes or tenant), with the
-/// roles and attributes the entities file gives it (roles joined; a credential's attribute wins
-/// over the file's). An entities file that cannot be read denies: `decide` is not run.
+/// roles and attributes the entities store gives it (roles joined; a credential's attribute wins
+/// over the store's). Entities that cannot be read (a broken file, a database that cannot be
+/// reached or holds no valid document) deny: `decide` is not run.
 #[cfg(feature = "cedar")]
 fn with_caller(
     caller: &Caller,
@@ -176,7 +177,7 @@ fn with_caller(
     let document = match entities.map(toolgate_state::EntitiesFile::load).transpose() {
         Ok(document) => document,
         Err(error) => {
-            tracing::error!(%error, "the entities file is unusable; refusing what Cedar decides");
+            tracing::error!(%error, "the Cedar entities are unusable; refusing what Cedar decides");
             return toolgate_policy::cedar::CedarAnswer {
                 allowed: false,
                 determining: Vec::new(),

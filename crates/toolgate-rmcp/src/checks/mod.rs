@@ -77,10 +77,11 @@ pub(crate) mod visibility;
 pub use confirmation::confirmation_tool;
 pub use duplicates::{MAX_SEPARATE_REASON_CHARS, REASON_ARGUMENT, SEPARATE_ARGUMENT};
 pub use toolgate_state::{
-    ConfirmError, ConfirmToken, EntitiesFile, EntityDocument, FileHalts, FileRights, GuardError,
-    Halt, HaltStore, InvalidRights, Issued, KillSwitch, Limit, Limited, MemoryHalts, MemoryPending,
-    MemoryRights, PendingAction, PendingActions, PendingStore, PrincipalEntity, RateLimiter,
-    RateStore, Rights, RightsDocument, RightsFile, RightsStore, Status,
+    ConfirmError, ConfirmToken, EntitiesFile, EntitiesStore, EntityDocument, FileEntities,
+    FileHalts, FileRights, GuardError, Halt, HaltStore, InvalidRights, Issued, KillSwitch, Limit,
+    Limited, MemoryEntities, MemoryHalts, MemoryPending, MemoryRights, PendingAction,
+    PendingActions, PendingStore, PrincipalEntity, RateLimiter, RateStore, Rights, RightsDocument,
+    RightsFile, RightsStore, Status,
 };
 pub use toolgate_storage::paths::{PathError, resolve_within};
 

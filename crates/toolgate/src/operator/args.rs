@@ -9,7 +9,7 @@ use std::sync::Arc;
 use toolgate_audit::{AuditConfig, AuditSink, FileAuditLog, VerifyOptions, VerifyReport};
 use toolgate_canon::HmacKey;
 use toolgate_policy::Policy;
-use toolgate_state::{KillSwitch, RightsFile};
+use toolgate_state::{EntitiesFile, KillSwitch, RightsFile};
 use toolgate_storage::Storage;
 
 use super::OperatorError;
@@ -57,11 +57,12 @@ pub struct GateArgs {
     pub rights: Option<PathBuf>,
     /// The entities file: roles and attributes of principals for the policy's Cedar policies
     /// (`{"version":1,"principals":{"alice":{"roles":["admin"]}}}`), joined with what each
-    /// caller's credential says, re-read so that a change takes effect on the next call.
+    /// caller's credential says, re-read so that a change takes effect on the next call. With
+    /// --store the entities are the database's (`entities set`).
     #[arg(long, env = "TOOLGATE_ENTITIES_FILE", global = true)]
     pub entities: Option<PathBuf>,
     /// A PostgreSQL database for the exactly-once store, the audit chain, the kill switch, the
-    /// rights, rate limits and pending confirmations, shared by every replica on it
+    /// rights, the Cedar entities, rate limits and pending confirmations, shared by every replica on it
     /// (`postgres://USER[:PASSWORD]@HOST[:PORT]/DATABASE`); the ledger keeps the rest. The
     /// password is never logged. TLS: ?sslmode=verify-full&sslrootcert=CA.pem (verify-full is the
     /// default unless the host is loopback; docs/postgres.md). Needs the feature `postgres`.
@@ -179,6 +180,13 @@ impl GateArgs {
                         path.display()
                     )));
                 }
+                if let Some(path) = &self.entities {
+                    return Err(OperatorError::Refused(format!(
+                        "the Cedar entities of replicas on a store are kept in the database, not in {}: load it once with `{server_name} --store URL entities set {}` and leave out --entities / TOOLGATE_ENTITIES_FILE",
+                        path.display(),
+                        path.display()
+                    )));
+                }
                 let stores = database
                     .stores(policy, self.checkpoints()?)
                     .map_err(|cause| {
@@ -258,6 +266,21 @@ impl GateArgs {
         };
         database.rights().map_err(|cause| {
             open_error(format!("cannot open the rights in {}", database.name()))(cause.into())
+        })
+    }
+
+    /// The Cedar entities every replica on the database of `--store` shares.
+    pub fn database_entities(&self) -> Result<EntitiesFile, OperatorError> {
+        let Some(database) = self.database()? else {
+            return Err(OperatorError::Refused(
+                "the Cedar entities of a server without --store are the file named by --entities (re-read on the next call): edit that file; `entities set` and `entities show` need --store or TOOLGATE_STORE".to_owned(),
+            ));
+        };
+        database.entities().map_err(|cause| {
+            open_error(format!(
+                "cannot open the Cedar entities in {}",
+                database.name()
+            ))(cause.into())
         })
     }
 

@@ -3,7 +3,8 @@
 //!
 //! - [`GateArgs`]: the global options (`--policy`, `--ledger`, `--store`, the audit key ...).
 //! - [`Command`]: the operator commands (`halt`, `resume`, `verify`, `stats`, `prune`, `audit
-//!   verify|export|stats`, `effects prune|resolve`, `rights set|clear|show`, and with the feature
+//!   verify|export|stats`, `effects prune|resolve`, `rights set|clear|show`, `entities
+//!   set|clear|show`, and with the feature
 //!   `http` `token create|list|revoke`), each run by [`Command::run`] on the stores of the
 //!   [`GateArgs`].
 //! - [`Cli`]: both plus the server's own flags (any `clap::Args`, such as a data directory), as one
@@ -75,6 +76,14 @@ pub enum Command {
         /// The rights command.
         #[command(subcommand)]
         command: RightsCommand,
+    },
+    /// The Cedar entities of every replica on the database of --store (roles and attributes of
+    /// principals for the policy's Cedar policies), applied on each replica's next call; audited.
+    /// Without --store the entities are the file named by --entities.
+    Entities {
+        /// The entities command.
+        #[command(subcommand)]
+        command: EntitiesCommand,
     },
     /// API tokens for Streamable HTTP (stored as hashes in the ledger; every change audited).
     /// A build without the feature `http` refuses them, saying so.
@@ -183,6 +192,23 @@ pub enum RightsCommand {
     /// Remove the rights: only the policy decides (as without a rights file).
     Clear,
     /// Print the rights document in force.
+    Show,
+}
+
+/// `entities ...`.
+#[derive(Debug, Clone, PartialEq, Eq, clap::Subcommand)]
+#[non_exhaustive]
+pub enum EntitiesCommand {
+    /// Replace the entities with those of an entities file (validated first; format in
+    /// docs/policy.md, "Cedar").
+    Set {
+        /// The entities file.
+        file: PathBuf,
+    },
+    /// Remove the entities: principals have only the roles and attributes their credentials
+    /// carry (as without an entities file).
+    Clear,
+    /// Print the entities document in force.
     Show,
 }
 
@@ -496,6 +522,7 @@ impl Command {
                 writeln!(out, "effects resolve: {summary}")?;
             }
             Command::Rights { command } => rights(gate, command, out)?,
+            Command::Entities { command } => entities(gate, command, out)?,
             Command::Token { command } => token(gate, name, command, out, err)?,
         }
         Ok(0)
@@ -680,6 +707,43 @@ fn rights(
         RightsCommand::Show => match rights.document()? {
             Some(document) => writeln!(out, "{}", String::from_utf8_lossy(&document).trim_end())?,
             None => writeln!(out, "no rights are set: only the policy decides")?,
+        },
+    }
+    Ok(())
+}
+
+fn entities(
+    gate: &GateArgs,
+    command: &EntitiesCommand,
+    out: &mut dyn Write,
+) -> Result<(), CommandError> {
+    let entities = gate.database_entities()?;
+    match command {
+        EntitiesCommand::Set { file } => {
+            let audit = gate.audit()?;
+            let digest = super::set_entities(&entities, audit.as_ref(), Some(file))?;
+            audit.checkpoint()?;
+            let digest = digest.map(|d| d.to_hex()).unwrap_or_default();
+            writeln!(
+                out,
+                "entities set: sha256:{digest} applies to every replica's next call"
+            )?;
+        }
+        EntitiesCommand::Clear => {
+            let audit = gate.audit()?;
+            super::set_entities(&entities, audit.as_ref(), None)?;
+            audit.checkpoint()?;
+            writeln!(
+                out,
+                "entities cleared: principals have only what their credentials carry"
+            )?;
+        }
+        EntitiesCommand::Show => match entities.document()? {
+            Some(document) => writeln!(out, "{}", String::from_utf8_lossy(&document).trim_end())?,
+            None => writeln!(
+                out,
+                "no entities are set: principals have only what their credentials carry"
+            )?,
         },
     }
     Ok(())
@@ -993,9 +1057,11 @@ mod tests {
         let (code, _, err) = run(&cli(&["audit", "export"]));
         assert_eq!(code, 2);
         assert!(err.contains("pass --store or TOOLGATE_STORE"), "{err}");
-        let (code, _, err) = run(&cli(&["rights", "show"]));
-        assert_eq!(code, 2);
-        assert!(err.contains("need --store"), "{err}");
+        for command in ["rights", "entities"] {
+            let (code, _, err) = run(&cli(&[command, "show"]));
+            assert_eq!(code, 2);
+            assert!(err.contains("need --store"), "{err}");
+        }
 
         // A broken chain: exit 1, the line named on stderr.
         let audit = ledger.join(crate::LEDGER_AUDIT_FILE);
