@@ -59,12 +59,12 @@ pub mod effect {
     pub use toolgate_postgres::PgEffects;
 }
 
-/// The state the gate's checks consult on every call: the kill switch, rights file, rate limits,
-/// pending confirmations (their stores: `toolgate-state`) and path containment
-/// (`toolgate_rmcp::checks`).
+/// The state the gate's checks consult on every call: the kill switch, rights file, Cedar
+/// entities, rate limits, pending confirmations (their stores: `toolgate-state`) and path
+/// containment (`toolgate_rmcp::checks`).
 pub mod checks {
     pub use toolgate_rmcp::checks::*;
-    pub use toolgate_state::{kill_switch, pending, rates, rights};
+    pub use toolgate_state::{document, entities, kill_switch, pending, rates, rights};
 }
 
 /// The PostgreSQL stores of the governance state, shared by every replica on one database
