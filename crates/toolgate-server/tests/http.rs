@@ -2138,7 +2138,7 @@ unless { principal has tenant && principal.tenant == "acme" };
             .to_owned()
     };
     assert!(
-        line("alice").ends_with(" tenant=acme role=reader role=writer"),
+        line("alice").ends_with(" tenant=acme role=writer role=reader"),
         "{listed}"
     );
     assert!(
