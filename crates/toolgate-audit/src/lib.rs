@@ -202,11 +202,10 @@ impl AuditEntry {
         self
     }
 
-    /// The same entry with `cedar_policies` (the determining policies) and `cedar_digest`.
-    pub fn with_cedar(mut self, policies: Option<Vec<String>>, digest: Sha256Digest) -> Self {
+    /// Sets `cedar_policies` (the determining policies) and `cedar_digest`.
+    pub fn set_cedar(&mut self, policies: Option<Vec<String>>, digest: Sha256Digest) {
         self.cedar_policies = policies;
         self.cedar_digest = Some(digest);
-        self
     }
 
     /// The same entry with a `dropped_fields` field.

@@ -299,6 +299,41 @@ struct ToolAction {
     resource: cedar_policy::Entity,
 }
 
+/// Runs `decide` with the caller `id` as Cedar sees it: what its credential says (none for a
+/// configured stdio principal: its id as name, channel `stdio`, no scopes, tenant, roles or
+/// attributes), with the roles and attributes entity data gives it (`extra`: roles joined; a
+/// credential's attribute wins over the entity data's).
+pub fn as_caller<R>(
+    id: &str,
+    credential: Option<&crate::credential::VerifiedPrincipal>,
+    extra: Option<(&BTreeSet<String>, &BTreeMap<String, String>)>,
+    decide: impl FnOnce(&CedarCaller<'_>) -> R,
+) -> R {
+    static NONE: BTreeSet<String> = BTreeSet::new();
+    static NO_ATTRIBUTES: BTreeMap<String, String> = BTreeMap::new();
+    let mut roles = std::borrow::Cow::Borrowed(credential.map_or(&NONE, |c| c.roles()));
+    let mut attributes =
+        std::borrow::Cow::Borrowed(credential.map_or(&NO_ATTRIBUTES, |c| c.attributes()));
+    if let Some((extra_roles, extra_attributes)) = extra {
+        roles.to_mut().extend(extra_roles.iter().cloned());
+        for (key, value) in extra_attributes {
+            attributes
+                .to_mut()
+                .entry(key.clone())
+                .or_insert_with(|| value.clone());
+        }
+    }
+    decide(&CedarCaller {
+        id,
+        name: credential.map_or(id, |c| c.name()),
+        channel: credential.and_then(|c| c.channel()).unwrap_or("stdio"),
+        scopes: credential.and_then(|c| c.scopes()).unwrap_or(&NONE),
+        tenant: credential.and_then(|c| c.tenant()),
+        roles: &roles,
+        attributes: &attributes,
+    })
+}
+
 /// Who calls, as Cedar sees it (the principal `Toolgate::Caller`).
 #[derive(Debug, Clone, Copy)]
 pub struct CedarCaller<'a> {
@@ -334,6 +369,22 @@ pub struct CedarAnswer {
 }
 
 impl CedarAnswer {
+    /// Why a call was not permitted, for the caller: the determining `forbid`s, or that no
+    /// `permit` matched, or that the policies could not decide (never the errors' text, which
+    /// can quote argument values).
+    pub fn why_not(&self) -> String {
+        if !self.errors.is_empty() {
+            "the Cedar policies could not decide it (the server's log says why)".to_owned()
+        } else if self.determining.is_empty() {
+            "no Cedar policy permits it with these arguments".to_owned()
+        } else {
+            format!(
+                "forbidden by the Cedar policies {}",
+                self.determining.join(", ")
+            )
+        }
+    }
+
     fn denied(error: String) -> Self {
         CedarAnswer {
             allowed: false,

@@ -178,7 +178,6 @@ impl VerifiedPrincipal {
     }
 }
 
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -63,15 +63,14 @@ pub(crate) fn compile(
     }
 }
 
-/// `entry` with what Cedar contributed to the call: the set's digest whenever the policy has
+/// Adds to `entry` what Cedar contributed to the call: the set's digest whenever the policy has
 /// Cedar, and the determining policies once Cedar decided the call.
-pub(crate) fn noted(state: &GateState, call: &Call<'_>, entry: AuditEntry) -> AuditEntry {
+pub(crate) fn note(state: &GateState, call: &Call<'_>, entry: &mut AuditEntry) {
     #[cfg(feature = "cedar")]
     if let Some(cedar) = &state.cedar {
-        return entry.with_cedar(call.cedar_policies.get().cloned(), cedar.digest());
+        entry.set_cedar(call.cedar_policies.get().cloned(), cedar.digest());
     }
-    let _ = (state, call);
-    entry
+    let _ = (state, call, entry);
 }
 
 /// Hides what Cedar does not list to the caller.
@@ -144,19 +143,8 @@ impl Check for CedarCall {
     }
 
     fn annotate(&self, call: &Call<'_>, entry: &mut AuditEntry) {
-        *entry = noted(call.state, call, std::mem::replace(entry, empty_entry()));
+        note(call.state, call, entry);
     }
-}
-
-/// A placeholder swapped out and back by [`CedarCall::annotate`].
-fn empty_entry() -> AuditEntry {
-    AuditEntry::tool_call(
-        String::new(),
-        String::new(),
-        toolgate_audit::AuditDecision::Allow,
-        toolgate_audit::Outcome::Error,
-        toolgate_canon::Sha256Digest::of(b""),
-    )
 }
 
 /// Runs `decide` with the caller as Cedar's principal: its identity key, and what its credential
@@ -170,10 +158,6 @@ fn with_caller(
     entities: Option<&toolgate_state::EntitiesFile>,
     decide: impl FnOnce(&toolgate_policy::cedar::CedarCaller<'_>) -> toolgate_policy::cedar::CedarAnswer,
 ) -> toolgate_policy::cedar::CedarAnswer {
-    static NONE: std::collections::BTreeSet<String> = std::collections::BTreeSet::new();
-    static NO_ATTRIBUTES: std::collections::BTreeMap<String, String> =
-        std::collections::BTreeMap::new();
-    let credential = caller.credential.as_ref();
     let document = match entities.map(toolgate_state::EntitiesFile::load).transpose() {
         Ok(document) => document,
         Err(error) => {
@@ -185,30 +169,11 @@ fn with_caller(
             };
         }
     };
-    let from_file = document
+    let extra = document
         .as_deref()
-        .and_then(|document| document.of(&caller.principal));
-    let mut roles = std::borrow::Cow::Borrowed(credential.map_or(&NONE, |c| c.roles()));
-    let mut attributes =
-        std::borrow::Cow::Borrowed(credential.map_or(&NO_ATTRIBUTES, |c| c.attributes()));
-    if let Some(entity) = from_file {
-        roles.to_mut().extend(entity.roles.iter().cloned());
-        for (key, value) in &entity.attributes {
-            attributes
-                .to_mut()
-                .entry(key.clone())
-                .or_insert_with(|| value.clone());
-        }
-    }
-    decide(&toolgate_policy::cedar::CedarCaller {
-        id: &caller.principal,
-        name: credential.map_or(&*caller.principal, |c| c.name()),
-        channel: credential.and_then(|c| c.channel()).unwrap_or("stdio"),
-        scopes: credential.and_then(|c| c.scopes()).unwrap_or(&NONE),
-        tenant: credential.and_then(|c| c.tenant()),
-        roles: &roles,
-        attributes: &attributes,
-    })
+        .and_then(|document| document.of(&caller.principal))
+        .map(|entity| (&entity.roles, &entity.attributes));
+    toolgate_policy::cedar::as_caller(&caller.principal, caller.credential.as_ref(), extra, decide)
 }
 
 /// Evaluation errors deny (a `forbid` that could not be evaluated must not let a call through);
@@ -224,16 +189,7 @@ fn log_errors(tool: &str, errors: &[String]) {
 /// determining `forbid`s (or that no `permit` matched), never the arguments' values.
 #[cfg(feature = "cedar")]
 fn refusal(tool: &str, answer: &toolgate_policy::cedar::CedarAnswer) -> crate::refusal::Refusal {
-    let why = if !answer.errors.is_empty() {
-        "the Cedar policies could not decide it (the server's log says why)".to_owned()
-    } else if answer.determining.is_empty() {
-        "no Cedar policy permits it with these arguments".to_owned()
-    } else {
-        format!(
-            "forbidden by the Cedar policies {}",
-            answer.determining.join(", ")
-        )
-    };
+    let why = answer.why_not();
     let fix = "call it with arguments the policies permit, or ask an operator for the permission";
     crate::refusal::Refusal {
         rule: "cedar".to_owned(),

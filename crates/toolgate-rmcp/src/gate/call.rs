@@ -163,7 +163,7 @@ impl<H: ServerHandler> Gated<H> {
         };
         let request_id = self.request_id(arguments, &tool, &context.id);
         let deny = |request_id: String, reason: Reason| {
-            let entry = self
+            let mut entry = self
                 .entry(
                     &state,
                     caller,
@@ -174,7 +174,8 @@ impl<H: ServerHandler> Gated<H> {
                     args_digest,
                 )
                 .with_reason(reason);
-            crate::checks::cedar::noted(&state, &call, entry)
+            crate::checks::cedar::note(&state, &call, &mut entry);
+            entry
         };
         if !caller.grants(&state.policy, &name) {
             // Outside the credential's scopes: as unknown as a hidden tool (an HTTP front door
