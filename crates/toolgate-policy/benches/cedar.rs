@@ -166,6 +166,20 @@ fn main() {
         assert!(answer.errors.is_empty());
     }
 
+    // A call the amount bounds forbid (in the mixed sets): every applicable policy is evaluated
+    // to name each satisfied `forbid`.
+    let over: Map<String, Value> = json!({"id": "b-1", "amount": 100_000, "region": "eu"})
+        .as_object()
+        .unwrap()
+        .clone();
+    for (label, set) in &sets[1..3] {
+        let answer = set.authorize_call(&caller.cedar(), &tool, Some(&over), NOW, None);
+        assert!(
+            !answer.allowed && !answer.determining.is_empty(),
+            "{label}: {answer:?}"
+        );
+    }
+
     let mut criterion = Criterion::default().configure_from_args();
     criterion.bench_function("json_decide", |b| {
         b.iter(|| black_box(json_policy.decide_for("acme/alice", &tool, Some(&arguments))));
@@ -174,6 +188,11 @@ fn main() {
         criterion.bench_function(&format!("cedar_call_{n}"), |b| {
             b.iter(|| {
                 black_box(set.authorize_call(&caller.cedar(), &tool, Some(&arguments), NOW, None))
+            });
+        });
+        criterion.bench_function(&format!("cedar_forbidden_{n}"), |b| {
+            b.iter(|| {
+                black_box(set.authorize_call(&caller.cedar(), &tool, Some(&over), NOW, None))
             });
         });
         criterion.bench_function(&format!("cedar_listing_{n}"), |b| {
@@ -192,6 +211,7 @@ fn main() {
     let mut json_ns = Vec::new();
     let mut call_ns: Vec<Vec<f64>> = vec![Vec::new(); sets.len()];
     let mut list_ns: Vec<Vec<f64>> = vec![Vec::new(); sets.len()];
+    let mut forbidden_ns: Vec<Vec<f64>> = vec![Vec::new(); sets.len()];
     let time = |f: &mut dyn FnMut()| {
         let start = Instant::now();
         for _ in 0..per_round {
@@ -207,6 +227,9 @@ fn main() {
             call_ns[i].push(time(&mut || {
                 black_box(set.authorize_call(&caller.cedar(), &tool, Some(&arguments), NOW, None));
             }));
+            forbidden_ns[i].push(time(&mut || {
+                black_box(set.authorize_call(&caller.cedar(), &tool, Some(&over), NOW, None));
+            }));
             list_ns[i].push(time(&mut || {
                 black_box(set.authorize_listing(&caller.cedar(), &tool));
             }));
@@ -218,11 +241,13 @@ fn main() {
     for (i, (n, _)) in sets.iter().enumerate() {
         let call = median(call_ns[i].clone());
         let list = median(list_ns[i].clone());
+        let forbidden = median(forbidden_ns[i].clone());
         println!(
-            "{n:>12} Cedar policies: call {:.2} us (x{:.0} the JSON decision; {:.2}x the 10 us goal), listing {:.2} us",
+            "{n:>12} Cedar policies: call {:.2} us (x{:.0} the JSON decision; {:.2}x the 10 us goal), a forbidden call {:.2} us, listing {:.2} us",
             call / 1000.0,
             call / json,
             call / 10_000.0,
+            forbidden / 1000.0,
             list / 1000.0
         );
     }

@@ -564,6 +564,31 @@ impl CedarPolicies {
             Ok(context) => context,
             Err(error) => return CedarAnswer::denied(error.to_string()),
         };
+        if let Some(fast) = &cached.call.fast {
+            let (any, _) = self.evaluate(
+                principal.clone(),
+                action,
+                &action.uid,
+                context.clone(),
+                &fast.any_forbid,
+                &cached,
+            );
+            if any.determining.is_empty() && any.errors.is_empty() {
+                // No open `forbid` is satisfied or errs: only the `permit`s are left to name.
+                if fast.permits.is_empty() {
+                    return cached.call.answer(None, false);
+                }
+                let (permits, allowed) = self.evaluate(
+                    principal,
+                    action,
+                    &action.uid,
+                    context,
+                    &fast.permits,
+                    &cached,
+                );
+                return cached.call.answer(Some(permits), allowed);
+            }
+        }
         let (open, allowed) = self.evaluate(
             principal,
             action,
@@ -972,6 +997,141 @@ struct SplitPolicies {
     open: cedar_policy::PolicySet,
     /// The answer when the call is denied whatever the context: then the tool is not listed.
     denied: Option<CedarAnswer>,
+    /// A shortcut for the usual case, when no `forbid` applies: see [`FastPath`].
+    fast: Option<FastPath>,
+}
+
+/// The open `forbid`s as one policy, `forbid when { R1 || R2 || ... }` over their residuals
+/// (their conditions with everything but the context folded in by the partial evaluation), and
+/// the open `permit`s. When that one policy is neither satisfied nor in error, no open `forbid`
+/// is (`||` evaluates every operand up to the first true one, and an error in any is its
+/// error), so the answer needs only the `permit`s; otherwise every open policy is evaluated.
+/// One policy over the residuals costs a fraction of evaluating each `forbid` whole.
+#[derive(Debug)]
+struct FastPath {
+    any_forbid: cedar_policy::PolicySet,
+    permits: cedar_policy::PolicySet,
+}
+
+/// How many open `forbid`s one combined policy takes at most (its `||` tree is balanced).
+const MAX_COMBINED_FORBIDS: usize = 1024;
+
+impl FastPath {
+    /// The shortcut for `open` (none when it would not help or a residual cannot be combined:
+    /// then every open policy is evaluated on each call).
+    fn new(
+        partial: &cedar_policy::PartialResponse,
+        open: &cedar_policy::PolicySet,
+    ) -> Option<Self> {
+        let mut residuals = Vec::new();
+        let mut permits = cedar_policy::PolicySet::new();
+        for policy in open.policies() {
+            if policy.effect() == cedar_policy::Effect::Permit {
+                permits.add(policy.clone()).ok()?;
+                continue;
+            }
+            let mut residual = partial.get(policy.id())?.to_json().ok()?;
+            if !context_for_unknown(&mut residual) {
+                return None;
+            }
+            let mut residual = conjunction(residual.get("conditions")?.as_array()?)?;
+            without_true(&mut residual);
+            residuals.push(residual);
+        }
+        if residuals.len() < 2 || residuals.len() > MAX_COMBINED_FORBIDS {
+            return None;
+        }
+        let any = json!({
+            "effect": "forbid",
+            "principal": {"op": "All"},
+            "action": {"op": "All"},
+            "resource": {"op": "All"},
+            "conditions": [{"kind": "when", "body": disjunction(&residuals)}],
+        });
+        let any = cedar_policy::Policy::from_json(
+            Some(cedar_policy::PolicyId::new("toolgate.any_forbid")),
+            any,
+        )
+        .ok()?;
+        Some(FastPath {
+            any_forbid: cedar_policy::PolicySet::from_policies([any]).ok()?,
+            permits,
+        })
+    }
+}
+
+/// Replaces the unknown context of a residual (JSON form) with the variable `context`; false when
+/// it holds any other unknown.
+fn context_for_unknown(value: &mut Value) -> bool {
+    match value {
+        Value::Object(map) => {
+            if let Some(arguments) = map.get("unknown") {
+                if map.len() == 1 && *arguments == json!([{"Value": "context"}]) {
+                    *value = json!({"Var": "context"});
+                    return true;
+                }
+                return false;
+            }
+            map.values_mut().all(context_for_unknown)
+        }
+        Value::Array(items) => items.iter_mut().all(context_for_unknown),
+        _ => true,
+    }
+}
+
+/// Folds `true && x` and `x && true` into `x` (JSON form), which the partial evaluation leaves
+/// where a scope or a condition was decided: the same value and the same errors (`&&` and the
+/// `||` and `when` around it all require a boolean), fewer steps.
+fn without_true(value: &mut Value) {
+    let truth = json!({"Value": true});
+    loop {
+        let Some(both) = value.get_mut("&&") else {
+            break;
+        };
+        let (Some(left), Some(right)) = (both.get("left"), both.get("right")) else {
+            break;
+        };
+        if *left == truth {
+            *value = right.clone();
+        } else if *right == truth {
+            *value = left.clone();
+        } else {
+            break;
+        }
+    }
+    match value {
+        Value::Object(map) => map.values_mut().for_each(without_true),
+        Value::Array(items) => items.iter_mut().for_each(without_true),
+        _ => {}
+    }
+}
+
+/// The conjunction of a policy's conditions (JSON form): each `when` body, each `unless` body
+/// negated.
+fn conjunction(conditions: &[Value]) -> Option<Value> {
+    let mut all = json!({"Value": true});
+    for condition in conditions {
+        let body = condition.get("body")?.clone();
+        let term = match condition.get("kind")?.as_str()? {
+            "when" => body,
+            "unless" => json!({"!": {"arg": body}}),
+            _ => return None,
+        };
+        all = json!({"&&": {"left": all, "right": term}});
+    }
+    Some(all)
+}
+
+/// `a || b || ...` as a balanced tree (JSON form), left to right.
+fn disjunction(terms: &[Value]) -> Value {
+    match terms {
+        [] => json!({"Value": false}),
+        [one] => one.clone(),
+        _ => {
+            let (left, right) = terms.split_at(terms.len() / 2);
+            json!({"||": {"left": disjunction(left), "right": disjunction(right)}})
+        }
+    }
 }
 
 impl SplitPolicies {
@@ -987,6 +1147,7 @@ impl SplitPolicies {
             permits: Vec::new(),
             open: cedar_policy::PolicySet::new(),
             denied: None,
+            fast: None,
         };
         for policy in partial.definitely_satisfied() {
             match policy.effect() {
@@ -1003,6 +1164,9 @@ impl SplitPolicies {
             .collect();
         for policy in set.policies().filter(|policy| open.contains(policy.id())) {
             split.open.add(policy.clone()).map_err(|e| e.to_string())?;
+        }
+        if split.forbids.is_empty() && partial.definitely_errored().next().is_none() {
+            split.fast = FastPath::new(&partial, &split.open);
         }
         if partial.decision() == Some(cedar_policy::Decision::Deny) {
             split.denied = Some(CedarAnswer {

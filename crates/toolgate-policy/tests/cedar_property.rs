@@ -86,6 +86,8 @@ fn policy() -> impl Strategy<Value = String> {
         // Policies without a condition are decided from their scopes alone (the gate's shortcut).
         3 => Just(String::new()),
         1 => Just(" when { resource.tags.contains(\"billing\") }".to_owned()),
+        // Errs (an overflow) for amounts above 4, or in a call without arguments.
+        1 => Just(" when { context.arguments.amount * 2305843009213693952 > 0 }".to_owned()),
         // Errs (an overflow) for callers with a tenant, whatever the call's context.
         1 => Just(" when { 9223372036854775807 + (if principal has tenant then 1 else 0) > 0 }".to_owned()),
         1 => (0..200i64).prop_map(|k| format!(
@@ -235,7 +237,7 @@ fn reference(
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: 1024, ..ProptestConfig::default() })]
 
     #[test]
     fn the_gate_decides_as_cedar_and_the_json_policy_do(
