@@ -1084,10 +1084,7 @@ fn context_for_unknown(value: &mut Value) -> bool {
 /// `||` and `when` around it all require a boolean), fewer steps.
 fn without_true(value: &mut Value) {
     let truth = json!({"Value": true});
-    loop {
-        let Some(both) = value.get_mut("&&") else {
-            break;
-        };
+    while let Some(both) = value.get_mut("&&") {
         let (Some(left), Some(right)) = (both.get("left"), both.get("right")) else {
             break;
         };
