@@ -421,3 +421,175 @@ fn meta_cannot_steer_a_cedar_decision() {
     alice.close();
     assert_verifies(&env.ledger);
 }
+
+/// A JSON-RPC request of the 2025-11-25 flow (no `_meta`).
+fn legacy_call(id: u64, name: &str, arguments: Value) -> Value {
+    json!({"jsonrpc": "2.0", "id": id, "method": "tools/call",
+           "params": {"name": name, "arguments": arguments}})
+}
+
+/// The records of tool calls in the audit log.
+fn call_records(env: &TestEnv) -> Vec<Value> {
+    audit_records(&env.audit_path())
+        .into_iter()
+        .filter(|r| r["method"] == "tools/call")
+        .collect()
+}
+
+/// MCP 2025-11-25 has no JSON-RPC batches, and neither has this server: over stdio, a line
+/// holding an array of requests (after a normal `initialize`) is refused whole with one
+/// `-32600` Invalid Request and `"id":null`. No request of it reaches the gate: not the call
+/// both policies permit, not the one Cedar has no permit for, not the one a Cedar `forbid`
+/// names, not the one the JSON policy denies. So nothing is written, nothing is audited as a
+/// call, and a later call of the permitted request runs as the first (`committed`, not a
+/// replay). The refusal is the same whatever the batch holds (a refused tool is not told
+/// apart from an unknown one), and the server goes on serving.
+#[test]
+fn a_json_rpc_batch_is_refused_whole_and_carries_no_call_past_the_policies() {
+    let env = cedar_env(CEDAR);
+    let mut alice = spawn_as(&env, "alice");
+    alice.initialize(json!({}));
+    let permitted = || {
+        legacy_call(
+            101,
+            "write_note",
+            json!({"request_id": "ok-000020", "text": "hello"}),
+        )
+    };
+    let no_permit = || {
+        legacy_call(
+            102,
+            "write_note",
+            json!({"request_id": "no-000021", "text": "hello"}),
+        )
+    };
+    let forbidden = || {
+        legacy_call(
+            103,
+            "write_note",
+            json!({"request_id": "ok-000022", "text": "a secret"}),
+        )
+    };
+    let denied = || {
+        legacy_call(
+            104,
+            "rm_rf",
+            json!({"path": env.path("victim").to_str().unwrap()}),
+        )
+    };
+    let unknown = || legacy_call(105, "no_such_tool", json!({}));
+    std::fs::write(env.path("victim"), "still here").unwrap();
+    let calls_before = call_records(&env).len();
+
+    let batches = [
+        json!([permitted(), no_permit(), forbidden(), denied()]),
+        json!([permitted()]),
+        json!([no_permit()]),
+        json!([forbidden()]),
+        json!([denied()]),
+        json!([unknown()]),
+        json!([forbidden(), {"jsonrpc": "2.0", "method": "notifications/initialized"}, permitted()]),
+    ];
+    let mut refusals = Vec::new();
+    for batch in &batches {
+        alice.send(batch);
+        let line = alice.recv_line();
+        let reply: Value = serde_json::from_str(&line).unwrap();
+        assert_eq!(reply["id"], Value::Null, "{batch}: {reply}");
+        assert_eq!(reply["error"]["code"], json!(-32600), "{batch}: {reply}");
+        refusals.push(reply);
+    }
+    // One reply per batch, the same for all: nothing tells a refused tool from an unknown one.
+    assert!(refusals.iter().all(|r| *r == refusals[0]), "{refusals:?}");
+    let message = refusals[0]["error"]["message"].as_str().unwrap();
+    assert!(
+        !message.contains("write_note") && !message.contains("rm_rf"),
+        "{message}"
+    );
+
+    // The server still serves, and nothing of any batch ran or was answered.
+    let mut listed = alice.list_tool_names();
+    listed.sort();
+    assert_eq!(listed, ["read_ledger", "write_note"]);
+    assert!(env.note_files().is_empty(), "{:?}", env.note_files());
+    assert_eq!(
+        std::fs::read_to_string(env.path("victim")).unwrap(),
+        "still here"
+    );
+    assert_eq!(
+        call_records(&env).len(),
+        calls_before,
+        "{:?}",
+        call_records(&env)
+    );
+
+    // The same requests one by one: each decided as it would be alone.
+    let ok = alice.call(
+        "write_note",
+        json!({"request_id": "ok-000020", "text": "hello"}),
+    );
+    assert_eq!(
+        note_status(&ok),
+        "committed",
+        "the batch ran it before: {ok}"
+    );
+    assert_eq!(
+        std::fs::read(env.note_path("ok-000020")).unwrap(),
+        note_bytes("ok-000020", "hello")
+    );
+    let refused = alice.call(
+        "write_note",
+        json!({"request_id": "no-000021", "text": "hello"}),
+    );
+    assert_eq!(
+        result_of(&refused)["structuredContent"]["rule"],
+        "cedar",
+        "{refused}"
+    );
+    let refused = alice.call(
+        "write_note",
+        json!({"request_id": "ok-000022", "text": "a secret"}),
+    );
+    assert!(first_text(&refused).contains("no-secrets"), "{refused}");
+    let denied = alice.call(
+        "rm_rf",
+        json!({"path": env.path("victim").to_str().unwrap()}),
+    );
+    let unknown = alice.call("no_such_tool", json!({}));
+    assert_eq!(error_code(&denied), Some(INVALID_PARAMS), "{denied}");
+    assert_eq!(denied["error"], unknown["error"]);
+    assert_eq!(env.note_files(), [env.note_path("ok-000020")]);
+    assert_eq!(
+        std::fs::read_to_string(env.path("victim")).unwrap(),
+        "still here"
+    );
+    alice.close();
+
+    // No reply ever carried an id of a batched request.
+    for line in &alice.transcript {
+        let message: Value = serde_json::from_str(line).unwrap();
+        let id = message["id"].as_u64().unwrap_or(0);
+        assert!(!(101..=105).contains(&id), "{line}");
+    }
+    // The audit holds the single calls only: one allow of write_note, then the refusals.
+    let calls: Vec<(String, String, String)> = call_records(&env)
+        .iter()
+        .skip(calls_before)
+        .map(|r| {
+            let text = |key: &str| r[key].as_str().unwrap_or("").to_owned();
+            (text("name"), text("decision"), text("reason"))
+        })
+        .collect();
+    let expected: Vec<(String, String, String)> = [
+        ("write_note", "allow", "allow"),
+        ("write_note", "deny", "cedar"),
+        ("write_note", "deny", "cedar"),
+        ("rm_rf", "deny", "deny"),
+        ("no_such_tool", "deny", "unknown_tool"),
+    ]
+    .iter()
+    .map(|(a, b, c)| ((*a).to_owned(), (*b).to_owned(), (*c).to_owned()))
+    .collect();
+    assert_eq!(calls, expected);
+    assert_verifies(&env.ledger);
+}

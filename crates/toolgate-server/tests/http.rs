@@ -2268,3 +2268,200 @@ unless { principal has tenant && principal.tenant == "acme" };
     );
     assert!(env.audit_verify().status.success());
 }
+
+/// The JSON-RPC message with id `id` in a POST's reply body: a JSON body, or the `data:` lines
+/// of an event stream.
+fn message_with_id(body: &str, id: u64) -> Value {
+    if let Ok(message) = serde_json::from_str::<Value>(body) {
+        return message;
+    }
+    body.lines()
+        .filter_map(|line| line.strip_prefix("data:"))
+        .filter_map(|data| serde_json::from_str::<Value>(data.trim()).ok())
+        .find(|message| message["id"] == json!(id))
+        .unwrap_or_else(|| panic!("no message with id {id} in {body:?}"))
+}
+
+/// MCP 2025-11-25 has no JSON-RPC batches, and neither has this server over Streamable HTTP: a
+/// POST of an array of requests, on a session opened by a normal `initialize` or in the
+/// 2026-07-28 flow, is refused whole (400, `-32600`, `"id":null`, audited as
+/// `batch_not_supported`) before any request of it reaches the gate. Not the call both
+/// policies permit, nor the one Cedar has no permit for, nor the one a tenant `forbid` names
+/// nor the one the JSON policy denies runs or is audited as a call; the refusal is the same
+/// whatever the batch holds; the session and the server go on serving, and the permitted call
+/// sent alone afterwards runs as the first (`committed`).
+#[cfg(feature = "cedar")]
+#[test]
+fn a_json_rpc_batch_is_refused_whole_and_carries_no_call_past_the_policies() {
+    let env = TestEnv::new();
+    let mut policy: Value =
+        serde_json::from_str(&std::fs::read_to_string(&env.policy).unwrap()).unwrap();
+    policy["cedar"] = json!("roles.cedar");
+    std::fs::write(&env.policy, policy.to_string()).unwrap();
+    std::fs::write(
+        env.path("roles.cedar"),
+        r#"
+@id("everyone-lists")
+permit(principal, action == Toolgate::Action::"tools/list", resource);
+
+@id("writers-write-approved")
+permit(principal in Toolgate::Role::"writer", action == Toolgate::Action::"write_note", resource)
+when { context.arguments.text like "ok*" };
+
+@id("no-secrets")
+forbid(principal, action == Toolgate::Action::"write_note", resource)
+when { context.arguments.text like "*secret*" };
+"#,
+    )
+    .unwrap();
+    let alice = create_token(&env, "alice", &["--attr", "role=writer"]);
+    let server = HttpServer::start(&env);
+    let auth = format!("Bearer {alice}");
+    let call = |id: u64, name: &str, arguments: Value| {
+        json!({"jsonrpc": "2.0", "id": id, "method": "tools/call",
+               "params": {"name": name, "arguments": arguments}})
+    };
+    let write = |id: u64, request_id: &str, text: &str| {
+        call(
+            id,
+            "write_note",
+            json!({"request_id": request_id, "text": text}),
+        )
+    };
+    let victim = env.path("victim");
+    std::fs::write(&victim, "still here").unwrap();
+    let permitted = || write(101, "req-batch-0001", "ok hello");
+    let no_permit = || write(102, "req-batch-0002", "unapproved");
+    let forbidden = || write(103, "req-batch-0003", "ok, a secret");
+    let denied = || call(104, "rm_rf", json!({"path": victim.to_str().unwrap()}));
+    let unknown = || call(105, "no_such_tool", json!({}));
+    let batches = [
+        json!([permitted(), no_permit(), forbidden(), denied()]),
+        json!([permitted()]),
+        json!([no_permit()]),
+        json!([forbidden()]),
+        json!([denied()]),
+        json!([unknown()]),
+    ];
+
+    // A session of the 2025-11-25 flow.
+    let (status, headers, body) = server.post(
+        &[("Authorization", &auth)],
+        &json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+            "protocolVersion": "2025-11-25", "capabilities": {},
+            "clientInfo": {"name": "http-test", "version": "1"}}}),
+    );
+    assert_eq!(status, 200, "{body}");
+    let session = header(&headers, "mcp-session-id").unwrap().to_owned();
+    let on_session = [
+        ("Authorization", auth.as_str()),
+        ("Mcp-Session-Id", session.as_str()),
+        ("MCP-Protocol-Version", "2025-11-25"),
+    ];
+    let (status, _, body) = server.post(
+        &on_session,
+        &json!({"jsonrpc": "2.0", "method": "notifications/initialized"}),
+    );
+    assert!(status == 202 || status == 200, "{status} {body}");
+    let mut refusals = Vec::new();
+    for batch in &batches {
+        let (status, _, body) = server.post(&on_session, batch);
+        assert_eq!(status, 400, "{batch}: {body}");
+        refusals.push(serde_json::from_str::<Value>(&body).unwrap());
+    }
+    // The 2026-07-28 flow (no session): the same.
+    for batch in &batches {
+        let (status, _, body) = server.post(
+            &[
+                ("Authorization", auth.as_str()),
+                ("MCP-Protocol-Version", "2026-07-28"),
+                ("Mcp-Method", "tools/call"),
+            ],
+            batch,
+        );
+        assert_eq!(status, 400, "{batch}: {body}");
+        refusals.push(serde_json::from_str::<Value>(&body).unwrap());
+    }
+    assert_eq!(refusals[0]["id"], Value::Null, "{}", refusals[0]);
+    assert_eq!(
+        refusals[0]["error"]["code"],
+        json!(-32600),
+        "{}",
+        refusals[0]
+    );
+    assert!(refusals.iter().all(|r| *r == refusals[0]), "{refusals:?}");
+    assert!(!env.note_path("req-batch-0001").exists());
+    assert!(!env.note_path("req-batch-0002").exists());
+    assert!(!env.note_path("req-batch-0003").exists());
+    assert_eq!(std::fs::read_to_string(&victim).unwrap(), "still here");
+    assert!(
+        !env.audit_records()
+            .iter()
+            .any(|r| r["method"] == "tools/call"),
+        "{:?}",
+        env.audit_records()
+    );
+
+    // The session still serves; each request alone is decided as usual.
+    let alone = |message: Value, id: u64| {
+        let (status, _, body) = server.post(&on_session, &message);
+        assert_eq!(status, 200, "{body}");
+        message_with_id(&body, id)
+    };
+    let list = alone(
+        json!({"jsonrpc": "2.0", "id": 2, "method": "tools/list", "params": {}}),
+        2,
+    );
+    // read_ledger has no Cedar permit: not listed.
+    assert_eq!(listed_names(&list), ["write_note"]);
+    let ok = alone(permitted(), 101);
+    assert_eq!(status_of(&ok), "committed", "the batch ran it before: {ok}");
+    let refused = alone(no_permit(), 102);
+    assert_eq!(
+        refused["result"]["structuredContent"]["rule"], "cedar",
+        "{refused}"
+    );
+    let refused = alone(forbidden(), 103);
+    assert_eq!(
+        refused["result"]["structuredContent"]["policies"],
+        json!(["no-secrets"]),
+        "{refused}"
+    );
+    let denied = alone(denied(), 104);
+    let unknown = alone(unknown(), 105);
+    assert_eq!(denied["error"]["code"], json!(-32602), "{denied}");
+    assert_eq!(denied["error"], unknown["error"]);
+    assert!(env.note_path("req-batch-0001").exists());
+    assert!(!env.note_path("req-batch-0002").exists());
+    assert!(!env.note_path("req-batch-0003").exists());
+    assert_eq!(std::fs::read_to_string(&victim).unwrap(), "still here");
+    drop(server);
+
+    let records = env.audit_records();
+    assert_eq!(
+        reasons(&records, "http/transport"),
+        ["batch_not_supported"; 12]
+    );
+    let calls: Vec<(&str, &str, &str)> = records
+        .iter()
+        .filter(|r| r["method"] == "tools/call")
+        .map(|r| {
+            (
+                r["name"].as_str().unwrap(),
+                r["decision"].as_str().unwrap(),
+                r["reason"].as_str().unwrap_or(""),
+            )
+        })
+        .collect();
+    assert_eq!(
+        calls,
+        [
+            ("write_note", "allow", "allow"),
+            ("write_note", "deny", "cedar"),
+            ("write_note", "deny", "cedar"),
+            ("rm_rf", "deny", "deny"),
+            ("no_such_tool", "deny", "unknown_tool"),
+        ]
+    );
+    assert!(env.audit_verify().status.success());
+}
