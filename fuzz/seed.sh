@@ -81,6 +81,22 @@ add_text gate_args '\x08\x00{"a":1}'
 add_text gate_args '\x02\x80{"request_id":"abc","text":"x"}'
 add_text gate_args '\x03\x80{"query":"\xe2\x98\x83","limit":51}'
 
+# cedar_load: policy sets for its two tools, delete_booking {id, amount, tags, room {floor}} and
+# list_bookings (every seed loads; the fuzzer mutates them into sets that do not).
+add_text cedar_load '@id("lists") permit(principal, action == Toolgate::Action::"tools/list", resource);\n@id("all") permit(principal, action, resource);\n'
+add_text cedar_load '@id("everyone-lists")\npermit(principal, action == Toolgate::Action::"tools/list", resource);\n@id("admins")\npermit(principal in Toolgate::Role::"admin", action in Toolgate::Action::"tools/call", resource)\nwhen { context.arguments.amount < 100 && context.arguments.tags.contains("x") };\n@id("ground")\nforbid(principal, action == Toolgate::Action::"delete_booking", resource)\nwhen { context.arguments has room && context.arguments.room has floor && context.arguments.room.floor == 0 };\n'
+add_text cedar_load '@id("readers") permit(principal, action in [Toolgate::Action::"tools/list", Toolgate::Action::"list_bookings"], resource)\nwhen { principal.channel == "http" && principal has tenant && principal.tenant like "ac*" };\nforbid(principal, action in Toolgate::Action::"tools/call", resource)\nwhen { resource.destructive && context has client && context.client != "desk" }\nunless { principal in Toolgate::Role::"admin" };\n'
+add_text cedar_load 'permit(principal == Toolgate::Caller::"acme/alice", action, resource is Toolgate::Tool)\nwhen { context.now > 0 && (if context.arguments has id then context.arguments.id != "" else true) && principal.scopes.isEmpty() };\nforbid(principal, action, resource) when { principal.hasTag("dept") && principal.getTag("dept") == "x" };\n'
+
+# cedar_request: a caller byte (bit 0 admin; bits 1-2 tenant none, acme, globex, "acme\0"),
+# then delete_booking's arguments.
+add_text cedar_request '\x03{"id":"b-1","amount":50}'
+add_text cedar_request '\x03{"id":"b-1","amount":99.0,"tags":["x","y"],"room":{"floor":1,"kind":"suite"}}'
+add_text cedar_request '\x03{"id":"b-1","amount":5,"room":{"floor":-0}}'
+add_text cedar_request '\x02{"id":"b-1","amount":5,"extra":{"deep":[1,2]}}'
+add_text cedar_request '\x05{"id":"\xc3\xa9","amount":-9223372036854775808,"tags":[],"room":{}}'
+add_text cedar_request '\x07{"id":"b","amount":1e2,"room":null,"tags":null}'
+
 for target in audit_chain lockfile_roundtrip; do
     mkdir -p "corpus/$target"
 done
