@@ -428,6 +428,21 @@ fn legacy_call(id: u64, name: &str, arguments: Value) -> Value {
            "params": {"name": name, "arguments": arguments}})
 }
 
+/// A request of the 2025-11-25 flow and its reply.
+fn legacy(server: &mut Server, method: &str, params: Value) -> Value {
+    let id = server.send_legacy(method, params);
+    server.response(id)
+}
+
+/// A `tools/call` of the 2025-11-25 flow and its reply.
+fn legacy_tool(server: &mut Server, name: &str, arguments: Value) -> Value {
+    legacy(
+        server,
+        "tools/call",
+        json!({"name": name, "arguments": arguments}),
+    )
+}
+
 /// The records of tool calls in the audit log.
 fn call_records(env: &TestEnv) -> Vec<Value> {
     audit_records(&env.audit_path())
@@ -508,7 +523,7 @@ fn a_json_rpc_batch_is_refused_whole_and_carries_no_call_past_the_policies() {
     );
 
     // The server still serves, and nothing of any batch ran or was answered.
-    let mut listed = alice.list_tool_names();
+    let mut listed = tool_names(&legacy(&mut alice, "tools/list", json!({})));
     listed.sort();
     assert_eq!(listed, ["read_ledger", "write_note"]);
     assert!(env.note_files().is_empty(), "{:?}", env.note_files());
@@ -524,7 +539,8 @@ fn a_json_rpc_batch_is_refused_whole_and_carries_no_call_past_the_policies() {
     );
 
     // The same requests one by one: each decided as it would be alone.
-    let ok = alice.call(
+    let ok = legacy_tool(
+        &mut alice,
         "write_note",
         json!({"request_id": "ok-000020", "text": "hello"}),
     );
@@ -537,7 +553,8 @@ fn a_json_rpc_batch_is_refused_whole_and_carries_no_call_past_the_policies() {
         std::fs::read(env.note_path("ok-000020")).unwrap(),
         note_bytes("ok-000020", "hello")
     );
-    let refused = alice.call(
+    let refused = legacy_tool(
+        &mut alice,
         "write_note",
         json!({"request_id": "no-000021", "text": "hello"}),
     );
@@ -546,16 +563,18 @@ fn a_json_rpc_batch_is_refused_whole_and_carries_no_call_past_the_policies() {
         "cedar",
         "{refused}"
     );
-    let refused = alice.call(
+    let refused = legacy_tool(
+        &mut alice,
         "write_note",
         json!({"request_id": "ok-000022", "text": "a secret"}),
     );
     assert!(first_text(&refused).contains("no-secrets"), "{refused}");
-    let denied = alice.call(
+    let denied = legacy_tool(
+        &mut alice,
         "rm_rf",
         json!({"path": env.path("victim").to_str().unwrap()}),
     );
-    let unknown = alice.call("no_such_tool", json!({}));
+    let unknown = legacy_tool(&mut alice, "no_such_tool", json!({}));
     assert_eq!(error_code(&denied), Some(INVALID_PARAMS), "{denied}");
     assert_eq!(denied["error"], unknown["error"]);
     assert_eq!(env.note_files(), [env.note_path("ok-000020")]);
@@ -591,5 +610,20 @@ fn a_json_rpc_batch_is_refused_whole_and_carries_no_call_past_the_policies() {
     .map(|(a, b, c)| ((*a).to_owned(), (*b).to_owned(), (*c).to_owned()))
     .collect();
     assert_eq!(calls, expected);
+
+    // The 2026-07-28 flow (`server/discover`, each request with its `_meta`): the same.
+    let calls_before = call_records(&env).len();
+    let mut again = spawn_as(&env, "alice");
+    again.discover();
+    let mut batch = json!([forbidden(), permitted(), no_permit()]);
+    for item in batch.as_array_mut().unwrap() {
+        item["params"]["_meta"] = meta();
+    }
+    again.send(&batch);
+    let reply: Value = serde_json::from_str(&again.recv_line()).unwrap();
+    assert_eq!(reply, refusals[0]);
+    again.close();
+    assert_eq!(env.note_files(), [env.note_path("ok-000020")]);
+    assert_eq!(call_records(&env).len(), calls_before);
     assert_verifies(&env.ledger);
 }
