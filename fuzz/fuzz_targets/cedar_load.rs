@@ -65,6 +65,12 @@ fn list_permitted(policies: &PolicySet, schema: &Schema, tool: &ToolSignature) -
                 ("destructive".to_owned(), flag(tool.destructive)),
                 ("idempotent".to_owned(), flag(tool.idempotent)),
                 ("open_world".to_owned(), flag(tool.open_world)),
+                (
+                    "tags".to_owned(),
+                    RestrictedExpression::new_set(
+                        tool.tags.iter().cloned().map(RestrictedExpression::new_string),
+                    ),
+                ),
             ]),
             HashSet::new(),
         )
