@@ -22,7 +22,7 @@ mkdir -p "$target/bench"
 log="$target/bench/bench-$(date -u +%Y%m%dT%H%M%SZ).log"
 read -r -a extra <<<"${BENCH_ARGS:-}"
 
-all=(audit commit canon policy scan gate calls stdio pipeline replicas proxy)
+all=(audit commit canon policy cedar scan gate calls stdio pipeline replicas proxy)
 selected=("$@")
 [ ${#selected[@]} -eq 0 ] && selected=("${all[@]}")
 
@@ -57,8 +57,9 @@ bench() {
             commit) run commit bench -p toolgate-commit --bench effect ;;
             canon) run canon bench -p toolgate-canon --bench digest -- "${extra[@]}" ;;
             policy) run policy bench -p toolgate-policy --bench decide -- "${extra[@]}" ;;
+            cedar) run cedar bench -p toolgate-policy --features cedar --bench cedar -- "${extra[@]}" ;;
             scan) run scan bench -p toolgate-scan --bench scan ;;
-            gate) run gate bench -p toolgate-rmcp --bench gate_cost -- "${extra[@]}" ;;
+            gate) run gate bench -p toolgate-rmcp --features cedar --bench gate_cost -- "${extra[@]}" ;;
             calls) run calls bench -p toolgate-server --bench calls ;;
             stdio) run stdio bench -p toolgate-server --bench stdio ;;
             pipeline) run pipeline bench -p toolgate-server --bench pipeline ;;

@@ -20,6 +20,11 @@
 //! - `direct_handler`: `Tools` itself;
 //! - `direct_gated`: the same `Tools` inside `Gated` with a `MemoryAuditLog`;
 //!
+//! - `direct_cedar` (feature `cedar`): the same, under the same policy naming 1,000 Cedar
+//!   policies, 50 of which apply to the caller's call of `echo` (10 permits, 20 forbids that read
+//!   the call's context, 20 decided without it), the shapes of the Cedar bench of
+//!   `toolgate-policy`;
+//!
 //! and `direct_gated - direct_handler` is the gate's own work per call, everything it does before
 //! the audit record would be written to a file: policy, argument checks, JSON Schema, permit, the
 //! sealed and chained audit record.
@@ -258,6 +263,9 @@ struct Direct {
     rt: Runtime,
     handler: Tools,
     gated: Gated<Tools>,
+    /// The gate with Cedar policies, and the directory of its policy files.
+    #[cfg(feature = "cedar")]
+    cedar: (Gated<Tools>, tempfile::TempDir),
     peer: Peer<RoleServer>,
     _server: RunningService<RoleServer, Tools>,
     _client: Client,
@@ -285,14 +293,29 @@ impl Direct {
             rt,
             handler: Tools::new(),
             gated,
+            #[cfg(feature = "cedar")]
+            cedar: cedar_gate(),
             peer: server.peer().clone(),
             _server: server,
             _client: client,
         }
     }
 
-    /// `iters` calls of `handler` (the bare one, or the gated one); the elapsed time.
-    fn run(&self, gated: bool, iters: u64) -> Duration {
+    /// The handlers called directly: the bare one, the gated one and, with Cedar, the one gated
+    /// with Cedar policies.
+    fn which(&self) -> Vec<(&'static str, Option<&Gated<Tools>>)> {
+        #[allow(unused_mut)]
+        let mut which = vec![
+            ("direct_handler", None),
+            ("direct_gated", Some(&self.gated)),
+        ];
+        #[cfg(feature = "cedar")]
+        which.push(("direct_cedar", Some(&self.cedar.0)));
+        which
+    }
+
+    /// `iters` calls of `gated` (`None`: the bare handler); the elapsed time.
+    fn run(&self, gated: Option<&Gated<Tools>>, iters: u64) -> Duration {
         let arguments = arguments();
         self.rt.block_on(async {
             let start = Instant::now();
@@ -300,10 +323,9 @@ impl Direct {
                 let params = echo_params(&arguments);
                 let id = RequestId::Number(i64::try_from(i).unwrap_or(i64::MAX));
                 let context = RequestContext::new(id, self.peer.clone());
-                let response = if gated {
-                    self.gated.call_tool(params, context).await
-                } else {
-                    self.handler.call_tool(params, context).await
+                let response = match gated {
+                    Some(gated) => gated.call_tool(params, context).await,
+                    None => self.handler.call_tool(params, context).await,
                 };
                 match response {
                     Ok(CallToolResponse::Complete(result)) => {
@@ -315,6 +337,82 @@ impl Direct {
             start.elapsed()
         })
     }
+}
+
+/// A gate over `Tools` under [`POLICY`] naming 1,000 Cedar policies, validated against the
+/// tools' contract, for the configured principal `local` over stdio. 950 policies are other
+/// principals'; the 50 that apply to `local`'s call of `echo` cycle through five shapes: a permit,
+/// a forbid on the text, a tenant forbid, a forbid on the time, a forbid off stdio.
+#[cfg(feature = "cedar")]
+fn cedar_gate() -> (Gated<Tools>, tempfile::TempDir) {
+    use toolgate_contract::contract::{ServerContract, ToolContract};
+    use toolgate_contract::lockfile::Lockfile;
+    use toolgate_contract::model::{Annotations, HandlerFacts, ToolDefinition};
+
+    let dir = tempfile::tempdir().unwrap();
+    let mut cedar = String::from(
+        "@id(\"lists\")\npermit(principal, action == Toolgate::Action::\"tools/list\", resource);\n",
+    );
+    let echo = "action == Toolgate::Action::\"echo\"";
+    for i in 0..999 {
+        let rule = if i % 20 != 0 {
+            format!("permit(principal == Toolgate::Caller::\"user-{i}\", {echo}, resource);")
+        } else {
+            match (i / 20) % 5 {
+                0 => format!("permit(principal == Toolgate::Caller::\"local\", {echo}, resource);"),
+                1 => format!(
+                    "forbid(principal, {echo}, resource) when {{ context.arguments.text like \"*forbidden-{i}*\" }};"
+                ),
+                2 => format!(
+                    "forbid(principal, {echo}, resource) when {{ principal has tenant && principal.tenant == \"tenant-{i}\" }};"
+                ),
+                3 => format!("forbid(principal, {echo}, resource) when {{ context.now < {i} }};"),
+                _ => format!(
+                    "forbid(principal, {echo}, resource) unless {{ principal.channel == \"stdio\" }};"
+                ),
+            }
+        };
+        cedar.push_str(&format!("@id(\"p{i}\")\n{rule}\n"));
+    }
+    std::fs::write(dir.path().join("bench.cedar"), cedar).unwrap();
+    let mut policy: Value = serde_json::from_str(POLICY).unwrap();
+    policy["cedar"] = json!("bench.cedar");
+    std::fs::write(dir.path().join("policy.json"), policy.to_string()).unwrap();
+    let policy = Policy::load(&dir.path().join("policy.json")).unwrap();
+
+    let tools = Tools::tool_router().list_all();
+    let contracts: Vec<ToolContract> = tools
+        .iter()
+        .map(|tool| {
+            let name = tool.name.to_string();
+            let definition = ToolDefinition {
+                name: name.clone(),
+                description: tool.description.as_ref().map(|d| d.to_string()),
+                input_schema: Value::Object((*tool.input_schema).clone()),
+                output_schema: None,
+                annotations: Annotations {
+                    read_only: tool.annotations.as_ref().and_then(|a| a.read_only_hint),
+                    ..Annotations::default()
+                },
+            };
+            let facts = HandlerFacts {
+                gate_stages: toolgate_rmcp::contract::gate_stages(&policy, &name),
+                policy_fingerprint: policy.fingerprint(&name),
+                entitlements: Default::default(),
+                evasion: Vec::new(),
+                unresolved: Vec::new(),
+            };
+            ToolContract::build(&definition, &facts).unwrap()
+        })
+        .collect();
+    let live = Lockfile::new(ServerContract::new("bench", contracts).unwrap(), "bench");
+    let gated = Gated::builder(Tools::new())
+        .policy(policy)
+        .audit(Arc::new(MemoryAuditLog::new()))
+        .contract(&live)
+        .build()
+        .unwrap();
+    (gated, dir)
 }
 
 fn criterion_groups(c: &mut Criterion, rt: &Runtime, variants: &[Variant], direct: &Direct) {
@@ -329,12 +427,9 @@ fn criterion_groups(c: &mut Criterion, rt: &Runtime, variants: &[Variant], direc
         });
     }
     group.sample_size(100);
-    group.bench_function("direct_handler", |b| {
-        b.iter_custom(|iters| direct.run(false, iters))
-    });
-    group.bench_function("direct_gated", |b| {
-        b.iter_custom(|iters| direct.run(true, iters))
-    });
+    for (name, gated) in direct.which() {
+        group.bench_function(name, |b| b.iter_custom(|iters| direct.run(gated, iters)));
+    }
     if shm_available() {
         let dir = tempfile::tempdir_in("/dev/shm").unwrap();
         let log = FileAuditLog::open(dir.path().join("audit.jsonl")).unwrap();
@@ -385,13 +480,15 @@ fn summary(rt: &Runtime, variants: &[Variant], direct: &Direct, rounds: usize, c
     let mut wall: Vec<Vec<f64>> = vec![Vec::new(); variants.len()];
     let mut cpu: Vec<Vec<f64>> = vec![Vec::new(); variants.len()];
     let mut wakes: Vec<Vec<f64>> = vec![Vec::new(); variants.len()];
-    // (bare handler, gated) us/call of each round, called directly.
-    let mut direct_us: [Vec<f64>; 2] = [Vec::new(), Vec::new()];
-    direct.run(false, calls.min(50));
-    direct.run(true, calls.min(50));
+    // us/call of each round of each handler called directly (bare, gated, gated with Cedar).
+    let which = direct.which();
+    let mut direct_us: Vec<Vec<f64>> = vec![Vec::new(); which.len()];
+    for (_, gated) in &which {
+        direct.run(*gated, calls.min(50));
+    }
     for _ in 0..rounds {
-        for (i, gated) in [false, true].into_iter().enumerate() {
-            let elapsed = direct.run(gated, calls);
+        for (i, (_, gated)) in which.iter().enumerate() {
+            let elapsed = direct.run(*gated, calls);
             direct_us[i].push(elapsed.as_secs_f64() * 1e6 / calls as f64);
         }
         for (i, variant) in variants.iter().enumerate() {
@@ -474,6 +571,17 @@ fn summary(rt: &Runtime, variants: &[Variant], direct: &Direct, rounds: usize, c
         "  gate work measured directly (direct_gated - direct_handler): {:.2} us/call (target <= 20 us)",
         gated - handler
     );
+    if which.len() > 2 {
+        let cedar_range = range(&direct_us[2]);
+        let cedar = median(&mut direct_us[2]);
+        println!(
+            "  gated with 1,000 Cedar policies, called directly: {cedar:.2} us ({cedar_range}); gate work with Cedar (direct_cedar - direct_handler): {:.2} us/call ({:.2}x the 20 us target), Cedar's part (direct_cedar - direct_gated): {:.2} us/call ({:.2}x the 10 us goal)",
+            cedar - handler,
+            (cedar - handler) / 20.0,
+            cedar - gated,
+            (cedar - gated) / 10.0
+        );
+    }
     println!("load average after the summary: {}", load_average());
 }
 
