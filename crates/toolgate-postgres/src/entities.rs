@@ -6,7 +6,7 @@
 use std::sync::Arc;
 use std::time::SystemTime;
 
-use toolgate_state::{EntitiesStore, EntityDocument, GuardError};
+use toolgate_state::{DocumentStore, EntityDocument, GuardError};
 
 use crate::document::{DocumentRow, VersionedDocument};
 use crate::store::PgStore;
@@ -39,7 +39,7 @@ impl PgEntities {
     }
 }
 
-impl EntitiesStore for PgEntities {
+impl DocumentStore<EntityDocument> for PgEntities {
     /// The entities in force now (the database's row; `now` is not needed).
     fn load(&self, _now: SystemTime) -> Result<Arc<EntityDocument>, GuardError> {
         self.0.load()

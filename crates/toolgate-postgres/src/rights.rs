@@ -6,7 +6,7 @@
 use std::sync::Arc;
 use std::time::SystemTime;
 
-use toolgate_state::{GuardError, RightsDocument, RightsStore};
+use toolgate_state::{DocumentStore, GuardError, RightsDocument};
 
 use crate::document::{DocumentRow, VersionedDocument};
 use crate::store::PgStore;
@@ -38,7 +38,7 @@ impl PgRights {
     }
 }
 
-impl RightsStore for PgRights {
+impl DocumentStore<RightsDocument> for PgRights {
     /// The rights in force now (the database's row; `now` is not needed).
     fn load(&self, _now: SystemTime) -> Result<Arc<RightsDocument>, GuardError> {
         self.0.load()

@@ -3,8 +3,9 @@
 //! when it changes ([`FileDocument`]), in this process's memory ([`MemoryDocument`]) or in a
 //! database every replica shares (`toolgate_postgres`, one versioned row per document). The
 //! [`Document`] trait says how a kind of document parses, what is in force while none is set and
-//! how its errors read; the stores here are generic over it, each trait of a kind
-//! ([`crate::RightsStore`], [`crate::EntitiesStore`]) implemented by delegation.
+//! how its errors read; [`DocumentStore`] is a store of one kind, implemented once here for the
+//! file and the memory store of every kind. [`crate::RightsStore`] and [`crate::EntitiesStore`]
+//! name the stores of the two kinds.
 
 use std::fmt;
 use std::io::Read as _;
@@ -42,6 +43,16 @@ pub trait Document: fmt::Debug + Send + Sync + Sized + 'static {
     fn validate(bytes: &[u8]) -> Result<Self, GuardError> {
         Self::parse_with_digest(bytes, Sha256Digest::of(bytes)).map_err(Self::invalid)
     }
+}
+
+/// Where a document of kind `D` is kept: a file, this process's memory, or a database.
+pub trait DocumentStore<D: Document>: Send + Sync + fmt::Debug {
+    /// The document in force, as of `now` (the clock of the file's freshness rule).
+    fn load(&self, now: SystemTime) -> Result<Arc<D>, GuardError>;
+    /// Replaces the document with `document` (valid) or clears it (`None`).
+    fn replace(&self, document: Option<Vec<u8>>) -> Result<(), GuardError>;
+    /// The bytes of the document in force, `None` while none is set.
+    fn document(&self) -> Result<Option<Vec<u8>>, GuardError>;
 }
 
 /// The bytes of the document's file at `path` (a regular file, capped at
@@ -107,10 +118,12 @@ impl<D: Document> FileDocument<D> {
     pub fn path(&self) -> &Path {
         self.file.path()
     }
+}
 
+impl<D: Document> DocumentStore<D> for FileDocument<D> {
     /// The file as of `now` (the clock of the freshness rule); a missing, unreadable or invalid
     /// file is an error naming it.
-    pub(crate) fn load_file(&self, now: SystemTime) -> Result<Arc<D>, GuardError> {
+    fn load(&self, now: SystemTime) -> Result<Arc<D>, GuardError> {
         self.file.load(now).map_err(|error| match error {
             WatchError::Unreadable(source) => D::unreadable(self.path().to_owned(), source),
             WatchError::Invalid(problem) => D::invalid_file(self.path().to_owned(), problem),
@@ -119,7 +132,7 @@ impl<D: Document> FileDocument<D> {
 
     /// Replaces the file atomically and durably (a temporary file, fsync, rename, fsync of the
     /// directory). A file cannot hold "none set": clearing is refused, naming the fix.
-    pub(crate) fn replace_file(&self, document: Option<Vec<u8>>) -> Result<(), GuardError> {
+    fn replace(&self, document: Option<Vec<u8>>) -> Result<(), GuardError> {
         let Some(bytes) = document else {
             return Err(D::invalid_file(
                 self.path().to_owned(),
@@ -142,7 +155,7 @@ impl<D: Document> FileDocument<D> {
     }
 
     /// The file's bytes.
-    pub(crate) fn file_bytes(&self) -> Result<Option<Vec<u8>>, GuardError> {
+    fn document(&self) -> Result<Option<Vec<u8>>, GuardError> {
         read_file::<D>(self.path()).map(Some)
     }
 }
@@ -171,18 +184,18 @@ impl<D> fmt::Debug for MemoryDocument<D> {
     }
 }
 
-impl<D: Document> MemoryDocument<D> {
+impl<D: Document> DocumentStore<D> for MemoryDocument<D> {
     /// The document in force ([`Document::unset`] while none is).
-    pub(crate) fn load_memory(&self) -> Arc<D> {
+    fn load(&self, _now: SystemTime) -> Result<Arc<D>, GuardError> {
         let current = self.current.lock().unwrap_or_else(PoisonError::into_inner);
-        match &*current {
+        Ok(match &*current {
             Some((_, document)) => Arc::clone(document),
             None => Arc::new(D::unset()),
-        }
+        })
     }
 
     /// Replaces the document (validated here too) or clears it.
-    pub(crate) fn replace_memory(&self, document: Option<Vec<u8>>) -> Result<(), GuardError> {
+    fn replace(&self, document: Option<Vec<u8>>) -> Result<(), GuardError> {
         let parsed = match document {
             Some(bytes) => {
                 let parsed = D::validate(&bytes)?;
@@ -195,8 +208,8 @@ impl<D: Document> MemoryDocument<D> {
     }
 
     /// The bytes of the document in force, `None` while none is set.
-    pub(crate) fn memory_bytes(&self) -> Option<Vec<u8>> {
+    fn document(&self) -> Result<Option<Vec<u8>>, GuardError> {
         let current = self.current.lock().unwrap_or_else(PoisonError::into_inner);
-        current.as_ref().map(|(bytes, _)| bytes.clone())
+        Ok(current.as_ref().map(|(bytes, _)| bytes.clone()))
     }
 }

@@ -26,7 +26,6 @@
 //! process (tests, servers that set entities themselves).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::fmt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::SystemTime;
@@ -35,7 +34,7 @@ use serde::Deserialize;
 use toolgate_canon::Sha256Digest;
 
 use crate::GuardError;
-use crate::document::{Document, FileDocument, MemoryDocument, read_valid_file};
+use crate::document::{Document, DocumentStore, FileDocument, MemoryDocument, read_valid_file};
 use crate::rights::UniqueMap;
 
 /// The only entities file format version.
@@ -124,14 +123,9 @@ impl Document for EntityDocument {
 /// - `replace` is durable when it returns; its document was validated by the caller
 ///   ([`EntitiesFile::set`]), and `None` clears the document where the store can hold "none set"
 ///   (no principal then gets anything from it).
-pub trait EntitiesStore: Send + Sync + fmt::Debug {
-    /// The document in force, as of `now` (the clock of the file's freshness rule).
-    fn load(&self, now: SystemTime) -> Result<Arc<EntityDocument>, GuardError>;
-    /// Replaces the document with `document` (valid) or clears it (`None`).
-    fn replace(&self, document: Option<Vec<u8>>) -> Result<(), GuardError>;
-    /// The bytes of the document in force, `None` while none is set.
-    fn document(&self) -> Result<Option<Vec<u8>>, GuardError>;
-}
+pub trait EntitiesStore: DocumentStore<EntityDocument> {}
+
+impl<T: DocumentStore<EntityDocument> + ?Sized> EntitiesStore for T {}
 
 /// The entities file at a path, re-read as described in the [module documentation](self).
 pub type FileEntities = FileDocument<EntityDocument>;
@@ -139,34 +133,6 @@ pub type FileEntities = FileDocument<EntityDocument>;
 /// Entities in this process's memory: none set until one is; clones of the [`EntitiesFile`]
 /// holding it share it.
 pub type MemoryEntities = MemoryDocument<EntityDocument>;
-
-impl EntitiesStore for FileEntities {
-    fn load(&self, now: SystemTime) -> Result<Arc<EntityDocument>, GuardError> {
-        self.load_file(now)
-    }
-
-    fn replace(&self, document: Option<Vec<u8>>) -> Result<(), GuardError> {
-        self.replace_file(document)
-    }
-
-    fn document(&self) -> Result<Option<Vec<u8>>, GuardError> {
-        self.file_bytes()
-    }
-}
-
-impl EntitiesStore for MemoryEntities {
-    fn load(&self, _now: SystemTime) -> Result<Arc<EntityDocument>, GuardError> {
-        Ok(self.load_memory())
-    }
-
-    fn replace(&self, document: Option<Vec<u8>>) -> Result<(), GuardError> {
-        self.replace_memory(document)
-    }
-
-    fn document(&self) -> Result<Option<Vec<u8>>, GuardError> {
-        Ok(self.memory_bytes())
-    }
-}
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]

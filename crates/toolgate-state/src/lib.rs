@@ -19,7 +19,7 @@ pub mod rates;
 pub mod rights;
 pub mod watched;
 
-pub use document::Document;
+pub use document::{Document, DocumentStore};
 pub use entities::{
     EntitiesFile, EntitiesStore, EntityDocument, FileEntities, MemoryEntities, PrincipalEntity,
 };

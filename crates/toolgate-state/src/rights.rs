@@ -45,7 +45,7 @@ use serde::de::{self, Deserializer, MapAccess, Visitor};
 use toolgate_canon::Sha256Digest;
 
 use crate::GuardError;
-use crate::document::{Document, FileDocument, MemoryDocument, read_valid_file};
+use crate::document::{Document, DocumentStore, FileDocument, MemoryDocument, read_valid_file};
 
 pub use crate::watched::FRESHNESS_WINDOW;
 
@@ -105,14 +105,9 @@ impl Rights {
 /// - `replace` is durable when it returns; its document was validated by the caller
 ///   ([`RightsFile::set`]), and `None` clears the rights where the store can hold "none set"
 ///   (every principal then has every tool the policy allows).
-pub trait RightsStore: Send + Sync + fmt::Debug {
-    /// The document in force, as of `now` (the clock of the file's freshness rule).
-    fn load(&self, now: SystemTime) -> Result<Arc<RightsDocument>, GuardError>;
-    /// Replaces the document with `document` (valid) or clears it (`None`).
-    fn replace(&self, document: Option<Vec<u8>>) -> Result<(), GuardError>;
-    /// The bytes of the document in force, `None` while none is set.
-    fn document(&self) -> Result<Option<Vec<u8>>, GuardError>;
-}
+pub trait RightsStore: DocumentStore<RightsDocument> {}
+
+impl<T: DocumentStore<RightsDocument> + ?Sized> RightsStore for T {}
 
 /// The rights the gate consults on every call, from a [`RightsStore`]. Thread-safe.
 #[derive(Debug, Clone)]
@@ -281,36 +276,6 @@ impl RightsFile {
     /// The bytes of the document in force, `None` while none is set.
     pub fn document(&self) -> Result<Option<Vec<u8>>, GuardError> {
         self.store.document()
-    }
-}
-
-impl RightsStore for FileRights {
-    fn load(&self, now: SystemTime) -> Result<Arc<RightsDocument>, GuardError> {
-        self.load_file(now)
-    }
-
-    /// Replaces the file atomically and durably. A file cannot hold "none set": clearing is
-    /// refused, naming the fix.
-    fn replace(&self, document: Option<Vec<u8>>) -> Result<(), GuardError> {
-        self.replace_file(document)
-    }
-
-    fn document(&self) -> Result<Option<Vec<u8>>, GuardError> {
-        self.file_bytes()
-    }
-}
-
-impl RightsStore for MemoryRights {
-    fn load(&self, _now: SystemTime) -> Result<Arc<RightsDocument>, GuardError> {
-        Ok(self.load_memory())
-    }
-
-    fn replace(&self, document: Option<Vec<u8>>) -> Result<(), GuardError> {
-        self.replace_memory(document)
-    }
-
-    fn document(&self) -> Result<Option<Vec<u8>>, GuardError> {
-        Ok(self.memory_bytes())
     }
 }
 
