@@ -254,7 +254,7 @@ pub struct CedarPolicies {
     /// on every lookup, which costs microseconds per determining policy.
     names: HashMap<cedar_policy::PolicyId, String>,
     /// The entities of recent requests ([`CedarPolicies::entities`]).
-    entity_cache: Arc<std::sync::Mutex<HashMap<EntityKey, Arc<CachedEntities>>>>,
+    entity_cache: Arc<std::sync::Mutex<EntityCache>>,
 }
 
 /// The entities of one caller's requests about one tool, the policies that can apply to them,
@@ -268,10 +268,16 @@ struct CachedEntities {
     /// The `tools/list` policies whose principal scope admits this caller.
     list_policies: cedar_policy::PolicySet,
     listing: std::sync::OnceLock<CedarAnswer>,
+    /// The caller's uid (parsing its type name costs Cedar microseconds).
+    principal: cedar_policy::EntityUid,
 }
 
 /// How many callers' entities a policy set keeps; the cache starts over when it is full.
 const ENTITY_CACHE_ENTRIES: usize = 4096;
+
+/// The cached entities by the hash of their key ([`EntityKey::hash_of`]), each hash's entries
+/// told apart by their whole key: a lookup builds no owned key.
+type EntityCache = HashMap<u64, Vec<(EntityKey, Arc<CachedEntities>)>>;
 
 /// Everything the entities of one request are made of.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -284,6 +290,48 @@ struct EntityKey {
     scopes: BTreeSet<String>,
     roles: BTreeSet<String>,
     attributes: BTreeMap<String, String>,
+}
+
+impl EntityKey {
+    fn of(tool: &cedar_policy::EntityUid, caller: &CedarCaller<'_>) -> Self {
+        EntityKey {
+            tool: tool.clone(),
+            id: caller.id.to_owned(),
+            name: caller.name.to_owned(),
+            channel: caller.channel.to_owned(),
+            tenant: caller.tenant.map(str::to_owned),
+            scopes: caller.scopes.clone(),
+            roles: caller.roles.clone(),
+            attributes: caller.attributes.clone(),
+        }
+    }
+
+    /// Whether this is the key of `caller`'s requests about `tool`.
+    fn is(&self, tool: &cedar_policy::EntityUid, caller: &CedarCaller<'_>) -> bool {
+        self.tool == *tool
+            && self.id == caller.id
+            && self.name == caller.name
+            && self.channel == caller.channel
+            && self.tenant.as_deref() == caller.tenant
+            && self.scopes == *caller.scopes
+            && self.roles == *caller.roles
+            && self.attributes == *caller.attributes
+    }
+
+    /// The hash of the key of `caller`'s requests about `tool`, from the borrowed parts.
+    fn hash_of(tool: &cedar_policy::EntityUid, caller: &CedarCaller<'_>) -> u64 {
+        use std::hash::{Hash as _, Hasher as _};
+        let mut hasher = std::collections::hash_map::DefaultHasher::new();
+        tool.hash(&mut hasher);
+        caller.id.hash(&mut hasher);
+        caller.name.hash(&mut hasher);
+        caller.channel.hash(&mut hasher);
+        caller.tenant.hash(&mut hasher);
+        caller.scopes.hash(&mut hasher);
+        caller.roles.hash(&mut hasher);
+        caller.attributes.hash(&mut hasher);
+        hasher.finish()
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -650,20 +698,15 @@ impl CedarPolicies {
         tool: &ToolAction,
     ) -> Result<(Arc<CachedEntities>, cedar_policy::EntityUid), String> {
         use cedar_policy::Entity;
-        let principal = entity_uid("Caller", caller.id)?;
-        let key = EntityKey {
-            tool: tool.uid.clone(),
-            id: caller.id.to_owned(),
-            name: caller.name.to_owned(),
-            channel: caller.channel.to_owned(),
-            tenant: caller.tenant.map(str::to_owned),
-            scopes: caller.scopes.clone(),
-            roles: caller.roles.clone(),
-            attributes: caller.attributes.clone(),
-        };
-        if let Some(entities) = self.cache().get(&key) {
-            return Ok((Arc::clone(entities), principal));
+        let hash = EntityKey::hash_of(&tool.uid, caller);
+        if let Some((_, entities)) = self
+            .cache()
+            .get(&hash)
+            .and_then(|entries| entries.iter().find(|(key, _)| key.is(&tool.uid, caller)))
+        {
+            return Ok((Arc::clone(entities), entities.principal.clone()));
         }
+        let principal = entity_uid("Caller", caller.id)?;
         let mut roles = HashSet::with_capacity(caller.roles.len());
         for role in caller.roles {
             roles.insert(entity_uid("Role", role)?);
@@ -726,16 +769,20 @@ impl CedarPolicies {
             entities,
             list_policies: for_caller(&self.listing, &principal, &role_uids)?,
             listing: std::sync::OnceLock::new(),
+            principal: principal.clone(),
         });
         let mut cache = self.cache();
         if cache.len() >= ENTITY_CACHE_ENTRIES {
             cache.clear();
         }
-        cache.insert(key, Arc::clone(&entities));
+        cache
+            .entry(hash)
+            .or_default()
+            .push((EntityKey::of(&tool.uid, caller), Arc::clone(&entities)));
         Ok((entities, principal))
     }
 
-    fn cache(&self) -> std::sync::MutexGuard<'_, HashMap<EntityKey, Arc<CachedEntities>>> {
+    fn cache(&self) -> std::sync::MutexGuard<'_, EntityCache> {
         // A map of immutable values stays consistent even if a holder panicked.
         self.entity_cache
             .lock()
