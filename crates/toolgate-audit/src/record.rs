@@ -231,20 +231,7 @@ pub fn seal(
         members.push(("cedar_digest", Field::Digest(digest)));
     }
     if let Some(policies) = &entry.cedar_policies {
-        // Operator text, bounded all the same: at most MAX_CEDAR_POLICIES ids, each like a text
-        // field, and the number left out as a last element.
-        let mut ids: Vec<Value> = policies
-            .iter()
-            .take(MAX_CEDAR_POLICIES)
-            .map(|id| Value::String(Bounded::of(id, MAX_TEXT_FIELD_BYTES).text().to_owned()))
-            .collect();
-        if policies.len() > MAX_CEDAR_POLICIES {
-            ids.push(Value::String(format!(
-                "+{} more",
-                policies.len() - MAX_CEDAR_POLICIES
-            )));
-        }
-        members.push(("cedar_policies", Field::Json(Value::Array(ids))));
+        members.push(("cedar_policies", Field::Ids(policies)));
     }
     for (key, value) in extra {
         members.retain(|(k, _)| *k != key);
@@ -300,6 +287,9 @@ enum Field<'a> {
     Text(&'a str),
     Number(u64),
     Digest(Sha256Digest),
+    /// Cedar policy ids: operator text, bounded all the same (at most [`MAX_CEDAR_POLICIES`]
+    /// ids, each like a text field, and the number left out as a last element).
+    Ids(&'a [String]),
     Json(Value),
 }
 
@@ -312,6 +302,21 @@ impl Field<'_> {
                 out.push(b'"');
                 out.extend_from_slice(&digest.hex_bytes());
                 out.push(b'"');
+            }
+            Field::Ids(ids) => {
+                out.push(b'[');
+                for (i, id) in ids.iter().take(MAX_CEDAR_POLICIES).enumerate() {
+                    if i > 0 {
+                        out.push(b',');
+                    }
+                    write_canonical_str(out, Bounded::of(id, MAX_TEXT_FIELD_BYTES).text());
+                }
+                if ids.len() > MAX_CEDAR_POLICIES {
+                    out.push(b',');
+                    let more = format!("+{} more", ids.len() - MAX_CEDAR_POLICIES);
+                    write_canonical_str(out, &more);
+                }
+                out.push(b']');
             }
             Field::Json(value) => write_canonical_value(out, value),
         }
@@ -689,6 +694,51 @@ mod tests {
                 sealed.sha256,
                 "{extra:?}"
             );
+            check_line(line).unwrap();
+        }
+    }
+
+    #[test]
+    fn cedar_policy_ids_are_written_canonical_and_bounded() {
+        let long = "p".repeat(MAX_TEXT_FIELD_BYTES + 1);
+        let few: Vec<String> = vec!["z\u{1F600}".into(), "a\"\n".into(), long.clone()];
+        let many: Vec<String> = (0..MAX_CEDAR_POLICIES + 3)
+            .map(|i| format!("p{i}"))
+            .collect();
+        for (ids, expected) in [
+            (Vec::new(), json!([])),
+            (
+                few.clone(),
+                json!([
+                    "z\u{1F600}",
+                    "a\"\n",
+                    format!("sha256:{}", Sha256Digest::of(long.as_bytes()))
+                ]),
+            ),
+            (
+                many.clone(),
+                Value::Array(
+                    many[..MAX_CEDAR_POLICIES]
+                        .iter()
+                        .map(|id| json!(id))
+                        .chain([json!("+3 more")])
+                        .collect(),
+                ),
+            ),
+        ] {
+            let mut entry = AuditEntry::tool_call(
+                "r",
+                "t",
+                AuditDecision::Allow,
+                crate::Outcome::Observed,
+                Sha256Digest::of(b"{}"),
+            );
+            entry.set_cedar(Some(ids), Sha256Digest::of(b"set"));
+            let sealed = seal(&entry, Vec::new(), 1, 1, Sha256Digest::ZERO);
+            let line = sealed.line.strip_suffix(b"\n").unwrap();
+            let record: Value = serde_json::from_slice(line).unwrap();
+            assert_eq!(canonical_value(&record), line);
+            assert_eq!(record["cedar_policies"], expected);
             check_line(line).unwrap();
         }
     }

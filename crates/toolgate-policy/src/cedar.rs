@@ -1237,8 +1237,10 @@ impl SplitPolicies {
         };
         let merged = |known: &[String], open: &mut Vec<String>| {
             let mut all = known.to_vec();
-            all.append(open);
-            all.sort();
+            if !open.is_empty() {
+                all.append(open);
+                all.sort();
+            }
             all
         };
         if !self.forbids.is_empty() || !open_forbids.is_empty() {

@@ -32,7 +32,8 @@
 //! Two context rows: `audit_append_shm` (`FileAuditLog::append` alone on tmpfs) and
 //! `raw_fdatasync_disk` (a 300-byte write + fdatasync in the disk directory).
 //!
-//! Run: `cargo bench -p toolgate-rmcp --bench gate_cost`. After criterion's report the bench
+//! Run: `cargo bench -p toolgate-rmcp --bench gate_cost` (with `GATE_COST_CALLS=ROW:N`, only N
+//! calls of one `direct_*` row, for a profiler). After criterion's report the bench
 //! prints a summary measured separately, the variants interleaved round by round so that load
 //! changes on a shared machine hit them alike, with the medians, the differences, and the number of
 //! thread wake-ups per call (which, unlike times, does not depend on the machine's load).
@@ -591,9 +592,22 @@ fn main() {
     let full = std::env::args().any(|a| a == "--bench");
     // Under `--profile-time` (a profiler attached) only the criterion functions run.
     let profiling = std::env::args().any(|a| a == "--profile-time");
+    let direct = Direct::new();
+    // `GATE_COST_CALLS=direct_cedar:N`: only N direct calls of that row, nothing else, for a
+    // profiler or an instruction count (`perf stat -e instructions:u` at two N: the difference
+    // over the difference of N is per call, set-up excluded).
+    if let Ok(only) = std::env::var("GATE_COST_CALLS") {
+        let (name, calls) = only.split_once(':').expect("GATE_COST_CALLS=ROW:CALLS");
+        let (_, gated) = direct
+            .which()
+            .into_iter()
+            .find(|(row, _)| *row == name)
+            .expect("a direct_* row");
+        direct.run(gated, calls.parse().expect("a number of calls"));
+        return;
+    }
     let rt = Runtime::new().unwrap();
     let variants = variants(&rt);
-    let direct = Direct::new();
     let mut c = Criterion::default().configure_from_args();
     criterion_groups(&mut c, &rt, &variants, &direct);
     c.final_summary();

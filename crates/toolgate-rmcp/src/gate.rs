@@ -885,23 +885,25 @@ pub(crate) fn contract_note(tool: &str, input: &InputShape, changes: &[Change]) 
 }
 
 /// Expires a permit and records an abandoned call when the gate's call future does not complete.
-struct CallGuard {
+struct CallGuard<'a> {
     permit: Permit,
     /// `Some` while the call is in flight; taken when it completes normally.
     audit: Option<Arc<dyn AuditSink>>,
-    entry: AuditEntry,
+    /// The call's allow record (copied only when the call is abandoned).
+    allow: &'a AuditEntry,
 }
 
-impl Drop for CallGuard {
+impl Drop for CallGuard<'_> {
     fn drop(&mut self) {
         let Some(audit) = self.audit.take() else {
             return;
         };
-        let mut entry = self.entry.clone();
+        let mut entry = self.allow.clone();
         // The handler may have reached its effect before being abandoned: record what it reached.
-        if let Some(outcome) = self.permit.close() {
-            entry.outcome = outcome;
-        }
+        entry.outcome = self
+            .permit
+            .close()
+            .unwrap_or(toolgate_audit::Outcome::Cancelled);
         entry = entry.with_reason(toolgate_audit::Reason::Cancelled);
         // Synchronous on purpose: this runs when the future is dropped, possibly while the runtime
         // shuts down, when a spawned task might never run. One fsync on a rare path is acceptable.

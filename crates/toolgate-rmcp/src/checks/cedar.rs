@@ -132,10 +132,13 @@ impl Check for CedarCall {
             let answer = with_caller(call.caller, self.entities.as_ref(), |principal| {
                 cedar.authorize_call(principal, call.name, call.arguments, now, client)
             });
-            let _ = call.cedar_policies.set(answer.determining.clone());
-            if !answer.allowed {
+            let refused = (!answer.allowed).then(|| {
                 log_errors(call.name, &answer.errors);
-                return Verdict::Refuse(refusal(call.name, &answer));
+                refusal(call.name, &answer)
+            });
+            let _ = call.cedar_policies.set(answer.determining);
+            if let Some(refusal) = refused {
+                return Verdict::Refuse(refusal);
             }
         }
         let _ = call;

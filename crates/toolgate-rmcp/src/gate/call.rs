@@ -446,7 +446,7 @@ impl<H: ServerHandler> Gated<H> {
         let mut guard = CallGuard {
             permit: permit.clone(),
             audit: Some(Arc::clone(&self.audit)),
-            entry: with_outcome(allow.clone(), Outcome::Cancelled),
+            allow: &allow,
         };
         // A handler that panics is answered -32603 like any failure (crate::unwind), instead of
         // leaving its request unanswered and its in-flight slot taken.
@@ -460,6 +460,7 @@ impl<H: ServerHandler> Gated<H> {
             Err(panicked) => (Err(panicked.into()), true),
         };
         guard.audit = None;
+        drop(guard);
         let recorded = permit.close();
         // rmcp answers arguments its `Parameters<T>` cannot deserialize with -32602 and serde's
         // message, which quotes the offending value. Turn that into a tool result without values,
