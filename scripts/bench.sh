@@ -8,6 +8,10 @@
 #                               replicas proxy)
 #   scripts/bench.sh http        the HTTP load bench (crates/toolgate-server/benches/http_load.sh
 #                               --decompose; needs wrk), only when named
+#   scripts/bench.sh instructions
+#                               instructions per call of gate_cost's direct rows (the handler, the
+#                               gate, the gate with Cedar) under callgrind, which the load does not
+#                               move; needs valgrind; only when named
 #   REFERENCE_SERVER="/venv/bin/python /path/server.py" scripts/bench.sh reference
 #                               the stdio driver against another server with the same tools (the
 #                               reference article's Python server: see docs/BENCHMARKS.md); it is
@@ -46,6 +50,25 @@ bench() {
     cargo bench --locked -q "$@"
 }
 
+# Instructions per call of each direct row of gate_cost: callgrind at 1,000 and 3,000 calls
+# (GATE_COST_CALLS), the difference over 2,000, so the set-up is not counted.
+instructions() {
+    local binary
+    binary=$(cargo bench --locked -q -p toolgate-rmcp --features cedar --bench gate_cost --no-run \
+        --message-format=json | sed -n 's/.*"executable":"\([^"]*\)".*/\1/p' | tail -n 1)
+    local out="$target/bench/callgrind"
+    mkdir -p "$out"
+    for row in direct_handler direct_gated direct_cedar; do
+        local counts=()
+        for calls in 1000 3000; do
+            GATE_COST_CALLS="$row:$calls" valgrind --tool=callgrind \
+                --callgrind-out-file="$out/$row.$calls" "$binary" >/dev/null 2>&1
+            counts+=("$(awk '/^summary:/ {print $2}' "$out/$row.$calls")")
+        done
+        echo "$row: $(((counts[1] - counts[0]) / 2000)) instructions per call ($out/$row.3000)"
+    done
+}
+
 {
     context
     # Build everything first so compilation does not overlap the measurements.
@@ -66,6 +89,7 @@ bench() {
             replicas) run replicas bench -p toolgate-server --bench replicas ;;
             proxy) run proxy bench -p toolgate-server --bench proxy ;;
             http) run http crates/toolgate-server/benches/http_load.sh --decompose ;;
+            instructions) run instructions instructions ;;
             reference)
                 if [ -z "${REFERENCE_SERVER:-}" ]; then
                     echo "=== reference: skipped (set REFERENCE_SERVER to the server's command line)"
@@ -73,7 +97,7 @@ bench() {
                     STDIO_BENCH_SERVER="$REFERENCE_SERVER" run reference bench -p toolgate-server --bench stdio
                 fi
                 ;;
-            *) echo "unknown bench: $name (one of: ${all[*]} http reference)" >&2; exit 2 ;;
+            *) echo "unknown bench: $name (one of: ${all[*]} http instructions reference)" >&2; exit 2 ;;
         esac
     done
     echo
