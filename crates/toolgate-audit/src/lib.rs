@@ -115,7 +115,7 @@ pub struct AuditEntry {
     /// The Cedar policies that determined the decision (written as `cedar_policies`, only when
     /// present): their ids, sorted; the `permit`s of an allowed call, the `forbid`s of a refused
     /// one, none when no `permit` matched. The gate sets it whenever Cedar decided the call.
-    pub cedar_policies: Option<Vec<String>>,
+    pub cedar_policies: Option<std::sync::Arc<[String]>>,
     /// The digest of the Cedar policy set in force (written as `cedar_digest`, hex, only when
     /// present): on every call record of a policy with Cedar.
     pub cedar_digest: Option<Sha256Digest>,
@@ -203,7 +203,7 @@ impl AuditEntry {
     }
 
     /// Sets `cedar_policies` (the determining policies) and `cedar_digest`.
-    pub fn set_cedar(&mut self, policies: Option<Vec<String>>, digest: Sha256Digest) {
+    pub fn set_cedar(&mut self, policies: Option<std::sync::Arc<[String]>>, digest: Sha256Digest) {
         self.cedar_policies = policies;
         self.cedar_digest = Some(digest);
     }

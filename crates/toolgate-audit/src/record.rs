@@ -733,7 +733,7 @@ mod tests {
                 crate::Outcome::Observed,
                 Sha256Digest::of(b"{}"),
             );
-            entry.set_cedar(Some(ids), Sha256Digest::of(b"set"));
+            entry.set_cedar(Some(ids.into()), Sha256Digest::of(b"set"));
             let sealed = seal(&entry, Vec::new(), 1, 1, Sha256Digest::ZERO);
             let line = sealed.line.strip_suffix(b"\n").unwrap();
             let record: Value = serde_json::from_slice(line).unwrap();

@@ -410,8 +410,9 @@ pub struct CedarAnswer {
     pub allowed: bool,
     /// The policies that determined the decision (their `@id`, else Cedar's positional id),
     /// sorted: the `permit`s that matched for an allowed request, the `forbid`s that matched for
-    /// a denied one (none when no `permit` matched).
-    pub determining: Vec<String>,
+    /// a denied one (none when no `permit` matched). Shared: an answer is copied into the
+    /// audit record and the refusal without copying the names.
+    pub determining: Arc<[String]>,
     /// What went wrong while deciding, if anything. Any error denies (see [`CedarPolicies`]).
     pub errors: Vec<String>,
 }
@@ -436,7 +437,7 @@ impl CedarAnswer {
     fn denied(error: String) -> Self {
         CedarAnswer {
             allowed: false,
-            determining: Vec::new(),
+            determining: Arc::default(),
             errors: vec![error],
         }
     }
@@ -612,39 +613,30 @@ impl CedarPolicies {
             Ok(context) => context,
             Err(error) => return CedarAnswer::denied(error.to_string()),
         };
-        if let Some(fast) = &cached.call.fast {
-            let (any, _) = self.evaluate(
-                principal.clone(),
-                action,
-                &action.uid,
-                context.clone(),
-                &fast.any_forbid,
-                &cached,
-            );
-            if any.determining.is_empty() && any.errors.is_empty() {
-                // No open `forbid` is satisfied or errs: only the `permit`s are left to name.
-                if fast.permits.is_empty() {
-                    return cached.call.answer(None, false);
-                }
-                let (permits, allowed) = self.evaluate(
-                    principal,
-                    action,
-                    &action.uid,
-                    context,
-                    &fast.permits,
-                    &cached,
-                );
-                return cached.call.answer(Some(permits), allowed);
-            }
-        }
-        let (open, allowed) = self.evaluate(
+        // Not validated against the schema again: the caller, tool and action are this set's
+        // own, and the context is built from the schema's types (`project_record`); a request
+        // that did not fit would make a policy err, and any error denies.
+        let request = match cedar_policy::Request::new(
             principal,
-            action,
-            &action.uid,
+            action.uid.clone(),
+            action.resource.uid(),
             context,
-            &cached.call.open,
-            &cached,
-        );
+            None,
+        ) {
+            Ok(request) => request,
+            Err(error) => return CedarAnswer::denied(error.to_string()),
+        };
+        if let Some(fast) = &cached.call.fast
+            && fast.no_forbid(&request, &cached.entities)
+        {
+            // No open `forbid` is satisfied or errs: only the `permit`s are left to name.
+            if fast.permits.is_empty() {
+                return cached.call.answer(None, false);
+            }
+            let (permits, allowed) = self.evaluate(&request, &fast.permits, &cached);
+            return cached.call.answer(Some(permits), allowed);
+        }
+        let (open, allowed) = self.evaluate(&request, &cached.call.open, &cached);
         cached.call.answer(Some(open), allowed)
     }
 
@@ -796,14 +788,17 @@ impl CedarPolicies {
         principal: cedar_policy::EntityUid,
         tool: &ToolAction,
     ) -> CedarAnswer {
-        let (mut answer, allowed) = self.evaluate(
+        let request = match cedar_policy::Request::new(
             principal,
-            tool,
-            &self.list_action,
+            self.list_action.clone(),
+            tool.resource.uid(),
             cedar_policy::Context::empty(),
-            &cached.list_policies,
-            cached,
-        );
+            None,
+        ) {
+            Ok(request) => request,
+            Err(error) => return CedarAnswer::denied(error.to_string()),
+        };
+        let (mut answer, allowed) = self.evaluate(&request, &cached.list_policies, cached);
         answer.allowed = allowed && answer.errors.is_empty();
         answer
     }
@@ -813,28 +808,12 @@ impl CedarPolicies {
     /// error denies).
     fn evaluate(
         &self,
-        principal: cedar_policy::EntityUid,
-        tool: &ToolAction,
-        action: &cedar_policy::EntityUid,
-        context: cedar_policy::Context,
+        request: &cedar_policy::Request,
         policies: &cedar_policy::PolicySet,
         cached: &CachedEntities,
     ) -> (CedarAnswer, bool) {
-        // Not validated against the schema again: the caller, tool and action are this set's
-        // own, and the context is built from the schema's types (`project_record`); a request
-        // that did not fit would make a policy err, and any error denies.
-        let request = match cedar_policy::Request::new(
-            principal,
-            action.clone(),
-            tool.resource.uid(),
-            context,
-            None,
-        ) {
-            Ok(request) => request,
-            Err(error) => return (CedarAnswer::denied(error.to_string()), false),
-        };
         let response =
-            cedar_policy::Authorizer::new().is_authorized(&request, policies, &cached.entities);
+            cedar_policy::Authorizer::new().is_authorized(request, policies, &cached.entities);
         let errors: Vec<String> = response
             .diagnostics()
             .errors()
@@ -850,7 +829,7 @@ impl CedarPolicies {
         (
             CedarAnswer {
                 allowed: false,
-                determining,
+                determining: determining.into(),
                 errors,
             },
             allowed,
@@ -1037,9 +1016,9 @@ fn scoped(
 #[derive(Debug)]
 struct SplitPolicies {
     /// The names of the `forbid`s satisfied whatever the context, sorted.
-    forbids: Vec<String>,
+    forbids: Arc<[String]>,
     /// The names of the `permit`s satisfied whatever the context, sorted.
-    permits: Vec<String>,
+    permits: Arc<[String]>,
     /// The policies Cedar has to evaluate with the context.
     open: cedar_policy::PolicySet,
     /// The answer when the call is denied whatever the context: then the tool is not listed.
@@ -1048,15 +1027,16 @@ struct SplitPolicies {
     fast: Option<FastPath>,
 }
 
-/// The open `forbid`s as one policy, `forbid when { R1 || R2 || ... }` over their residuals
-/// (their conditions with everything but the context folded in by the partial evaluation), and
-/// the open `permit`s. When that one policy is neither satisfied nor in error, no open `forbid`
-/// is (`||` evaluates every operand up to the first true one, and an error in any is its
-/// error), so the answer needs only the `permit`s; otherwise every open policy is evaluated.
-/// One policy over the residuals costs a fraction of evaluating each `forbid` whole.
+/// The open `forbid`s as one condition, `R1 || R2 || ...` over their residuals (their conditions
+/// with everything but the context folded in by the partial evaluation), and the open `permit`s.
+/// When that condition evaluates to `false`, no open `forbid` is satisfied or errs (`||`
+/// evaluates every operand up to the first true one, and an error in any is its error), so the
+/// answer needs only the `permit`s; otherwise (true, an error, anything else) every open policy
+/// is evaluated. One expression over the residuals, run by Cedar's evaluator alone, costs a
+/// fraction of authorizing each `forbid` whole.
 #[derive(Debug)]
 struct FastPath {
-    any_forbid: cedar_policy::PolicySet,
+    any_forbid: cedar_policy::Expression,
     permits: cedar_policy::PolicySet,
 }
 
@@ -1095,16 +1075,46 @@ impl FastPath {
             "resource": {"op": "All"},
             "conditions": [{"kind": "when", "body": disjunction(&residuals)}],
         });
-        let any = cedar_policy::Policy::from_json(
-            Some(cedar_policy::PolicyId::new("toolgate.any_forbid")),
-            any,
-        )
-        .ok()?;
+        let any = cedar_policy::Policy::from_json(None, any).ok()?;
         Some(FastPath {
-            any_forbid: cedar_policy::PolicySet::from_policies([any]).ok()?,
+            any_forbid: unscoped_condition(&any)?,
             permits,
         })
     }
+
+    /// Whether no open `forbid` is satisfied or errs in `request`: their combined condition
+    /// evaluates to `false`.
+    fn no_forbid(&self, request: &cedar_policy::Request, entities: &cedar_policy::Entities) -> bool {
+        matches!(
+            cedar_policy::eval_expression(request, entities, &self.any_forbid),
+            Ok(cedar_policy::EvalResult::Bool(false))
+        )
+    }
+}
+
+/// The condition `C` of `policy`, an unscoped `forbid(principal, action, resource) when { C };`,
+/// as an expression Cedar's evaluator can run alone. Cedar's API gives a policy's condition only
+/// as text: `C` is read from the policy's Cedar text, and taken only if that text, put back in
+/// the same policy, gives exactly the same policy (else none, and there is no shortcut).
+fn unscoped_condition(policy: &cedar_policy::Policy) -> Option<cedar_policy::Expression> {
+    let text = policy.to_string();
+    // The scope is `principal, action, resource`: the first `when` is the keyword.
+    let (_, rest) = text.split_once("when")?;
+    let body = rest
+        .trim()
+        .strip_prefix('{')?
+        .strip_suffix(';')?
+        .trim_end()
+        .strip_suffix('}')?;
+    let again = cedar_policy::Policy::parse(
+        None,
+        format!("forbid(principal, action, resource) when {{ {body} }};"),
+    )
+    .ok()?;
+    if again.to_json().ok()? != policy.to_json().ok()? {
+        return None;
+    }
+    cedar_policy::Expression::from_str(body).ok()
 }
 
 /// Replaces the unknown context of a residual (JSON form) with the variable `context`; false when
@@ -1186,21 +1196,22 @@ impl SplitPolicies {
         name: impl Fn(&cedar_policy::PolicyId) -> String,
     ) -> Result<Self, String> {
         let partial = cedar_policy::Authorizer::new().is_authorized_partial(request, set, entities);
+        let (mut forbids, mut permits) = (Vec::new(), Vec::new());
+        for policy in partial.definitely_satisfied() {
+            match policy.effect() {
+                cedar_policy::Effect::Forbid => forbids.push(name(policy.id())),
+                cedar_policy::Effect::Permit => permits.push(name(policy.id())),
+            }
+        }
+        forbids.sort();
+        permits.sort();
         let mut split = SplitPolicies {
-            forbids: Vec::new(),
-            permits: Vec::new(),
+            forbids: forbids.into(),
+            permits: permits.into(),
             open: cedar_policy::PolicySet::new(),
             denied: None,
             fast: None,
         };
-        for policy in partial.definitely_satisfied() {
-            match policy.effect() {
-                cedar_policy::Effect::Forbid => split.forbids.push(name(policy.id())),
-                cedar_policy::Effect::Permit => split.permits.push(name(policy.id())),
-            }
-        }
-        split.forbids.sort();
-        split.permits.sort();
         let open: HashSet<cedar_policy::PolicyId> = partial
             .nontrivial_residuals()
             .map(|policy| policy.id().clone())
@@ -1215,7 +1226,7 @@ impl SplitPolicies {
         if partial.decision() == Some(cedar_policy::Decision::Deny) {
             split.denied = Some(CedarAnswer {
                 allowed: false,
-                determining: split.forbids.clone(),
+                determining: Arc::clone(&split.forbids),
                 errors: partial
                     .definitely_errored()
                     .map(|id| format!("policy {} failed", name(id)))
@@ -1230,27 +1241,27 @@ impl SplitPolicies {
     /// satisfied `forbid`; else a satisfied `permit` allows, naming every satisfied `permit`;
     /// else it is denied with no policy named. Any error denies.
     fn answer(&self, open: Option<CedarAnswer>, open_allowed: bool) -> CedarAnswer {
-        let (mut open_forbids, mut open_permits, errors) = match open {
-            None => (Vec::new(), Vec::new(), Vec::new()),
-            Some(answer) if open_allowed => (Vec::new(), answer.determining, answer.errors),
-            Some(answer) => (answer.determining, Vec::new(), answer.errors),
-        };
-        let merged = |known: &[String], open: &mut Vec<String>| {
-            let mut all = known.to_vec();
-            if !open.is_empty() {
-                all.append(open);
+        let (open, errors) = open.map_or((None, Vec::new()), |answer| {
+            (Some(answer.determining), answer.errors)
+        });
+        let open_forbids = open.as_ref().filter(|_| !open_allowed);
+        let open_permits = open.as_ref().filter(|_| open_allowed);
+        let merged = |known: &Arc<[String]>, open: Option<&Arc<[String]>>| match open {
+            Some(open) if !open.is_empty() => {
+                let mut all: Vec<String> = known.iter().chain(open.iter()).cloned().collect();
                 all.sort();
+                all.into()
             }
-            all
+            _ => Arc::clone(known),
         };
-        if !self.forbids.is_empty() || !open_forbids.is_empty() {
+        if !self.forbids.is_empty() || open_forbids.is_some_and(|names| !names.is_empty()) {
             return CedarAnswer {
                 allowed: false,
-                determining: merged(&self.forbids, &mut open_forbids),
+                determining: merged(&self.forbids, open_forbids),
                 errors,
             };
         }
-        let determining = merged(&self.permits, &mut open_permits);
+        let determining = merged(&self.permits, open_permits);
         CedarAnswer {
             allowed: !determining.is_empty() && errors.is_empty(),
             determining,
@@ -1411,4 +1422,81 @@ fn first_line(text: &str, error: &dyn miette::Diagnostic) -> Option<usize> {
     let offset = error.labels()?.map(|label| label.offset()).min()?;
     let before = text.get(..offset.min(text.len()))?;
     Some(before.bytes().filter(|b| *b == b'\n').count() + 1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The combined `forbid` is built as JSON; its condition must come back from its Cedar text
+    /// for every kind of expression a residual can hold, or the gate loses its shortcut.
+    #[test]
+    fn conditions_of_residual_shapes_read_back_from_their_text() {
+        for condition in [
+            r#"context.arguments.text like "*forbidden-1*""#,
+            r#"context.arguments.text like "a\*b\u{e9}\"*""#,
+            "context.now < 17 || context.now >= -3",
+            r#"context has client && context.client == "cli" && !(context.arguments.n > 4)"#,
+            r#"context.arguments.tags.contains("x") && context.arguments.tags.containsAny(["y", "z"])"#,
+            r#"if context.arguments has limit then context.arguments.limit <= 100 else false"#,
+            r#"context.arguments.owner == Toolgate::Caller::"alice" && context.arguments.owner in Toolgate::Role::"admin""#,
+            r#"context.arguments.owner is Toolgate::Caller"#,
+            r#"context.arguments.rec == {"a": 1, "b": [true, "two"]} && context.arguments.rec["a"] + 2 * 3 - 1 != 0"#,
+            r#"decimal("1.50").lessThan(decimal("2.0")) && ip(context.arguments.addr).isInRange(ip("10.0.0.0/8"))"#,
+            r#"principal.hasTag("dept") && principal.getTag("dept") == context.arguments.dept"#,
+            r#"context.arguments.text like "*when*" && context.arguments.text == "};""#,
+            "context.arguments.list.isEmpty() || true && (false || context.now == 0)",
+        ] {
+            let text = format!("forbid(principal, action, resource) when {{ {condition} }};");
+            let parsed = cedar_policy::Policy::parse(None, text).unwrap();
+            let policy = cedar_policy::Policy::from_json(None, parsed.to_json().unwrap()).unwrap();
+            assert!(
+                unscoped_condition(&policy).is_some(),
+                "no expression read back for {condition}: {policy}"
+            );
+        }
+    }
+    /// Through the whole pipeline (partial evaluation, residuals, one combined condition): the
+    /// usual open `forbid`s get the shortcut, and it decides as the policies do.
+    #[test]
+    fn open_forbids_are_decided_through_one_combined_condition() {
+        let tool = ToolSignature::new(
+            "echo",
+            json!({"type": "object", "properties": {"text": {"type": "string"}},
+                   "required": ["text"]}),
+        );
+        let echo = r#"action == Toolgate::Action::"echo""#;
+        let text = format!(
+            r#"@id("p") permit(principal, {echo}, resource);
+            @id("like") forbid(principal, {echo}, resource) when {{ context.arguments.text like "*no*" }};
+            @id("time") forbid(principal, {echo}, resource) when {{ context.now < 100 && resource.read_only == false }};
+            @id("tenant") forbid(principal, {echo}, resource) when {{ principal has tenant && context has client }};
+            @id("client") forbid(principal, {echo}, resource) unless {{ context has client && context.client like "c*" }};"#
+        );
+        let set = CedarPolicies::from_text(&text, "test.cedar", &[tool]).unwrap();
+        let (scopes, roles, attributes) = Default::default();
+        let caller = CedarCaller {
+            id: "local",
+            name: "local",
+            channel: "stdio",
+            scopes: &scopes,
+            tenant: None,
+            roles: &roles,
+            attributes: &attributes,
+        };
+        let (cached, _) = set.entities(&caller, &set.tools["echo"]).unwrap();
+        assert!(cached.call.fast.is_some(), "{:?}", cached.call);
+        for (text, now, client, allowed, determining) in [
+            ("yes", 500, Some("cli"), true, vec!["p"]),
+            ("no", 500, Some("cli"), false, vec!["like"]),
+            ("yes", 5, Some("cli"), false, vec!["time"]),
+            ("yes", 500, None, false, vec!["client"]),
+            ("no", 5, Some("x"), false, vec!["client", "like", "time"]),
+        ] {
+            let arguments = json!({"text": text});
+            let answer = set.authorize_call(&caller, "echo", arguments.as_object(), now, client);
+            assert_eq!(answer.allowed, allowed, "{text} {now} {client:?}: {answer:?}");
+            assert_eq!(&*answer.determining, determining.as_slice());
+        }
+    }
 }

@@ -320,7 +320,7 @@ proptest! {
                 None,
             );
             prop_assert_eq!(call.allowed, call_allowed, "call {:?}\n{}", who, text);
-            prop_assert_eq!(&call.determining, &call_policies, "call {:?}\n{}", who, text);
+            prop_assert_eq!(&*call.determining, call_policies.as_slice(), "call {:?}\n{}", who, text);
             let listing = set.authorize_listing(&principal.caller(), &signature.name);
             // Listed needs Cedar's tools/list permit; a call it permits is always listed.
             prop_assert!(!listing.allowed || list_allowed, "listing {:?}\n{}", who, text);

@@ -106,7 +106,7 @@ pub fn test(policy_path: &Path, cases_path: &Path) -> anyhow::Result<(String, bo
             && case
                 .policies
                 .as_ref()
-                .is_none_or(|expected| *expected == decided);
+                .is_none_or(|expected| expected.as_slice() == &*decided);
         if !matched {
             failed += 1;
         }

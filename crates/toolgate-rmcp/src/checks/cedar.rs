@@ -167,7 +167,7 @@ fn with_caller(
             tracing::error!(%error, "the Cedar entities are unusable; refusing what Cedar decides");
             return toolgate_policy::cedar::CedarAnswer {
                 allowed: false,
-                determining: Vec::new(),
+                determining: std::sync::Arc::default(),
                 errors: vec![error.to_string()],
             };
         }
@@ -203,7 +203,7 @@ fn refusal(tool: &str, answer: &toolgate_policy::cedar::CedarAnswer) -> crate::r
             "error": "not_permitted",
             "tool": tool,
             "rule": "cedar",
-            "policies": answer.determining,
+            "policies": &*answer.determining,
             "fix": fix,
         }),
     }

@@ -113,7 +113,7 @@ pub(crate) struct Call<'a> {
     pub(crate) decision: &'a Decision,
     /// The Cedar policies that determined the call, once Cedar decided it (`checks::cedar`).
     #[cfg_attr(not(feature = "cedar"), allow(dead_code))]
-    pub(crate) cedar_policies: std::sync::OnceLock<Vec<String>>,
+    pub(crate) cedar_policies: std::sync::OnceLock<std::sync::Arc<[String]>>,
     /// The digest of the canonical arguments as sent (absent = `{}`).
     pub(crate) args_digest: Sha256Digest,
     /// Set when the call comes back through `confirm_action`: the action the person confirmed.
