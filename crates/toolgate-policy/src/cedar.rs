@@ -560,14 +560,28 @@ impl CedarPolicies {
         &self.schema
     }
 
-    /// Whether `caller` may call `tool` with `arguments` at `now` (seconds since the Unix epoch),
-    /// the client having declared the name `client`: Cedar's decision for the tool's call action,
-    /// with the context `{arguments, now, client}`. The arguments are given to Cedar as the
-    /// tool's schema types them: members the schema does not declare (or cannot type) are left
-    /// out, and a value that does not fit its type denies the call (the gate checks arguments
-    /// against the input schema first, so that is rare). A tool the policies were not validated
-    /// against is denied, and so is any request during whose evaluation a policy errs: a `forbid`
-    /// that could not be evaluated must not let a call through.
+    /// What this set decides for `caller` about `tool`: its listing and its calls (see
+    /// [`CedarView`]). Denied (the answer is the error) when the set was not validated against a
+    /// tool `tool`, or the caller cannot be made a Cedar entity.
+    pub fn view<'a>(
+        &'a self,
+        caller: &CedarCaller<'_>,
+        tool: &str,
+    ) -> Result<CedarView<'a>, CedarAnswer> {
+        let Some(action) = self.tools.get(tool) else {
+            return Err(CedarAnswer::denied(format!(
+                "the Cedar policies were not checked against a tool `{tool}`"
+            )));
+        };
+        let cached = self.entities(caller, action).map_err(CedarAnswer::denied)?;
+        Ok(CedarView {
+            set: self,
+            action,
+            cached,
+        })
+    }
+
+    /// Whether `caller` may call `tool` with `arguments` at `now`: [`CedarView::call`].
     pub fn authorize_call(
         &self,
         caller: &CedarCaller<'_>,
@@ -576,99 +590,18 @@ impl CedarPolicies {
         now: i64,
         client: Option<&str>,
     ) -> CedarAnswer {
-        let Some(action) = self.tools.get(tool) else {
-            return CedarAnswer::denied(format!(
-                "the Cedar policies were not checked against a tool `{tool}`"
-            ));
-        };
-        let empty = Map::new();
-        let arguments = match project_record(arguments.unwrap_or(&empty), &action.arguments) {
-            Ok(arguments) => arguments,
-            Err(error) => {
-                return CedarAnswer::denied(format!(
-                    "the arguments cannot be given to Cedar: {error}"
-                ));
-            }
-        };
-        let (cached, principal) = match self.entities(caller, action) {
-            Ok(parts) => parts,
-            Err(error) => return CedarAnswer::denied(error),
-        };
-        if cached.call.open.is_empty() {
-            // Every policy that can apply is satisfied outright or not at all: the context
-            // (arguments, time, client) cannot change the answer.
-            return cached.call.answer(None, false);
-        }
-        let mut context = vec![
-            ("arguments".to_owned(), arguments),
-            ("now".to_owned(), RestrictedExpression::new_long(now)),
-        ];
-        if let Some(client) = client {
-            context.push((
-                "client".to_owned(),
-                RestrictedExpression::new_string(client.to_owned()),
-            ));
-        }
-        let context = match cedar_policy::Context::from_pairs(context) {
-            Ok(context) => context,
-            Err(error) => return CedarAnswer::denied(error.to_string()),
-        };
-        // Not validated against the schema again: the caller, tool and action are this set's
-        // own, and the context is built from the schema's types (`project_record`); a request
-        // that did not fit would make a policy err, and any error denies.
-        let request = match cedar_policy::Request::new(
-            principal,
-            action.uid.clone(),
-            action.resource.uid(),
-            context,
-            None,
-        ) {
-            Ok(request) => request,
-            Err(error) => return CedarAnswer::denied(error.to_string()),
-        };
-        if let Some(fast) = &cached.call.fast
-            && fast.no_forbid(&request, &cached.entities)
-        {
-            // No open `forbid` is satisfied or errs: only the `permit`s are left to name.
-            if fast.permits.is_empty() {
-                return cached.call.answer(None, false);
-            }
-            let (permits, allowed) = self.evaluate(&request, &fast.permits, &cached);
-            return cached.call.answer(Some(permits), allowed);
-        }
-        let (open, allowed) = self.evaluate(&request, &cached.call.open, &cached);
-        cached.call.answer(Some(open), allowed)
+        self.view(caller, tool)
+            .map_or_else(|denied| denied, |view| view.call(arguments, now, client))
     }
 
-    /// Whether tools/list shows `tool` to `caller`: Cedar permits the action `tools/list` on it,
-    /// and the tool's call action is not denied whatever the arguments (Cedar's partial
-    /// evaluation with the context unknown does not answer Deny). So a listed tool is callable
-    /// for some arguments as far as Cedar can tell without them; a tool forbidden to the caller
-    /// outright is not listed.
+    /// Whether tools/list shows `tool` to `caller`: [`CedarView::listing`].
     pub fn authorize_listing(&self, caller: &CedarCaller<'_>, tool: &str) -> CedarAnswer {
-        let Some(action) = self.tools.get(tool) else {
-            return CedarAnswer::denied(format!(
-                "the Cedar policies were not checked against a tool `{tool}`"
-            ));
-        };
-        let (cached, principal) = match self.entities(caller, action) {
-            Ok(parts) => parts,
-            Err(error) => return CedarAnswer::denied(error),
-        };
-        // It depends on nothing but the caller, the tool and this set: kept with the entities.
-        cached
-            .listing
-            .get_or_init(|| self.listing(&cached, principal, action))
-            .clone()
+        self.view(caller, tool)
+            .map_or_else(|denied| denied, |view| view.listing())
     }
 
-    fn listing(
-        &self,
-        cached: &CachedEntities,
-        principal: cedar_policy::EntityUid,
-        action: &ToolAction,
-    ) -> CedarAnswer {
-        let listed = self.decide_listing(cached, principal, action);
+    fn listing(&self, cached: &CachedEntities, action: &ToolAction) -> CedarAnswer {
+        let listed = self.decide_listing(cached, action);
         if !listed.allowed {
             return listed;
         }
@@ -680,15 +613,14 @@ impl CedarPolicies {
 
     /// The entities of a request of `caller` about `tool`: the caller (with its roles and
     /// attributes), the tool, its call action with the `tools/call` group, and `tools/list`
-    /// (one set serves the listing and the call). Returns them with the caller's and the tool's
-    /// uids. Building them costs Cedar several microseconds (attribute values, the transitive
+    /// (one set serves the listing and the call). Building them costs Cedar several microseconds (attribute values, the transitive
     /// closure), and a caller asks about the same tools over and over, so they are kept, keyed
     /// by everything they are made of, in a bounded cache that lives as long as this policy set.
     fn entities(
         &self,
         caller: &CedarCaller<'_>,
         tool: &ToolAction,
-    ) -> Result<(Arc<CachedEntities>, cedar_policy::EntityUid), String> {
+    ) -> Result<Arc<CachedEntities>, String> {
         use cedar_policy::Entity;
         let hash = EntityKey::hash_of(&tool.uid, caller);
         if let Some((_, entities)) = self
@@ -696,7 +628,7 @@ impl CedarPolicies {
             .get(&hash)
             .and_then(|entries| entries.iter().find(|(key, _)| key.is(&tool.uid, caller)))
         {
-            return Ok((Arc::clone(entities), entities.principal.clone()));
+            return Ok(Arc::clone(entities));
         }
         let principal = entity_uid("Caller", caller.id)?;
         let mut roles = HashSet::with_capacity(caller.roles.len());
@@ -771,7 +703,7 @@ impl CedarPolicies {
             .entry(hash)
             .or_default()
             .push((EntityKey::of(&tool.uid, caller), Arc::clone(&entities)));
-        Ok((entities, principal))
+        Ok(entities)
     }
 
     fn cache(&self) -> std::sync::MutexGuard<'_, EntityCache> {
@@ -782,14 +714,9 @@ impl CedarPolicies {
     }
 
     /// Cedar's decision for listing `tool` to `caller`; an error anywhere denies.
-    fn decide_listing(
-        &self,
-        cached: &CachedEntities,
-        principal: cedar_policy::EntityUid,
-        tool: &ToolAction,
-    ) -> CedarAnswer {
+    fn decide_listing(&self, cached: &CachedEntities, tool: &ToolAction) -> CedarAnswer {
         let request = match cedar_policy::Request::new(
-            principal,
+            cached.principal.clone(),
             self.list_action.clone(),
             tool.resource.uid(),
             cedar_policy::Context::empty(),
@@ -834,6 +761,101 @@ impl CedarPolicies {
             },
             allowed,
         )
+    }
+}
+
+/// What a [`CedarPolicies`] decides for one caller about one tool: its listing and its calls.
+/// Made by [`CedarPolicies::view`] from the entities the set keeps for that caller and tool, so
+/// a gate that checks the listing and then the call of one request looks them up once.
+#[derive(Debug, Clone)]
+pub struct CedarView<'a> {
+    set: &'a CedarPolicies,
+    action: &'a ToolAction,
+    cached: Arc<CachedEntities>,
+}
+
+impl CedarView<'_> {
+    /// Whether the caller may call the tool with `arguments` at `now` (seconds since the Unix
+    /// epoch), the client having declared the name `client`: Cedar's decision for the tool's
+    /// call action, with the context `{arguments, now, client}`. The arguments are given to
+    /// Cedar as the tool's schema types them: members the schema does not declare (or cannot
+    /// type) are left out, and a value that does not fit its type denies the call (the gate
+    /// checks arguments against the input schema first, so that is rare). Any request during
+    /// whose evaluation a policy errs is denied: a `forbid` that could not be evaluated must not
+    /// let a call through.
+    pub fn call(
+        &self,
+        arguments: Option<&Map<String, Value>>,
+        now: i64,
+        client: Option<&str>,
+    ) -> CedarAnswer {
+        let (action, cached) = (self.action, &self.cached);
+        let empty = Map::new();
+        let arguments = match project_record(arguments.unwrap_or(&empty), &action.arguments) {
+            Ok(arguments) => arguments,
+            Err(error) => {
+                return CedarAnswer::denied(format!(
+                    "the arguments cannot be given to Cedar: {error}"
+                ));
+            }
+        };
+        if cached.call.open.is_empty() {
+            // Every policy that can apply is satisfied outright or not at all: the context
+            // (arguments, time, client) cannot change the answer.
+            return cached.call.answer(None, false);
+        }
+        let mut context = vec![
+            ("arguments".to_owned(), arguments),
+            ("now".to_owned(), RestrictedExpression::new_long(now)),
+        ];
+        if let Some(client) = client {
+            context.push((
+                "client".to_owned(),
+                RestrictedExpression::new_string(client.to_owned()),
+            ));
+        }
+        let context = match cedar_policy::Context::from_pairs(context) {
+            Ok(context) => context,
+            Err(error) => return CedarAnswer::denied(error.to_string()),
+        };
+        // Not validated against the schema again: the caller, tool and action are this set's
+        // own, and the context is built from the schema's types (`project_record`); a request
+        // that did not fit would make a policy err, and any error denies.
+        let request = match cedar_policy::Request::new(
+            cached.principal.clone(),
+            action.uid.clone(),
+            action.resource.uid(),
+            context,
+            None,
+        ) {
+            Ok(request) => request,
+            Err(error) => return CedarAnswer::denied(error.to_string()),
+        };
+        if let Some(fast) = &cached.call.fast
+            && fast.no_forbid(&request, &cached.entities)
+        {
+            // No open `forbid` is satisfied or errs: only the `permit`s are left to name.
+            if fast.permits.is_empty() {
+                return cached.call.answer(None, false);
+            }
+            let (permits, allowed) = self.set.evaluate(&request, &fast.permits, cached);
+            return cached.call.answer(Some(permits), allowed);
+        }
+        let (open, allowed) = self.set.evaluate(&request, &cached.call.open, cached);
+        cached.call.answer(Some(open), allowed)
+    }
+
+    /// Whether tools/list shows the tool to the caller: Cedar permits the action `tools/list` on
+    /// it, and the tool's call action is not denied whatever the arguments (Cedar's partial
+    /// evaluation with the context unknown does not answer Deny). So a listed tool is callable
+    /// for some arguments as far as Cedar can tell without them; a tool forbidden to the caller
+    /// outright is not listed.
+    pub fn listing(&self) -> CedarAnswer {
+        // It depends on nothing but the caller, the tool and this set: kept with the entities.
+        self.cached
+            .listing
+            .get_or_init(|| self.set.listing(&self.cached, self.action))
+            .clone()
     }
 }
 
@@ -1084,7 +1106,11 @@ impl FastPath {
 
     /// Whether no open `forbid` is satisfied or errs in `request`: their combined condition
     /// evaluates to `false`.
-    fn no_forbid(&self, request: &cedar_policy::Request, entities: &cedar_policy::Entities) -> bool {
+    fn no_forbid(
+        &self,
+        request: &cedar_policy::Request,
+        entities: &cedar_policy::Entities,
+    ) -> bool {
         matches!(
             cedar_policy::eval_expression(request, entities, &self.any_forbid),
             Ok(cedar_policy::EvalResult::Bool(false))
@@ -1484,7 +1510,7 @@ mod tests {
             roles: &roles,
             attributes: &attributes,
         };
-        let (cached, _) = set.entities(&caller, &set.tools["echo"]).unwrap();
+        let cached = set.entities(&caller, &set.tools["echo"]).unwrap();
         assert!(cached.call.fast.is_some(), "{:?}", cached.call);
         for (text, now, client, allowed, determining) in [
             ("yes", 500, Some("cli"), true, vec!["p"]),
@@ -1495,7 +1521,10 @@ mod tests {
         ] {
             let arguments = json!({"text": text});
             let answer = set.authorize_call(&caller, "echo", arguments.as_object(), now, client);
-            assert_eq!(answer.allowed, allowed, "{text} {now} {client:?}: {answer:?}");
+            assert_eq!(
+                answer.allowed, allowed,
+                "{text} {now} {client:?}: {answer:?}"
+            );
             assert_eq!(&*answer.determining, determining.as_slice());
         }
     }

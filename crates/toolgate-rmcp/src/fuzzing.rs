@@ -94,6 +94,7 @@ impl ArgumentChecker {
             meta: &meta,
             decision: &decision,
             cedar_policies: Default::default(),
+            cedar_view: Default::default(),
             args_digest: toolgate_canon::Sha256Digest::of_json_object(
                 arguments.unwrap_or(&Map::new()),
             ),

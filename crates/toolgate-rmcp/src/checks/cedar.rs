@@ -29,6 +29,16 @@ pub(crate) type CedarSet = std::convert::Infallible;
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
+/// What Cedar decides for a call's caller about its tool ([`CedarListing`] looks it up,
+/// [`CedarCall`] uses it again): the view, or the denial when there is none.
+#[cfg(feature = "cedar")]
+pub(crate) type CedarSeen<'a> =
+    Result<toolgate_policy::cedar::CedarView<'a>, toolgate_policy::cedar::CedarAnswer>;
+/// What Cedar decides for a call's caller about its tool (nothing, in a build without the
+/// feature `cedar`).
+#[cfg(not(feature = "cedar"))]
+pub(crate) type CedarSeen<'a> = std::marker::PhantomData<&'a ()>;
+
 /// The Cedar policies `policy` names, validated against `tools` (the live contract's); `None`
 /// when it names none. Refused when the gate has no contract to validate them against, or was
 /// built without Cedar: a policy whose Cedar step cannot run must not be served as if it had none.
@@ -85,9 +95,10 @@ impl Check for CedarListing {
     fn admit<'a>(&'a self, call: &'a Call<'a>) -> Verdict<'a> {
         #[cfg(feature = "cedar")]
         if let Some(cedar) = &call.state.cedar {
-            let answer = with_caller(call.caller, self.entities.as_ref(), |principal| {
-                cedar.authorize_listing(principal, call.name)
-            });
+            let answer = match view(call, cedar, self.entities.as_ref()) {
+                Ok(view) => view.listing(),
+                Err(denied) => denied.clone(),
+            };
             if !answer.allowed {
                 log_errors(call.name, &answer.errors);
                 let _ = call.cedar_policies.set(answer.determining);
@@ -102,9 +113,9 @@ impl Check for CedarListing {
         #[cfg(feature = "cedar")]
         if let Some(cedar) = &state.cedar {
             return with_caller(caller, self.entities.as_ref(), |principal| {
-                cedar.authorize_listing(principal, tool)
+                cedar.view(principal, tool)
             })
-            .allowed;
+            .is_ok_and(|view| view.listing().allowed);
         }
         let _ = (state, caller, tool);
         true
@@ -129,9 +140,10 @@ impl Check for CedarCall {
                     i64::try_from(since.as_secs()).unwrap_or(i64::MAX)
                 });
             let client = call.caller.client.as_ref().map(|(name, _)| name.as_str());
-            let answer = with_caller(call.caller, self.entities.as_ref(), |principal| {
-                cedar.authorize_call(principal, call.name, call.arguments, now, client)
-            });
+            let answer = match view(call, cedar, self.entities.as_ref()) {
+                Ok(view) => view.call(call.arguments, now, client),
+                Err(denied) => denied.clone(),
+            };
             let refused = (!answer.allowed).then(|| {
                 log_errors(call.name, &answer.errors);
                 refusal(call.name, &answer)
@@ -150,26 +162,42 @@ impl Check for CedarCall {
     }
 }
 
+/// What Cedar decides for `call`'s caller about its tool, looked up on first use.
+#[cfg(feature = "cedar")]
+fn view<'a>(
+    call: &'a Call<'a>,
+    cedar: &'a CedarSet,
+    entities: Option<&toolgate_state::EntitiesFile>,
+) -> &'a CedarSeen<'a> {
+    call.cedar_view.get_or_init(|| {
+        with_caller(call.caller, entities, |principal| {
+            cedar.view(principal, call.name)
+        })
+    })
+}
+
 /// Runs `decide` with the caller as Cedar's principal: its identity key, and what its credential
 /// says (none for a configured stdio principal: channel `stdio`, no scopes or tenant), with the
 /// roles and attributes the entities store gives it (roles joined; a credential's attribute wins
 /// over the store's). Entities that cannot be read (a broken file, a database that cannot be
 /// reached or holds no valid document) deny: `decide` is not run.
 #[cfg(feature = "cedar")]
-fn with_caller(
+fn with_caller<R>(
     caller: &Caller,
     entities: Option<&toolgate_state::EntitiesFile>,
-    decide: impl FnOnce(&toolgate_policy::cedar::CedarCaller<'_>) -> toolgate_policy::cedar::CedarAnswer,
-) -> toolgate_policy::cedar::CedarAnswer {
+    decide: impl FnOnce(
+        &toolgate_policy::cedar::CedarCaller<'_>,
+    ) -> Result<R, toolgate_policy::cedar::CedarAnswer>,
+) -> Result<R, toolgate_policy::cedar::CedarAnswer> {
     let document = match entities.map(toolgate_state::EntitiesFile::load).transpose() {
         Ok(document) => document,
         Err(error) => {
             tracing::error!(%error, "the Cedar entities are unusable; refusing what Cedar decides");
-            return toolgate_policy::cedar::CedarAnswer {
+            return Err(toolgate_policy::cedar::CedarAnswer {
                 allowed: false,
                 determining: std::sync::Arc::default(),
                 errors: vec![error.to_string()],
-            };
+            });
         }
     };
     let extra = document

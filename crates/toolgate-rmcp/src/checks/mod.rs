@@ -114,6 +114,9 @@ pub(crate) struct Call<'a> {
     /// The Cedar policies that determined the call, once Cedar decided it (`checks::cedar`).
     #[cfg_attr(not(feature = "cedar"), allow(dead_code))]
     pub(crate) cedar_policies: std::sync::OnceLock<std::sync::Arc<[String]>>,
+    /// What Cedar decides for this caller about this tool, looked up once (`checks::cedar`).
+    #[cfg_attr(not(feature = "cedar"), allow(dead_code))]
+    pub(crate) cedar_view: std::sync::OnceLock<cedar::CedarSeen<'a>>,
     /// The digest of the canonical arguments as sent (absent = `{}`).
     pub(crate) args_digest: Sha256Digest,
     /// Set when the call comes back through `confirm_action`: the action the person confirmed.
@@ -474,6 +477,7 @@ mod tests {
             meta: &meta,
             decision: &decision,
             cedar_policies: Default::default(),
+            cedar_view: Default::default(),
             args_digest: Sha256Digest::of_json_object(&JsonObject::new()),
             confirmed: None,
         };

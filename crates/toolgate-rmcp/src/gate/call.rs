@@ -158,6 +158,7 @@ impl<H: ServerHandler> Gated<H> {
             meta: &context.meta,
             decision: &decision,
             cedar_policies: Default::default(),
+            cedar_view: Default::default(),
             args_digest,
             confirmed,
         };
