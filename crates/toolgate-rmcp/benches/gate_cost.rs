@@ -583,7 +583,31 @@ fn summary(rt: &Runtime, variants: &[Variant], direct: &Direct, rounds: usize, c
             (cedar - gated) / 10.0
         );
     }
+    #[cfg(feature = "cedar")]
+    paired_cedar(direct, if rounds > 1 { 301 } else { 1 }, calls.min(200));
     println!("load average after the summary: {}", load_average());
+}
+
+/// Cedar's cost as differences measured side by side: each of `rounds` rounds runs `calls` calls
+/// of the bare handler, the gated one and the one gated with Cedar, one after the other, and
+/// keeps the differences of that round; the medians of the differences are reported. Short
+/// rounds, back to back, leave a shared machine little time to change between the rows compared.
+#[cfg(feature = "cedar")]
+fn paired_cedar(direct: &Direct, rounds: usize, calls: u64) {
+    let which = direct.which();
+    let per_call = |gated, calls: u64| direct.run(gated, calls).as_secs_f64() * 1e6 / calls as f64;
+    let (mut total, mut part) = (Vec::new(), Vec::new());
+    for _ in 0..rounds {
+        let [handler, gated, cedar] = [0, 1, 2].map(|i| per_call(which[i].1, calls));
+        total.push(cedar - handler);
+        part.push(cedar - gated);
+    }
+    let (total, part) = (median(&mut total), median(&mut part));
+    println!(
+        "  paired ({rounds} rounds x {calls} calls of each direct row, medians of the differences): gate work with Cedar {total:.2} us/call ({:.2}x the 20 us target), Cedar's part {part:.2} us/call ({:.2}x the 10 us goal)",
+        total / 20.0,
+        part / 10.0
+    );
 }
 
 fn main() {
