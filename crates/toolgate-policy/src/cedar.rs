@@ -1079,13 +1079,7 @@ impl FastPath {
                 permits.add(policy.clone()).ok()?;
                 continue;
             }
-            let mut residual = partial.get(policy.id())?.to_json().ok()?;
-            if !context_for_unknown(&mut residual) {
-                return None;
-            }
-            let mut residual = conjunction(residual.get("conditions")?.as_array()?)?;
-            without_true(&mut residual);
-            residuals.push(residual);
+            residuals.push(residual_condition(partial, policy.id())?);
         }
         if residuals.len() < 2 || residuals.len() > MAX_COMBINED_FORBIDS {
             return None;
@@ -1119,6 +1113,47 @@ impl FastPath {
         response.diagnostics().reason().next().is_none()
             && response.diagnostics().errors().next().is_none()
     }
+}
+
+/// The condition of `id`'s residual (JSON form): its conditions with everything but the context
+/// folded in by the partial evaluation, the unknown context made the variable `context`, as one
+/// conjunction. None when it has no residual or holds another unknown.
+fn residual_condition(
+    partial: &cedar_policy::PartialResponse,
+    id: &cedar_policy::PolicyId,
+) -> Option<Value> {
+    let mut residual = partial.get(id)?.to_json().ok()?;
+    if !context_for_unknown(&mut residual) {
+        return None;
+    }
+    let mut residual = conjunction(residual.get("conditions")?.as_array()?)?;
+    without_true(&mut residual);
+    Some(residual)
+}
+
+/// An open policy as Cedar evaluates it on each call: the same id, effect and annotations over
+/// its residual condition ([`residual_condition`]: the caller, the tool and the entities are
+/// already folded in, so only what reads the context is left), without source locations. Its
+/// decision and its errors for a request of this caller about this tool are the policy's.
+/// The policy itself, without locations, when its residual cannot be used (it holds another
+/// unknown).
+fn residual_policy(
+    partial: &cedar_policy::PartialResponse,
+    policy: &cedar_policy::Policy,
+) -> cedar_policy::Policy {
+    let residual = residual_condition(partial, policy.id()).and_then(|body| {
+        let mut json = policy.to_json().ok()?;
+        let object = json.as_object_mut()?;
+        for scope in ["principal", "action", "resource"] {
+            object.insert(scope.to_owned(), json!({"op": "All"}));
+        }
+        object.insert(
+            "conditions".to_owned(),
+            json!([{"kind": "when", "body": body}]),
+        );
+        cedar_policy::Policy::from_json(Some(policy.id().clone()), json).ok()
+    });
+    residual.unwrap_or_else(|| without_locations(policy))
 }
 
 /// `policy` without its source locations (the same policy through its JSON form, same id and
@@ -1233,11 +1268,14 @@ impl SplitPolicies {
             .map(|policy| policy.id().clone())
             .chain(partial.definitely_errored().cloned())
             .collect();
+        let errored: HashSet<&cedar_policy::PolicyId> = partial.definitely_errored().collect();
         for policy in set.policies().filter(|policy| open.contains(policy.id())) {
-            split
-                .open
-                .add(without_locations(policy))
-                .map_err(|e| e.to_string())?;
+            let policy = if errored.contains(policy.id()) {
+                without_locations(policy)
+            } else {
+                residual_policy(&partial, policy)
+            };
+            split.open.add(policy).map_err(|e| e.to_string())?;
         }
         if split.forbids.is_empty() && partial.definitely_errored().next().is_none() {
             split.fast = FastPath::new(&partial, &split.open);
