@@ -613,9 +613,10 @@ impl CedarPolicies {
 
     /// The entities of a request of `caller` about `tool`: the caller (with its roles and
     /// attributes), the tool, its call action with the `tools/call` group, and `tools/list`
-    /// (one set serves the listing and the call). Building them costs Cedar several microseconds (attribute values, the transitive
-    /// closure), and a caller asks about the same tools over and over, so they are kept, keyed
-    /// by everything they are made of, in a bounded cache that lives as long as this policy set.
+    /// (one set serves the listing and the call). Building them costs Cedar several microseconds
+    /// (attribute values, the transitive closure), and a caller asks about the same tools over and
+    /// over, so they are kept, keyed by everything they are made of, in a bounded cache that lives
+    /// as long as this policy set.
     fn entities(
         &self,
         caller: &CedarCaller<'_>,
