@@ -272,6 +272,28 @@ struct CachedEntities {
     principal: cedar_policy::EntityUid,
 }
 
+impl CachedEntities {
+    /// The request of this caller for `action` on `tool`, with `context`. Not validated against
+    /// the schema again: the caller, tool and action are the set's own, and a call's context is
+    /// built from the schema's types (`project_record`); a request that did not fit would make a
+    /// policy err, and any error denies.
+    fn request(
+        &self,
+        action: &cedar_policy::EntityUid,
+        tool: &ToolAction,
+        context: cedar_policy::Context,
+    ) -> Result<cedar_policy::Request, CedarAnswer> {
+        cedar_policy::Request::new(
+            self.principal.clone(),
+            action.clone(),
+            tool.resource.uid(),
+            context,
+            None,
+        )
+        .map_err(|error| CedarAnswer::denied(error.to_string()))
+    }
+}
+
 /// How many callers' entities a policy set keeps; the cache starts over when it is full.
 const ENTITY_CACHE_ENTRIES: usize = 4096;
 
@@ -716,15 +738,10 @@ impl CedarPolicies {
 
     /// Cedar's decision for listing `tool` to `caller`; an error anywhere denies.
     fn decide_listing(&self, cached: &CachedEntities, tool: &ToolAction) -> CedarAnswer {
-        let request = match cedar_policy::Request::new(
-            cached.principal.clone(),
-            self.list_action.clone(),
-            tool.resource.uid(),
-            cedar_policy::Context::empty(),
-            None,
-        ) {
+        let request = match cached.request(&self.list_action, tool, cedar_policy::Context::empty())
+        {
             Ok(request) => request,
-            Err(error) => return CedarAnswer::denied(error.to_string()),
+            Err(denied) => return denied,
         };
         let (mut answer, allowed) = self.evaluate(&request, &cached.list_policies, cached);
         answer.allowed = allowed && answer.errors.is_empty();
@@ -819,18 +836,9 @@ impl CedarView<'_> {
             Ok(context) => context,
             Err(error) => return CedarAnswer::denied(error.to_string()),
         };
-        // Not validated against the schema again: the caller, tool and action are this set's
-        // own, and the context is built from the schema's types (`project_record`); a request
-        // that did not fit would make a policy err, and any error denies.
-        let request = match cedar_policy::Request::new(
-            cached.principal.clone(),
-            action.uid.clone(),
-            action.resource.uid(),
-            context,
-            None,
-        ) {
+        let request = match cached.request(&action.uid, action, context) {
             Ok(request) => request,
-            Err(error) => return CedarAnswer::denied(error.to_string()),
+            Err(denied) => return denied,
         };
         if let Some(fast) = &cached.call.fast
             && fast.no_forbid(&request, &cached.entities)
